@@ -1,0 +1,257 @@
+"""Generation as a stream of frozen step records, one per forward pass, with and without a KV cache."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvviz.kv_cache import KVCache
+from kvviz.model import GPT
+from kvviz.tokenizer import Tokenizer, get_tokenizer
+
+
+class GenerationError(ValueError):
+    """A generation request that cannot run (empty budget, prompt too long for the context)."""
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Greedy when `temperature` is 0; otherwise softmax sampling, optionally from the top `top_k`."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise GenerationError(f"temperature must be 0 (greedy) or positive, got {self.temperature}")
+        if self.top_k is not None and self.top_k <= 0:
+            raise GenerationError(f"top-k must be a positive integer, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    token_id: int
+    text: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one forward pass really did.
+
+    Positions `fed_start .. fed_stop-1` were fed; every layer projected their keys and values
+    (`kv_computed[layer]` rows, counted inside the attention layers) and read
+    `kv_reused[layer]` rows from the cache (positions `0 .. fed_start-1` when cached, none
+    otherwise). The pass that feeds the last token into the cache emits no token
+    (`token_id is None`), as in the reference loop, so a cached run of N tokens makes N + 1
+    passes and computes P + N rows per layer; an uncached run makes N passes.
+    """
+
+    step: int  # forward pass index, 0 for the first
+    use_cache: bool
+    prompt_tokens: int
+    fed_start: int
+    fed_stop: int
+    fed_token_ids: tuple[int, ...]
+    kv_computed: tuple[int, ...]  # per layer, this pass
+    kv_reused: tuple[int, ...]  # per layer, this pass
+    token_id: int | None  # the token this pass chose; None for the final cache-filling pass
+    token_text: str
+    candidates: tuple[Candidate, ...]
+    new_tokens: int  # tokens generated so far, this one included
+    sequence_length: int  # prompt + generated tokens after this pass
+    seconds: float  # wall time of the forward pass and the choice of token
+    kv_computed_total: int  # per layer, this run so far, measured
+    kv_reused_total: int  # per layer, this run so far, measured
+    with_cache_total: int  # per layer: K/V a cached run computes for this much text
+    without_cache_total: int  # per layer: K/V an uncached run computes for this much text
+    cache_bytes: int  # filled part of the KV cache after this pass (0 without cache)
+    n_layer: int
+    final: bool  # no pass follows in this run
+    stop_reason: str = ""  # set on the final record: why the run ended
+
+    @property
+    def avoided_total(self) -> int:
+        return self.without_cache_total - self.with_cache_total
+
+    def computed_mask(self, width: int | None = None) -> np.ndarray:
+        """(n_layer, width) booleans: K/V computed in this pass."""
+        width = self.fed_stop if width is None else width
+        mask = np.zeros((self.n_layer, width), dtype=bool)
+        mask[:, self.fed_start : min(self.fed_stop, width)] = True
+        return mask
+
+    def reused_mask(self, width: int | None = None) -> np.ndarray:
+        """(n_layer, width) booleans: K/V read from the cache in this pass."""
+        width = self.fed_stop if width is None else width
+        mask = np.zeros((self.n_layer, width), dtype=bool)
+        if self.use_cache:
+            mask[:, : min(self.fed_start, width)] = True
+        return mask
+
+
+class Engine:
+    """Runs a GPT and owns its KV cache; `generate` yields a StepRecord per forward pass."""
+
+    def __init__(self, model: GPT, tokenizer: Tokenizer | None = None, device: str | torch.device = "cpu") -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer or get_tokenizer()
+        self.device = torch.device(device)
+        self.kv_cache: KVCache | None = None
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.config.n_ctx
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Prompt ids; an empty prompt starts from <|endoftext|>."""
+        ids = self.tokenizer.encode(prompt) if prompt else [self.tokenizer.eot_id]
+        if len(ids) > self.n_ctx:
+            raise GenerationError(f"the prompt has {len(ids)} tokens but the model's context holds {self.n_ctx}")
+        if len(ids) == self.n_ctx:
+            raise GenerationError(f"the prompt fills the model's whole context ({self.n_ctx} tokens); shorten it")
+        return ids
+
+    def _new_cache(self, capacity: int) -> KVCache:
+        cfg = self.model.config
+        dtype = self.model.transformer.wte.weight.dtype
+        return KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, capacity, dtype=dtype, device=self.device)
+
+    def _choose(
+        self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
+    ) -> tuple[int, tuple[Candidate, ...]]:
+        logits = logits.float()  # (V,)
+        if sampling.greedy:
+            probs = torch.softmax(logits, dim=-1)
+            token = int(torch.argmax(logits))
+        else:
+            scaled = logits / sampling.temperature
+            if sampling.top_k is not None and sampling.top_k < scaled.shape[-1]:
+                kth = torch.topk(scaled, sampling.top_k).values[-1]
+                scaled = torch.where(scaled < kth, torch.full_like(scaled, float("-inf")), scaled)
+            probs = torch.softmax(scaled, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=generator))
+        values, ids = torch.topk(probs, min(top, probs.shape[-1]))
+        candidates = tuple(
+            Candidate(int(i), self.tokenizer.token_label(int(i)), float(p)) for p, i in zip(values.tolist(), ids.tolist())
+        )
+        return token, candidates
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        use_cache: bool = True,
+        sampling: SamplingSettings | None = None,
+        top_candidates: int = 5,
+    ) -> Iterator[StepRecord]:
+        """Yield one StepRecord per forward pass, generating up to `max_new_tokens` tokens.
+
+        Stops early, cleanly, when the sequence reaches the context length: the final
+        record says so in `stop_reason`.
+        """
+        sampling = sampling or SamplingSettings()
+        if max_new_tokens <= 0:
+            raise GenerationError(f"max new tokens must be a positive integer, got {max_new_tokens}")
+        P = len(prompt_ids)
+        if P == 0:
+            raise GenerationError("the prompt has no tokens")
+        if P >= self.n_ctx:
+            raise GenerationError(f"the prompt has {P} tokens but the model's context holds {self.n_ctx}")
+        budget = min(max_new_tokens, self.n_ctx - P)
+        stop_reason = "max_new_tokens" if budget == max_new_tokens else "context_full"
+        generator = None
+        if not sampling.greedy:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
+
+        model = self.model
+        n_layer = model.config.n_layer
+        tokens = list(prompt_ids)
+        self.kv_cache = self._new_cache(P + budget) if use_cache else None
+        model.reset_kv_counters()
+        computed_total = reused_total = without_total = 0
+        step = 0
+        with torch.inference_mode():
+            while True:
+                generated = len(tokens) - P
+                flush = use_cache and generated == budget
+                if generated == budget and not use_cache:
+                    return
+                if use_cache:
+                    fed_start = self.kv_cache.length
+                else:
+                    fed_start = 0
+                fed_stop = len(tokens)
+                fed = tokens[fed_start:fed_stop]
+                reused = fed_start if use_cache else 0
+                before = model.kv_rows_projected()
+                started = time.perf_counter()
+                idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
+                positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
+                logits = model(idx, positions, self.kv_cache, last_only=True)  # (1, 1, V)
+                if flush:
+                    token, candidates = None, ()
+                else:
+                    token, candidates = self._choose(logits[0, -1], sampling, generator, top_candidates)
+                seconds = time.perf_counter() - started
+                after = model.kv_rows_projected()
+                computed = tuple(a - b for a, b in zip(after, before))
+                if any(c != fed_stop - fed_start for c in computed):
+                    raise RuntimeError(f"layers projected {computed} K/V rows for {fed_stop - fed_start} fed positions")
+                computed_total += computed[0]
+                reused_total += reused
+                if token is not None:
+                    tokens.append(token)
+                    without_total += fed_stop
+                new_tokens = len(tokens) - P
+                final = flush or (not use_cache and new_tokens == budget)
+                yield StepRecord(
+                    step=step,
+                    use_cache=use_cache,
+                    prompt_tokens=P,
+                    fed_start=fed_start,
+                    fed_stop=fed_stop,
+                    fed_token_ids=tuple(fed),
+                    kv_computed=computed,
+                    kv_reused=(reused,) * n_layer,
+                    token_id=token,
+                    token_text="" if token is None else self.tokenizer.token_label(token),
+                    candidates=candidates,
+                    new_tokens=new_tokens,
+                    sequence_length=len(tokens),
+                    seconds=seconds,
+                    kv_computed_total=computed_total,
+                    kv_reused_total=reused_total,
+                    with_cache_total=computed_total if use_cache else len(tokens),
+                    without_cache_total=without_total if use_cache else computed_total,
+                    cache_bytes=self.kv_cache.bytes_used if use_cache else 0,
+                    n_layer=n_layer,
+                    final=final,
+                    stop_reason=stop_reason if final else "",
+                )
+                step += 1
+                if final:
+                    return
+
+
+def generate_ids(
+    engine: Engine,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    use_cache: bool = True,
+    sampling: SamplingSettings | None = None,
+) -> tuple[list[int], list[StepRecord]]:
+    """Run a whole generation; return the new token ids and every record."""
+    records = list(engine.generate(prompt_ids, max_new_tokens, use_cache, sampling, top_candidates=1))
+    ids = [r.token_id for r in records if r.token_id is not None]
+    return ids, records

@@ -1,0 +1,211 @@
+"""GPT-2 in one readable file, with explicit positions and an optional KV cache."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvviz.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a GPT-2 model; field names follow transformers' GPT2Config where they overlap."""
+
+    vocab_size: int = 50257  # GPT-2 BPE tokens, <|endoftext|> included
+    n_ctx: int = 1024  # context length: number of learned positions
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block
+    n_embd: int = 768  # width of the residual stream
+    layer_norm_epsilon: float = 1e-5
+    name: str = field(default="custom", compare=False)  # preset or checkpoint name, for display
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "n_ctx", "n_layer", "n_head", "n_embd"):
+            if int(getattr(self, key)) <= 0:
+                raise ValueError(f"config {key} must be positive, got {getattr(self, key)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"config n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def with_name(self, name: str) -> GPTConfig:
+        return replace(self, name=name)
+
+
+PRESETS: dict[str, GPTConfig] = {
+    "gpt2": GPTConfig(n_layer=12, n_head=12, n_embd=768, name="gpt2"),
+    "gpt2-medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024, name="gpt2-medium"),
+    "gpt2-large": GPTConfig(n_layer=36, n_head=20, n_embd=1280, name="gpt2-large"),
+    "gpt2-xl": GPTConfig(n_layer=48, n_head=25, n_embd=1600, name="gpt2-xl"),
+    # The embedded default: small enough to ship, deep enough for the grid to have rows.
+    "kvviz-shakespeare": GPTConfig(n_ctx=256, n_layer=6, n_head=6, n_embd=192, name="kvviz-shakespeare"),
+}
+
+
+class Conv1D(nn.Module):
+    """Affine map whose weight is stored (in_features, out_features), as in GPT-2 checkpoints.
+
+    Decoding multiplies one row by the weight; `x @ W` on this layout streams memory faster
+    on CPU than `F.linear` on the transposed one, and checkpoints load without a transpose.
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.zeros(out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape[:-1] + (self.weight.shape[1],)
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(shape)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention that counts the key/value rows it projects."""
+
+    def __init__(self, config: GPTConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.c_attn = Conv1D(config.n_embd, 3 * config.n_embd)
+        self.c_proj = Conv1D(config.n_embd, config.n_embd)
+        self.kv_rows_projected = 0  # K/V rows this layer has computed since the last reset
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None) -> torch.Tensor:
+        B, T, C = x.shape  # (B, T, C)
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
+        self.kv_rows_projected += B * T
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        if kv_cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+        else:
+            k, v = kv_cache.update(self.layer_index, positions, k, v)  # (B, nh, S, hs), S = cached + T
+            if T == 1:
+                y = F.scaled_dot_product_attention(q, k, v)
+            else:
+                S = k.shape[2]
+                key_positions = torch.arange(S, device=x.device)
+                mask = key_positions[None, :] <= positions[:, None]  # (T, S)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = Conv1D(config.n_embd, 4 * config.n_embd)
+        self.c_proj = Conv1D(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer_index: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = CausalSelfAttention(config, layer_index)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), positions, kv_cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2: learned positions, pre-LayerNorm blocks, GELU (tanh), output head tied to `wte`.
+
+    Module names follow the checkpoint keys (`wte`, `wpe`, `h`, `ln_f`, `c_attn`, `c_proj`).
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.n_ctx, config.n_embd),
+                h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
+                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon),
+            )
+        )
+        self._head_t: torch.Tensor | None = None
+        self._head_key: tuple[int, int] | None = None
+
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif ".ln_" in name or name.startswith("transformer.ln_f"):
+                    p.fill_(1.0)
+                elif name.endswith("c_proj.weight"):
+                    p.normal_(0.0, residual_std, generator=generator)
+                else:
+                    p.normal_(0.0, 0.02, generator=generator)
+        self._head_t = None
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.transformer.h
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def kv_rows_projected(self) -> list[int]:
+        """K/V rows each layer has projected since `reset_kv_counters`."""
+        return [block.attn.kv_rows_projected for block in self.blocks]
+
+    def reset_kv_counters(self) -> None:
+        for block in self.blocks:
+            block.attn.kv_rows_projected = 0
+
+    def _output_head(self) -> torch.Tensor:
+        """The tied head as a (C, V) tensor for inference, refreshed when `wte` changes."""
+        w = self.transformer.wte.weight
+        key = (w.data_ptr(), w._version)
+        if self._head_t is None or self._head_key != key or self._head_t.dtype != w.dtype:
+            self._head_t = w.detach().t().contiguous()  # (C, V)
+            self._head_key = key
+        return self._head_t
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Logits for `idx` (B, T) at `positions` (T,); with `kv_cache`, attend to cached keys too.
+
+        `last_only` computes logits for the last position alone, which is all decoding needs.
+        """
+        B, T = idx.shape
+        if positions is None:
+            start = 0 if kv_cache is None else kv_cache.length
+            positions = torch.arange(start, start + T, device=idx.device)
+        if int(positions[-1]) >= self.config.n_ctx:
+            raise ValueError(f"position {int(positions[-1])} is past the context length {self.config.n_ctx}")
+        x = self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x, positions, kv_cache)
+        if last_only:
+            x = x[:, -1:, :]  # (B, 1, C)
+        x = self.transformer.ln_f(x)
+        if torch.is_grad_enabled():
+            return F.linear(x, self.transformer.wte.weight)  # (B, T, V)
+        head = self._output_head()
+        return (x.reshape(-1, x.shape[-1]) @ head).view(*x.shape[:-1], head.shape[1])  # (B, T, V)

