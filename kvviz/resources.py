@@ -11,7 +11,7 @@ def resources_dir() -> Path:
     """The `resources/` folder: inside the installed package, or beside it in a checkout."""
     package_dir = Path(__file__).resolve().parent
     for candidate in (package_dir / "resources", package_dir.parent / "resources"):
-        if (candidate / "models").is_dir():
+        if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"kvviz resources not found next to {package_dir}; reinstall kvviz")
 
@@ -22,3 +22,7 @@ def resource_path(*parts: str) -> Path:
 
 def default_model_dir() -> Path:
     return resource_path("models", DEFAULT_MODEL_NAME)
+
+
+def icon_path() -> Path:
+    return resource_path("icons", "kvviz.svg")

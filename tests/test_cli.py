@@ -155,3 +155,14 @@ def test_bench_peer_matches_transformers(tiny_checkpoint, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["peer_identical"] is True
     assert result["peer_cached_tokens_per_second"] > 0
+
+
+def test_default_model_runs_from_any_directory(tmp_path):
+    from kvviz.resources import default_model_dir
+
+    assert (default_model_dir() / "model.safetensors").is_file(), "the embedded model is not installed"
+    result = run_cli("generate", "--prompt", "Time flies", "--max-new-tokens", "5", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["model"] == "kvviz-shakespeare" and len(out["output_ids"]) == 5
+    assert out["kv_computed_per_layer"] == len(out["prompt_ids"]) + 5
