@@ -130,6 +130,9 @@ class Engine:
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
     ) -> tuple[int, tuple[Candidate, ...]]:
         logits = logits.float()  # (V,)
+        if logits.shape[-1] > self.tokenizer.vocab_size:
+            # Vocabularies padded past the tokenizer's (50304 in nanoGPT) hold ids with no text: never pick them.
+            logits = logits[: self.tokenizer.vocab_size]
         if sampling.greedy:
             probs = torch.softmax(logits, dim=-1)
             token = int(torch.argmax(logits))
@@ -168,12 +171,21 @@ class Engine:
             raise GenerationError("the prompt has no tokens")
         if P >= self.n_ctx:
             raise GenerationError(f"the prompt has {P} tokens but the model's context holds {self.n_ctx}")
+        vocab_size = self.model.config.vocab_size
+        outside = [i for i in prompt_ids if not 0 <= i < vocab_size]
+        if outside:
+            raise GenerationError(
+                f"prompt token {outside[0]} is outside the model's vocabulary of {vocab_size} tokens"
+            )
         budget = min(max_new_tokens, self.n_ctx - P)
         stop_reason = "max_new_tokens" if budget == max_new_tokens else "context_full"
         generator = None
         if not sampling.greedy:
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
+            if sampling.seed is None:
+                generator.seed()  # fresh entropy for this run only; torch's global generator is left alone
+            else:
+                generator.manual_seed(sampling.seed)
 
         model = self.model
         n_layer = model.config.n_layer

@@ -1,0 +1,334 @@
+"""The per-layer K/V grid: rows are layers, columns are token positions, one ImageItem for all cells."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QAction, QCursor, QFont, QImage, QPixmap
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
+
+from kvviz.app import theme
+from kvviz.app.run_info import RunInfo, chip_text
+
+if TYPE_CHECKING:
+    from kvviz.engine import StepRecord
+
+# Cell states, the values of `KVGridView.cell_states()`.
+EMPTY = 0  # the position does not exist yet
+PENDING = 1  # the token exists, its K/V has not been computed yet
+COMPUTED = 2  # K/V computed in this pass (amber)
+REUSED = 3  # K/V read from the cache in this pass (teal)
+
+STATE_COLOURS = {EMPTY: theme.EMPTY, PENDING: theme.PENDING, COMPUTED: theme.AMBER, REUSED: theme.TEAL}
+STATE_NAMES = {
+    EMPTY: "not generated yet",
+    PENDING: "token without K/V yet",
+    COMPUTED: "K/V computed this step",
+    REUSED: "K/V reused from the cache",
+}
+MAX_IMAGE_PIXELS = 1800  # upsampled image size limit per axis, so a redraw stays cheap
+TICK_LABEL_LIMIT = 40  # label columns with their tokens up to this many positions
+
+
+def _tile(state: int, size: int, colour_blind: bool) -> np.ndarray:
+    """(size, size, 4) RGBA pixels of one cell; a 1 px gap when cells are big, patterns for colour-blind mode."""
+    tile = np.empty((size, size, 4), dtype=np.uint8)
+    tile[:] = theme.rgba(STATE_COLOURS[state])
+    dark = np.array(theme.rgba(theme.GRID_LINE), dtype=np.uint8)
+    if colour_blind and size >= 5:
+        yy, xx = np.mgrid[0:size, 0:size]
+        if state == COMPUTED:  # diagonal stripes
+            tile[(xx + yy) % 4 == 0] = dark
+        elif state == REUSED:  # a centred dot
+            c = (size - 1) / 2
+            tile[(xx - c) ** 2 + (yy - c) ** 2 <= max(1.0, (size / 5) ** 2)] = dark
+        elif state == PENDING:  # a horizontal bar
+            tile[size // 2, :] = dark
+    if size >= 4:
+        tile[-1, :] = dark
+        tile[:, -1] = dark
+    return tile
+
+
+def state_swatch(state: int, colour_blind: bool, size: int = 14) -> QPixmap:
+    """A legend swatch drawn with the same tile as the grid."""
+    tile = np.ascontiguousarray(_tile(state, size, colour_blind)[:-1, :-1] if size >= 4 else _tile(state, size, False))
+    h, w = tile.shape[:2]
+    image = QImage(tile.data, w, h, 4 * w, QImage.Format.Format_RGBA8888)
+    return QPixmap.fromImage(image.copy())
+
+
+class KVGridView(QWidget):
+    """Which K/V exist, per layer and position, and what this forward pass did with them.
+
+    Use: `reset(info)` for a new run, then `apply_record(record)` for every StepRecord in
+    order. `apply_record(record, redraw=False)` only updates the state; `refresh()` draws it
+    (the main window coalesces redraws that way). Everything drawn comes from the records'
+    `computed_mask` / `reused_mask`; nothing is re-derived here.
+    """
+
+    export_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._info: RunInfo | None = None
+        self._colour_blind = False
+        self._font_scale = 1.0
+        self._tiles: dict[tuple[int, bool], np.ndarray] = {}
+        self._labels: list[str] = []
+        self._states = np.zeros((1, 1), dtype=np.uint8)
+        self._computed_at = np.full((1, 1), -1, dtype=np.int32)  # pass number (1-based) of the latest computation
+        self._times_computed = np.zeros((1, 1), dtype=np.int32)
+        self._times_reused = np.zeros((1, 1), dtype=np.int32)  # reads from the cache since the latest computation
+        self._last: StepRecord | None = None
+        self._dirty = False
+        self._hover: tuple[int, int] | None = None
+
+        self.plot_widget = pg.PlotWidget(background=theme.BACKGROUND)
+        self.plot_widget.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        self.plot_widget.setMouseTracking(True)
+        self.plot_item = self.plot_widget.getPlotItem()
+        self.plot_item.setMenuEnabled(False)
+        self.plot_item.hideButtons()
+        vb = self.plot_item.getViewBox()
+        vb.setMouseEnabled(x=False, y=False)
+        vb.invertY(True)
+        vb.setDefaultPadding(0.0)
+        self.image_item = pg.ImageItem(axisOrder="row-major")
+        self.plot_item.addItem(self.image_item)
+        self.plot_item.setLabel("left", "layer")
+        self.plot_item.setLabel("bottom", "token position")
+        self.plot_item.showGrid(False, False)
+        self._export_action = QAction("Export view\u2026", self)
+        self._export_action.triggered.connect(self.export_requested.emit)
+        self.plot_widget.scene().contextMenu = [self._export_action]
+        self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
+        self.plot_widget.installEventFilter(self)
+
+        self.title = QLabel("K/V cache: no run yet")
+        self.title.setTextFormat(Qt.TextFormat.RichText)
+        self.legend_row = QHBoxLayout()
+        self.legend_row.setSpacing(14)
+        self._legend_labels: list[tuple[QLabel, QLabel, int]] = []
+        for state in (COMPUTED, REUSED, PENDING, EMPTY):
+            swatch, text = QLabel(), QLabel(STATE_NAMES[state])
+            text.setObjectName("muted")
+            self.legend_row.addWidget(swatch)
+            self.legend_row.addWidget(text)
+            self._legend_labels.append((swatch, text, state))
+        self.legend_row.addStretch(1)
+
+        self.setObjectName("kvGrid")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        self.setStyleSheet(f"QWidget#kvGrid {{ background: {theme.BACKGROUND}; }} "
+                           f"QWidget#kvGrid QLabel {{ color: {theme.FOREGROUND}; background: transparent; }} "
+                           f"QWidget#kvGrid QLabel#muted {{ color: {theme.MUTED}; }}")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.setSpacing(4)
+        layout.addWidget(self.title)
+        layout.addWidget(self.plot_widget, 1)
+        layout.addLayout(self.legend_row)
+        self._update_legend()
+        self._apply_fonts()
+
+    # ----- public interface -----
+    def reset(self, info: RunInfo) -> None:
+        """Start showing `info`'s run: prompt positions pending, the rest empty."""
+        self._info = info
+        shape = (info.n_layer, max(1, info.width))
+        self._labels = list(info.prompt_labels)
+        self._states = np.zeros(shape, dtype=np.uint8)
+        self._states[:, : info.prompt_tokens] = PENDING
+        self._computed_at = np.full(shape, -1, dtype=np.int32)
+        self._times_computed = np.zeros(shape, dtype=np.int32)
+        self._times_reused = np.zeros(shape, dtype=np.int32)
+        self._last = None
+        self._dirty = True
+        self.refresh()
+
+    def apply_record(self, record: StepRecord, redraw: bool = True) -> None:
+        """Take one forward pass into the grid; draw now unless `redraw` is False."""
+        if self._info is None:
+            raise RuntimeError("KVGridView.apply_record before reset(info)")
+        width = self._states.shape[1]
+        computed = record.computed_mask(width)  # (n_layer, width)
+        reused = record.reused_mask(width)  # (n_layer, width)
+        states = self._states
+        existing = states != EMPTY
+        states[existing] = PENDING
+        states[reused] = REUSED
+        states[computed] = COMPUTED
+        self._computed_at[computed] = record.step + 1
+        self._times_computed[computed] += 1
+        self._times_reused[computed] = 0
+        self._times_reused[reused] += 1
+        if record.token_id is not None:
+            self._labels.append(record.token_text)
+            new_position = record.sequence_length - 1
+            if new_position < width:
+                states[:, new_position] = PENDING
+        self._last = record
+        self._dirty = True
+        if redraw:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Draw the current state if it changed since the last draw."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        self._draw_image()
+        self._update_ticks()
+        self._update_title()
+        if self._hover is not None:
+            self._show_tooltip(*self._hover)
+
+    def set_colour_blind(self, enabled: bool) -> None:
+        """Add patterns to the cells (stripes = computed, dot = reused, bar = pending)."""
+        if enabled == self._colour_blind:
+            return
+        self._colour_blind = enabled
+        self._update_legend()
+        self._dirty = True
+        self.refresh()
+
+    def set_font_scale(self, scale: float) -> None:
+        self._font_scale = scale
+        self._apply_fonts()
+        self._dirty = True
+        self.refresh()
+
+    def cell_states(self) -> np.ndarray:
+        """(n_layer, width) cell states: EMPTY, PENDING, COMPUTED or REUSED (a copy)."""
+        return self._states.copy()
+
+    def cell_info(self, layer: int, position: int) -> str:
+        """What the hover tooltip says about one cell."""
+        if self._info is None or not (0 <= layer < self._states.shape[0] and 0 <= position < self._states.shape[1]):
+            return ""
+        token = chip_text(self._labels[position]) if position < len(self._labels) else "(not generated yet)"
+        lines = [f"layer {layer}, position {position}", f"token: {token}"]
+        state = int(self._states[layer, position])
+        at = int(self._computed_at[layer, position])
+        if at < 0:
+            lines.append("K/V not computed yet" if state == PENDING else "position does not exist yet")
+        else:
+            lines.append(f"K/V computed at step {at}")
+            if self._info.use_cache:
+                n = int(self._times_reused[layer, position])
+                lines.append(f"reused {n} time{'s' if n != 1 else ''} since")
+            else:
+                n = int(self._times_computed[layer, position])
+                lines.append(f"no cache: computed {n} time{'s' if n != 1 else ''} so far, reused never")
+        if state != EMPTY:
+            lines.append(STATE_NAMES[state])
+        return "\n".join(lines)
+
+    # ----- drawing -----
+    def _cell_pixels(self) -> int:
+        layers, width = self._states.shape
+        size = max(1, min(16, MAX_IMAGE_PIXELS // width, (MAX_IMAGE_PIXELS // 2) // layers))
+        if self._colour_blind:
+            size = max(size, 6 if width <= 512 else size)
+        return size
+
+    def _tiles_for(self, size: int) -> np.ndarray:
+        key = (size, self._colour_blind)
+        if key not in self._tiles:
+            self._tiles[key] = np.stack([_tile(s, size, self._colour_blind) for s in range(4)])  # (4, s, s, 4)
+        return self._tiles[key]
+
+    def _draw_image(self) -> None:
+        layers, width = self._states.shape
+        size = self._cell_pixels()
+        tiles = self._tiles_for(size)
+        if size == 1:
+            image = tiles[self._states, 0, 0]  # (L, W, 4)
+        else:
+            cells = tiles[self._states]  # (L, W, s, s, 4)
+            image = cells.transpose(0, 2, 1, 3, 4).reshape(layers * size, width * size, 4)
+        self.image_item.setImage(image, autoLevels=False, levels=(0, 255))
+        self.image_item.setRect(QRectF(0, 0, width, layers))
+        self.plot_item.getViewBox().setRange(xRange=(0, width), yRange=(0, layers), padding=0)
+
+    def _update_ticks(self) -> None:
+        layers, width = self._states.shape
+        step = max(1, int(np.ceil(layers / 16)))
+        left = [(i + 0.5, str(i)) for i in range(0, layers, step)]
+        self.plot_item.getAxis("left").setTicks([left])
+        if width <= TICK_LABEL_LIMIT:
+            bottom = []
+            for i in range(width):
+                label = chip_text(self._labels[i]) if i < len(self._labels) else str(i)
+                bottom.append((i + 0.5, label if len(label) <= 8 else label[:7] + "\u2026"))
+            self.plot_item.getAxis("bottom").setTicks([bottom])
+            self.plot_item.setLabel("bottom", "token position (labelled with its token)")
+        else:
+            tick = max(1, int(10 ** np.floor(np.log10(max(1, width / 8)))))
+            if width / tick > 16:
+                tick *= 5 if width / (tick * 5) >= 4 else 2
+            self.plot_item.getAxis("bottom").setTicks([[(i + 0.5, str(i)) for i in range(0, width, tick)]])
+            self.plot_item.setLabel("bottom", "token position")
+
+    def _update_title(self) -> None:
+        info, rec = self._info, self._last
+        if info is None:
+            return
+        mode = "with cache" if info.use_cache else "without cache"
+        head = f"<b>K/V per layer and position</b> &nbsp; {info.n_layer} layers \u00d7 {info.width} positions, {mode}"
+        if rec is None:
+            detail = f"prompt of {info.prompt_tokens} tokens ready; press Space to compute step 1"
+        else:
+            fed = rec.fed_stop - rec.fed_start
+            amber = f"<span style='color:{theme.AMBER}'>computed {fed} position{'s' if fed != 1 else ''}</span>"
+            teal = f"<span style='color:{theme.TEAL}'>reused {rec.fed_start}</span>"
+            what = "cache fill (no new token)" if rec.token_id is None else f"token {rec.new_tokens}"
+            detail = f"step {rec.step + 1} ({what}): {amber} \u00d7 {rec.n_layer} layers, {teal}"
+        self.title.setText(f"{head}<br><span style='color:{theme.MUTED}'>{detail}</span>")
+
+    def _update_legend(self) -> None:
+        for swatch, _text, state in self._legend_labels:
+            swatch.setPixmap(state_swatch(state, self._colour_blind))
+
+    def _apply_fonts(self) -> None:
+        font = QFont(self.font())
+        font.setPointSizeF(max(6.0, 9.0 * self._font_scale))
+        for name in ("left", "bottom"):
+            axis = self.plot_item.getAxis(name)
+            axis.setStyle(tickFont=font)
+            axis.label.setFont(font)
+        title_font = QFont(self.font())
+        title_font.setPointSizeF(10.0 * self._font_scale)
+        self.title.setFont(title_font)
+        for _swatch, text, _state in self._legend_labels:
+            text.setFont(font)
+
+    # ----- hover -----
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.plot_widget and event.type() == QEvent.Type.Leave:
+            self._hover = None
+            QToolTip.hideText()
+        return super().eventFilter(watched, event)
+
+    def _on_mouse_moved(self, scene_pos: QPointF) -> None:
+        vb = self.plot_item.getViewBox()
+        if self._info is None or not vb.sceneBoundingRect().contains(scene_pos):
+            self._hover = None
+            QToolTip.hideText()
+            return
+        point = vb.mapSceneToView(scene_pos)
+        cell = (int(np.floor(point.y())), int(np.floor(point.x())))
+        if cell != self._hover:
+            self._hover = cell
+            self._show_tooltip(*cell)
+
+    def _show_tooltip(self, layer: int, position: int) -> None:
+        text = self.cell_info(layer, position)
+        if text:
+            QToolTip.showText(QCursor.pos(), text, self.plot_widget)
+        else:
+            QToolTip.hideText()

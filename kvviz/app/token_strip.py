@@ -1,0 +1,150 @@
+"""The token strip: prompt and generated tokens as chips, the newest highlighted."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPaintEvent, QPen
+from PySide6.QtWidgets import QSizePolicy, QWidget
+
+from kvviz.app import theme
+from kvviz.app.run_info import RunInfo, chip_text
+
+if TYPE_CHECKING:
+    from kvviz.engine import StepRecord
+
+PAD_X, PAD_Y, GAP = 5.0, 3.0, 8.0
+MAX_ROWS = 2
+
+
+class TokenStrip(QWidget):
+    """Chips for every token, wrapped over up to two rows; the newest rows stay visible.
+
+    Prompt chips are grey, generated chips have an amber edge, the newest token is filled
+    amber, and the chips fed to the model in the latest step are underlined in amber. Spaces show as
+    a middle dot, newlines as a return arrow.
+
+    Use: `reset(info)`, then `apply_record(record)` (`redraw=False` plus `refresh()` to coalesce).
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._labels: list[str] = []
+        self._prompt_tokens = 0
+        self._fed = (0, 0)
+        self._font_scale = 1.0
+        self._widths: list[float] = []
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self._apply_fonts()
+
+    def reset(self, info: RunInfo) -> None:
+        self._labels = [chip_text(label) for label in info.prompt_labels]
+        self._prompt_tokens = info.prompt_tokens
+        self._fed = (0, 0)
+        self._widths = [self._chip_width(text) for text in self._labels]
+        self.update()
+
+    def apply_record(self, record: StepRecord, redraw: bool = True) -> None:
+        self._fed = (record.fed_start, record.fed_stop)
+        if record.token_id is not None:
+            text = chip_text(record.token_text)
+            self._labels.append(text)
+            self._widths.append(self._chip_width(text))
+        if redraw:
+            self.refresh()
+
+    def refresh(self) -> None:
+        self.update()
+
+    def tokens(self) -> list[str]:
+        """The chip texts, prompt first."""
+        return list(self._labels)
+
+    @property
+    def newest_index(self) -> int | None:
+        """Index of the highlighted chip: the latest generated token, None before any."""
+        return len(self._labels) - 1 if len(self._labels) > self._prompt_tokens else None
+
+    def set_font_scale(self, scale: float) -> None:
+        self._font_scale = scale
+        self._apply_fonts()
+        self._widths = [self._chip_width(text) for text in self._labels]
+        self.updateGeometry()
+        self.update()
+
+    def _apply_fonts(self) -> None:
+        font = QFont(self.font())
+        font.setPointSizeF(11.0 * self._font_scale)
+        self._font = font
+        self._metrics = QFontMetricsF(font)
+
+    def _chip_width(self, text: str) -> float:
+        return self._metrics.horizontalAdvance(text) + 2 * PAD_X
+
+    def _row_height(self) -> float:
+        return self._metrics.height() + 2 * PAD_Y + GAP
+
+    def sizeHint(self) -> QSize:
+        return QSize(600, int(self._row_height() * MAX_ROWS + GAP + 2))
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(100, int(self._row_height() * MAX_ROWS + GAP + 2))
+
+    def _layout_rows(self, width: float) -> list[list[int]]:
+        rows: list[list[int]] = [[]]
+        x = GAP
+        for i, w in enumerate(self._widths):
+            if rows[-1] and x + w > width - GAP:
+                rows.append([])
+                x = GAP
+            rows[-1].append(i)
+            x += w + GAP
+        return rows
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.fillRect(self.rect(), QColor(theme.BACKGROUND))
+        painter.setFont(self._font)
+        if not self._labels:
+            painter.setPen(QColor(theme.MUTED))
+            align = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+            painter.drawText(self.rect().adjusted(6, 0, 0, 0), align, "Tokens appear here once the model is loaded.")
+            painter.end()
+            return
+        rows = self._layout_rows(self.width())
+        visible = rows[-MAX_ROWS:]
+        hidden = sum(len(r) for r in rows[:-MAX_ROWS])
+        newest = self.newest_index
+        fed_start, fed_stop = self._fed
+        row_h = self._row_height()
+        chip_h = row_h - GAP
+        for r, row in enumerate(visible):
+            x = GAP
+            y = GAP / 2 + r * row_h
+            for i in row:
+                w = self._widths[i]
+                rect = QRectF(x, y, w, chip_h)
+                generated = i >= self._prompt_tokens
+                if i == newest:
+                    fill, edge, ink = QColor(theme.AMBER), QColor(theme.AMBER), QColor("#1B1E24")
+                elif generated:
+                    fill, edge, ink = QColor("#2E3440"), QColor(theme.AMBER), QColor(theme.FOREGROUND)
+                else:
+                    fill, edge, ink = QColor("#3A404C"), QColor("#6A7282"), QColor(theme.FOREGROUND)
+                painter.setPen(QPen(edge, 1.2))
+                painter.setBrush(fill)
+                painter.drawRoundedRect(rect, 4, 4)
+                painter.setPen(ink)
+                painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, self._labels[i])
+                if fed_start <= i < fed_stop:
+                    painter.setPen(QPen(QColor(theme.AMBER), 3.0))
+                    painter.drawLine(QPointF(rect.left() + 3, rect.bottom() + 4.0),
+                                     QPointF(rect.right() - 3, rect.bottom() + 4.0))
+                x += w + GAP
+        if hidden:
+            painter.setPen(QColor(theme.MUTED))
+            painter.drawText(self.rect().adjusted(0, 0, -4, 0), Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignTop,
+                             f"+{hidden} earlier")
+        painter.end()

@@ -1,0 +1,175 @@
+"""The chart: cumulative K/V computations per step with and without cache, and what each step cost."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QAction, QFont
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from kvviz.app import theme
+from kvviz.app.run_info import RunInfo
+
+if TYPE_CHECKING:
+    from kvviz.engine import StepRecord
+
+SERIES = ("without_cache", "with_cache", "ms_per_step", "cache_mib")
+SYMBOL_LIMIT = 40  # draw point markers while the run is this short
+
+
+class WorkChart(QWidget):
+    """Cumulative K/V computations per layer (amber without cache, teal with), growing live,
+    and below them the measured milliseconds per step and the KV-cache memory.
+
+    Use: `reset(info)`, then `apply_record(record)` for every StepRecord in order
+    (`redraw=False` plus `refresh()` to coalesce redraws). `curve_data()` returns what is drawn.
+    The x axis is the forward pass ("step"); a cached run's last step fills the cache without
+    emitting a token.
+    """
+
+    export_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._info: RunInfo | None = None
+        self._font_scale = 1.0
+        self._x: list[int] = []
+        self._with: list[int] = []
+        self._without: list[int] = []
+        self._ms: list[float] = []
+        self._mib: list[float] = []
+        self._dirty = False
+
+        self.layout_widget = pg.GraphicsLayoutWidget()
+        self.layout_widget.setBackground(theme.BACKGROUND)
+        self.layout_widget.ci.setSpacing(6)
+        self.work_plot = self.layout_widget.addPlot(row=0, col=0, colspan=2)
+        self.ms_plot = self.layout_widget.addPlot(row=1, col=0)
+        self.mem_plot = self.layout_widget.addPlot(row=1, col=1)
+        self.layout_widget.ci.layout.setRowStretchFactor(0, 5)
+        self.layout_widget.ci.layout.setRowStretchFactor(1, 2)
+
+        self.legend = self.work_plot.addLegend(offset=(10, 10), labelTextColor=theme.FOREGROUND,
+                                               brush=pg.mkBrush(27, 30, 36, 200))
+        amber_pen = pg.mkPen(theme.AMBER, width=3)
+        teal_pen = pg.mkPen(theme.TEAL, width=3)
+        self.without_curve = self.work_plot.plot([], [], pen=amber_pen, name="without cache",
+                                                 symbolBrush=theme.AMBER, symbolPen=None, symbolSize=6)
+        self.with_curve = self.work_plot.plot([], [], pen=teal_pen, name="with cache",
+                                              symbolBrush=theme.TEAL, symbolPen=None, symbolSize=6)
+        self.work_plot.setLabel("left", "K/V computed")
+        self.work_plot.setLabel("bottom", "step")
+        self.work_plot.setTitle("Cumulative K/V computations per layer", color=theme.FOREGROUND)
+        self.ms_curve = self.ms_plot.plot([], [], pen=pg.mkPen(theme.FOREGROUND, width=2), stepMode=None)
+        self.ms_plot.setTitle("measured ms per step", color=theme.MUTED)
+        self.ms_plot.setLabel("bottom", "step")
+        self.mem_curve = self.mem_plot.plot([], [], pen=pg.mkPen(theme.TEAL, width=2),
+                                            fillLevel=0, brush=pg.mkBrush(31, 166, 160, 60))
+        self.mem_plot.setTitle("KV cache memory (MiB)", color=theme.MUTED)
+        self.mem_plot.setLabel("bottom", "step")
+        self.mem_note = pg.TextItem("", color=theme.MUTED, anchor=(0.5, 0.5))
+        self.mem_plot.addItem(self.mem_note, ignoreBounds=True)
+        for plot in (self.work_plot, self.ms_plot, self.mem_plot):
+            plot.setMenuEnabled(False)
+            plot.hideButtons()
+            plot.showGrid(x=True, y=True, alpha=0.15)
+            plot.getViewBox().setMouseEnabled(x=False, y=False)
+        self._export_action = QAction("Export view\u2026", self)
+        self._export_action.triggered.connect(self.export_requested.emit)
+        self.layout_widget.scene().contextMenu = [self._export_action]
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.layout_widget)
+        self._apply_fonts()
+
+    # ----- public interface -----
+    def reset(self, info: RunInfo) -> None:
+        self._info = info
+        self._x, self._with, self._without, self._ms, self._mib = [], [], [], [], []
+        self.without_curve.opts["name"] = "without cache" + ("" if info.use_cache else " (measured)")
+        self.with_curve.opts["name"] = "with cache" + (" (measured)" if info.use_cache else "")
+        self.legend.clear()
+        self.legend.addItem(self.without_curve, self.without_curve.opts["name"])
+        self.legend.addItem(self.with_curve, self.with_curve.opts["name"])
+        self._style_legend()
+        self._dirty = True
+        self.refresh()
+
+    def apply_record(self, record: StepRecord, redraw: bool = True) -> None:
+        self._x.append(record.step + 1)
+        self._with.append(record.with_cache_total)
+        self._without.append(record.without_cache_total)
+        self._ms.append(record.seconds * 1000.0)
+        self._mib.append(record.cache_bytes / 2**20)
+        self._dirty = True
+        if redraw:
+            self.refresh()
+
+    def refresh(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        data = self.curve_data()
+        symbols = "o" if len(self._x) <= SYMBOL_LIMIT else None
+        for curve, key in ((self.without_curve, "without_cache"), (self.with_curve, "with_cache")):
+            curve.setSymbol(symbols)
+            curve.setData(*data[key])
+        self.ms_curve.setData(*data["ms_per_step"])
+        self.mem_curve.setData(*data["cache_mib"])
+        info = self._info
+        if info is not None:
+            last_x = info.budget + (1 if info.use_cache else 0)
+            self.work_plot.setXRange(0, max(1, last_x), padding=0.02)
+            for plot in (self.ms_plot, self.mem_plot):
+                plot.setXRange(0, max(1, last_x), padding=0.02)
+            top = max(self._without[-1] if self._without else 1, 1)
+            self.work_plot.setYRange(0, top, padding=0.05)
+            self.mem_note.setText("" if info.use_cache else "no cache in this run")
+            self.mem_note.setPos(max(1, last_x) / 2, 0.5)
+            if not info.use_cache:
+                self.mem_plot.setYRange(0, 1, padding=0)
+            else:
+                self.mem_plot.enableAutoRange(axis="y")
+
+    def curve_data(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The drawn series as (x, y): x is the step number (forward pass, from 1).
+
+        `without_cache` and `with_cache` are K/V computations per layer; `ms_per_step` the
+        measured time of each pass; `cache_mib` the filled KV cache after it.
+        """
+        x = np.asarray(self._x, dtype=np.int64)
+        return {
+            "without_cache": (x, np.asarray(self._without, dtype=np.int64)),
+            "with_cache": (x, np.asarray(self._with, dtype=np.int64)),
+            "ms_per_step": (x, np.asarray(self._ms, dtype=np.float64)),
+            "cache_mib": (x, np.asarray(self._mib, dtype=np.float64)),
+        }
+
+    def set_font_scale(self, scale: float) -> None:
+        self._font_scale = scale
+        self._apply_fonts()
+
+    def _apply_fonts(self) -> None:
+        font = QFont(self.font())
+        font.setPointSizeF(max(6.0, 9.0 * self._font_scale))
+        for plot in (self.work_plot, self.ms_plot, self.mem_plot):
+            for name in ("left", "bottom"):
+                axis = plot.getAxis(name)
+                axis.setStyle(tickFont=font)
+                axis.label.setFont(font)
+        size = f"{max(8, round(11 * self._font_scale))}pt"
+        small = f"{max(7, round(9 * self._font_scale))}pt"
+        self.work_plot.setTitle("Cumulative K/V computations per layer", color=theme.FOREGROUND, size=size)
+        self.ms_plot.setTitle("measured ms per step", color=theme.MUTED, size=small)
+        self.mem_plot.setTitle("KV cache memory (MiB)", color=theme.MUTED, size=small)
+        self._style_legend()
+        self.mem_note.setFont(font)
+
+    def _style_legend(self) -> None:
+        size = f"{max(8, round(10 * self._font_scale))}pt"
+        for _sample, label in self.legend.items:
+            label.setText(label.text, size=size, color=theme.FOREGROUND)

@@ -1,0 +1,305 @@
+"""The one background worker: loads models and runs the engine, one step per command, on a QThread.
+
+The GUI never touches torch: it sends commands through queued signals and receives frozen
+records (StepRecord, ModelInfo, RunInfo) back. torch, the engine and the weights are
+imported inside the worker thread, so the window shows before they load.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+
+from kvviz.app.run_info import ModelInfo, RunInfo, RunRequest
+
+if TYPE_CHECKING:
+    from kvviz.engine import Engine, StepRecord
+
+_THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
+
+
+def running_threads() -> list[QThread]:
+    """Worker threads still running (tests fail if any outlives its test)."""
+    return [t for t in list(_THREADS) if t.isRunning()]
+
+
+class StepAborted(Exception):
+    """Raised inside a forward pass when the window is closing."""
+
+
+class DownloadCancelled(Exception):
+    """Raised from the download progress callback when the user cancels."""
+
+
+def describe_load_error(source: str, exc: BaseException) -> str:
+    """One sentence for a model that failed to load."""
+    from kvviz.weights import ModelLoadError
+
+    label = source or "the embedded model"
+    if isinstance(exc, ModelLoadError):
+        text = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        return text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")
+    message = str(exc).lower()
+    if isinstance(exc, MemoryError) or "out of memory" in message or "can't allocate memory" in message:
+        return f"Not enough memory to load {label}; choose a smaller model."
+    first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+    return f"Could not load {label}: {first}."
+
+
+def describe_run_error(model_name: str, exc: BaseException) -> str:
+    """One sentence for a generation step that failed."""
+    message = str(exc).lower()
+    if isinstance(exc, MemoryError) or "out of memory" in message or "can't allocate memory" in message:
+        return f"Not enough memory to continue with {model_name}; lower max new tokens or choose a smaller model."
+    first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+    return f"Generation with {model_name} stopped: {first}."
+
+
+class GenerationWorker(QObject):
+    """Owns the Engine. Slots run in the worker thread; results go out through signals.
+
+    Signals carry the `run_id` of the RunRequest that produced them, so the GUI can drop
+    records of a run it has already replaced.
+    """
+
+    model_loading = Signal(str)  # source being loaded
+    download_progressed = Signal(int, int)  # bytes done, bytes total
+    model_loaded = Signal(object)  # ModelInfo
+    model_load_failed = Signal(str, str)  # source, one-sentence message
+    model_load_cancelled = Signal(str)  # source
+    run_started = Signal(object)  # RunInfo
+    run_failed = Signal(int, str)  # run_id, one-sentence message
+    step_computed = Signal(int, object)  # run_id, StepRecord
+    run_finished = Signal(int, object)  # run_id, final StepRecord
+    playing_changed = Signal(bool)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.abort = threading.Event()  # set from the GUI thread when closing: stop mid-pass
+        self.cancel_download = threading.Event()  # set from the GUI thread: stop a hub download
+        self._engine: Engine | None = None
+        self._loaded = None  # kvviz.weights.LoadedModel
+        self._hooks: list = []
+        self._records: Iterator[StepRecord] | None = None
+        self._run: RunInfo | None = None
+        self._interval_ms = 0
+        self._play_timer = QTimer(self)
+        self._play_timer.setSingleShot(True)
+        self._play_timer.timeout.connect(self._on_play_tick)
+        self._playing = False
+
+    @property
+    def loaded_model(self):
+        """The current kvviz.weights.LoadedModel (read it only while the worker is idle)."""
+        return self._loaded
+
+    # ----- model -----
+    @Slot(str)
+    def load_model(self, source: str) -> None:
+        self._set_playing(False)
+        self.model_loading.emit(source)
+        self.cancel_download.clear()
+        try:
+            from kvviz.engine import Engine
+            from kvviz.tokenizer import get_tokenizer
+            from kvviz.weights import load_model
+
+            loaded = load_model(source or None, progress=self._on_download_progress)
+            engine = Engine(loaded.model, get_tokenizer())
+        except DownloadCancelled:
+            self.model_load_cancelled.emit(source)
+            return
+        except Exception as exc:  # any failure keeps the previous model; the GUI says why in one sentence
+            self.model_load_failed.emit(source, describe_load_error(source, exc))
+            return
+        self._drop_hooks()
+        self._engine, self._loaded = engine, loaded
+        self._records, self._run = None, None
+        self._hooks = [block.register_forward_pre_hook(self._check_abort) for block in loaded.model.transformer.h]
+        config = loaded.config
+        self.model_loaded.emit(ModelInfo(
+            name=loaded.name, source=loaded.source, num_parameters=loaded.num_parameters,
+            n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd, n_ctx=config.n_ctx,
+        ))
+
+    def _on_download_progress(self, done: int, total: int) -> None:
+        if self.cancel_download.is_set() or self.abort.is_set():
+            raise DownloadCancelled()
+        self.download_progressed.emit(done, total)
+
+    def _check_abort(self, module, args) -> None:
+        if self.abort.is_set():
+            raise StepAborted()
+
+    def _drop_hooks(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    # ----- runs -----
+    @Slot(object)
+    def start_run(self, request: RunRequest) -> None:
+        """Prepare a fresh run; no forward pass happens until `step`."""
+        self._set_playing(False)
+        self._records, self._run = None, None
+        if self._engine is None:
+            self.run_failed.emit(request.run_id, "No model is loaded yet.")
+            return
+        from kvviz.engine import GenerationError, SamplingSettings
+
+        engine = self._engine
+        try:
+            sampling = SamplingSettings(request.temperature, request.top_k, request.seed)
+            ids = engine.encode_prompt(request.prompt)
+            records = engine.generate(ids, request.max_new_tokens, request.use_cache, sampling)
+        except GenerationError as exc:
+            text = str(exc)
+            self.run_failed.emit(request.run_id, text[0].upper() + text[1:] + ".")
+            return
+        info = RunInfo.from_engine(
+            engine, request.prompt, ids, request.max_new_tokens, request.use_cache, self._loaded.name,
+            RunInfo.describe_sampling(request.temperature, request.top_k, request.seed), request.run_id,
+        )
+        self._records, self._run = records, info
+        self.run_started.emit(info)
+
+    @Slot()
+    def step(self) -> None:
+        """Compute one new token; after the last one, also the pass that fills the cache."""
+        if self._records is None or self._run is None:
+            self._set_playing(False)
+            return
+        run = self._run
+        try:
+            record = next(self._records)
+            self.step_computed.emit(run.run_id, record)
+            if run.use_cache and not record.final and record.token_id is not None and record.new_tokens >= run.budget:
+                record = next(self._records)
+                self.step_computed.emit(run.run_id, record)
+        except StepAborted:
+            self._records = None
+            return
+        except StopIteration:
+            self._records = None
+            self._set_playing(False)
+            return
+        except Exception as exc:  # out of memory mid-run, for instance
+            self._records = None
+            self._set_playing(False)
+            self.run_failed.emit(run.run_id, describe_run_error(run.model_name, exc))
+            return
+        if record.final:
+            self._records = None
+            self._set_playing(False)
+            self.run_finished.emit(run.run_id, record)
+
+    @Slot(int)
+    def play(self, interval_ms: int) -> None:
+        self._interval_ms = max(0, interval_ms)
+        if self._records is None:
+            return
+        self._set_playing(True)
+        self._play_timer.start(0)
+
+    @Slot()
+    def pause(self) -> None:
+        self._set_playing(False)
+
+    @Slot(int)
+    def set_interval(self, interval_ms: int) -> None:
+        self._interval_ms = max(0, interval_ms)
+
+    def _on_play_tick(self) -> None:
+        if not self._playing or self.abort.is_set():
+            return
+        started = time.perf_counter()
+        self.step()
+        if self._playing:
+            spent_ms = (time.perf_counter() - started) * 1000
+            self._play_timer.start(max(0, int(self._interval_ms - spent_ms)))
+
+    def _set_playing(self, playing: bool) -> None:
+        if not playing:
+            self._play_timer.stop()
+        if playing != self._playing:
+            self._playing = playing
+            self.playing_changed.emit(playing)
+
+    @Slot()
+    def shut_down(self) -> None:
+        """Runs in the worker thread as its last job: stop timers, drop the model."""
+        self._set_playing(False)
+        self._drop_hooks()
+        self._records = None
+        self._engine = None
+        self._loaded = None
+
+
+class WorkerController(QObject):
+    """The GUI side: owns the QThread and the worker, and turns method calls into queued commands."""
+
+    load_requested = Signal(str)
+    run_requested = Signal(object)
+    step_requested = Signal()
+    play_requested = Signal(int)
+    pause_requested = Signal()
+    interval_changed = Signal(int)
+    shutdown_requested = Signal()
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.thread = QThread()
+        self.thread.setObjectName("kvviz-worker")
+        self.worker = GenerationWorker()
+        self.worker.moveToThread(self.thread)
+        self.load_requested.connect(self.worker.load_model)
+        self.run_requested.connect(self.worker.start_run)
+        self.step_requested.connect(self.worker.step)
+        self.play_requested.connect(self.worker.play)
+        self.pause_requested.connect(self.worker.pause)
+        self.interval_changed.connect(self.worker.set_interval)
+        self.shutdown_requested.connect(self.worker.shut_down)
+        self.thread.finished.connect(self.worker.deleteLater)
+        _THREADS.add(self.thread)
+        self.thread.start()
+
+    def load(self, source: str) -> None:
+        self.load_requested.emit(source)
+
+    def start_run(self, request: RunRequest) -> None:
+        self.worker.abort.clear()
+        self.run_requested.emit(request)
+
+    def step(self) -> None:
+        self.step_requested.emit()
+
+    def play(self, interval_ms: int) -> None:
+        self.play_requested.emit(interval_ms)
+
+    def pause(self) -> None:
+        self.pause_requested.emit()
+
+    def set_interval(self, interval_ms: int) -> None:
+        self.interval_changed.emit(interval_ms)
+
+    def cancel_download(self) -> None:
+        self.worker.cancel_download.set()
+
+    def stop(self, timeout_ms: int = 1000) -> bool:
+        """Abort the current pass, finish the thread and wait for it; True when it has ended."""
+        if not self.thread.isRunning():
+            return True
+        self.worker.abort.set()
+        self.worker.cancel_download.set()
+        self.shutdown_requested.emit()
+        self.thread.quit()
+        return self.thread.wait(timeout_ms)
+
+    def wait(self) -> None:
+        """Block until the thread has ended (after `stop` ran out of time during an uninterruptible load)."""
+        self.thread.wait()

@@ -1,0 +1,74 @@
+"""Shared test setup. GUI tests run offscreen; helpers only add to this file."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+# ----- app (GUI) tests -----
+
+
+@pytest.fixture(autouse=True)
+def _isolated_qt_settings(request, tmp_path):
+    """GUI tests read and write QSettings under tmp_path, never the user's real settings."""
+    if "qtbot" not in request.fixturenames:
+        yield
+        return
+    from PySide6.QtCore import QSettings
+
+    folder = tmp_path / "qsettings"
+    folder.mkdir()
+    for fmt in (QSettings.Format.IniFormat, QSettings.Format.NativeFormat):
+        QSettings.setPath(fmt, QSettings.Scope.UserScope, str(folder))
+    yield folder
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_thread_left(request):
+    """Fail any test that leaves a kvviz worker QThread running."""
+    yield
+    worker = sys.modules.get("kvviz.app.worker")
+    if worker is None:
+        return
+    running = worker.running_threads()
+    if running:
+        for thread in running:
+            thread.quit()
+            thread.wait(5000)
+        pytest.fail(f"{len(running)} kvviz worker thread(s) still running after the test")
+
+
+@pytest.fixture(scope="session")
+def app_model(tmp_path_factory) -> str | None:
+    """The model source for GUI tests: None (the embedded default) when it is installed, else a tiny
+    random checkpoint (4 layers, 64 positions) saved with kvviz.weights.save_checkpoint."""
+    from kvviz.resources import default_model_dir
+
+    try:
+        if (default_model_dir() / "model.safetensors").is_file():
+            return None
+    except FileNotFoundError:
+        pass
+    import torch
+
+    from kvviz.model import GPT, GPTConfig
+    from kvviz.weights import save_checkpoint
+
+    folder: Path = tmp_path_factory.mktemp("tiny-model")
+    model = GPT(GPTConfig(n_ctx=64, n_layer=4, n_head=2, n_embd=32, name="tiny"))
+    model.init_weights(torch.Generator().manual_seed(0))
+    save_checkpoint(model, folder)
+    return str(folder)
+
+
+# ----- core tests -----
+
+# Tests run tiny models, where extra intra-op threads only add overhead; on a machine shared with other work
+# (a training run, a parallel test session) oversubscribed OpenMP threads made them about 20x slower. Set before
+# any test module imports torch; an explicit OMP_NUM_THREADS in the environment still wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")

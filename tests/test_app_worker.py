@@ -1,0 +1,62 @@
+"""The worker side: loading states, download cancel, error sentences, and no torch before the window."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from PySide6.QtWidgets import QMessageBox
+
+from kvviz.app.main_window import MainWindow
+from kvviz.app.settings import app_settings
+from kvviz.app.worker import describe_load_error
+
+
+def test_gui_modules_do_not_import_torch():
+    code = ("import sys, kvviz.app, kvviz.app.main_window, kvviz.app.gui_bench; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={"QT_QPA_PLATFORM": "offscreen", "PATH": ""})
+    assert result.returncode == 0, result.stderr
+
+
+def test_error_sentences():
+    from kvviz.weights import ModelLoadError
+
+    assert describe_load_error("x", ModelLoadError("x: tensor a is missing")) == "X: tensor a is missing."
+    assert describe_load_error("gpt2-xl", MemoryError()) == "Not enough memory to load gpt2-xl; choose a smaller model."
+    oom = RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried to allocate 6 GB")
+    assert describe_load_error("gpt2-xl", oom).startswith("Not enough memory")
+
+
+def test_download_progress_and_cancel_keep_previous_model(qtbot, app_model, monkeypatch):
+    import kvviz.weights
+
+    def fake_download(name, progress=None, endpoint=None):
+        total = 500 * 2**20
+        for i in range(10_000):
+            progress(i * 2**20 % total, total)  # raises DownloadCancelled once the user cancels
+            time.sleep(0.01)
+        raise AssertionError("the download was not cancelled")
+
+    monkeypatch.setattr(kvviz.weights, "download_hub_model", fake_download)
+    errors: list[str] = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: errors.append(text))
+    win = MainWindow(app_model, "Time flies fast", settings=app_settings())
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitUntil(lambda: win.run_info is not None, timeout=60_000)
+    before = win.model_info
+    win.model_combo.setCurrentIndex(win.model_combo.findData("gpt2"))
+    win._on_model_chosen(win.model_combo.currentIndex())
+    qtbot.waitUntil(lambda: win.progress_bar.isVisible() and win.progress_bar.maximum() == 1000, timeout=30_000)
+    assert win.cancel_button.isVisible() and not win.step_button.isEnabled()
+    assert win.banner.isVisible() and "Loading gpt2" in win.banner.text()
+    win.cancel_button.click()
+    qtbot.waitUntil(lambda: not win.progress_bar.isVisible(), timeout=10_000)
+    assert "cancelled" in win.model_status.text()
+    assert win.model_info == before and not errors
+    assert win.model_combo.currentData() == win._source
+    assert win.step_button.isEnabled()
+    win.close()
