@@ -54,6 +54,13 @@ class StepRecord:
     otherwise). The pass that feeds the last token into the cache emits no token
     (`token_id is None`), as in the reference loop, so a cached run of N tokens makes N + 1
     passes and computes P + N rows per layer; an uncached run makes N passes.
+
+    `with_cache_total` and `without_cache_total` put each run beside its counterpart: a cached
+    run counts the rows it projected and, for "without cache", the rows it projected plus the
+    rows it read from the cache in every pass that chose a token (what re-running the whole
+    sequence would have projected); an uncached run counts its projected rows and, for "with
+    cache", the positions a cached run would have projected by the same step: every token but
+    the newest, and all P + N once the run is finished.
     """
 
     step: int  # forward pass index, 0 for the first
@@ -72,7 +79,7 @@ class StepRecord:
     seconds: float  # wall time of the forward pass and the choice of token
     kv_computed_total: int  # per layer, this run so far, measured
     kv_reused_total: int  # per layer, this run so far, measured
-    with_cache_total: int  # per layer: K/V a cached run computes for this much text
+    with_cache_total: int  # per layer: K/V a cached run has computed at this point (P + N once finished)
     without_cache_total: int  # per layer: K/V an uncached run computes for this much text
     cache_bytes: int  # filled part of the KV cache after this pass (0 without cache)
     n_layer: int
@@ -245,7 +252,7 @@ class Engine:
                     seconds=seconds,
                     kv_computed_total=computed_total,
                     kv_reused_total=reused_total,
-                    with_cache_total=computed_total if use_cache else len(tokens),
+                    with_cache_total=computed_total if use_cache else len(tokens) - (0 if final else 1),
                     without_cache_total=without_total if use_cache else computed_total,
                     cache_bytes=self.kv_cache.bytes_used if use_cache else 0,
                     n_layer=n_layer,
