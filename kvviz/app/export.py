@@ -76,12 +76,7 @@ MAX_UPSCALED_IMAGE = 4096  # pixels per side of an image embedded in SVG or PDF
 CAPTION_PROMPT_CHARS = 100  # longer prompts are elided in the caption
 CAPTION_MAX_CHARS = 300
 SETTINGS_GROUP = "export"
-DIALOG_STYLE = f"""
-QDialog {{ background: {theme.BACKGROUND}; }}
-QAbstractItemView {{ background: #2A2F38; alternate-background-color: #252A32;
-                     selection-background-color: {theme.TEAL}; }}
-QHeaderView::section {{ background: #2E3440; border: none; padding: 3px 6px; }}
-"""
+DIALOG_STYLE = ""  # dialogs are styled by resources/styles/kvviz.qss
 
 SVG_NS = "http://www.w3.org/2000/svg"
 XLINK_NS = "http://www.w3.org/1999/xlink"
