@@ -132,10 +132,13 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
+        V, C = config.vocab_size, config.n_embd
         self.transformer = nn.ModuleDict(
             dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.n_ctx, config.n_embd),
+                # Uninitialised, like Conv1D: loaders overwrite them and `init_weights` draws them.
+                # (Embedding's own init on the meta device would import torch._dynamo: seconds.)
+                wte=nn.Embedding(config.vocab_size, config.n_embd, _weight=torch.empty(V, C)),
+                wpe=nn.Embedding(config.n_ctx, config.n_embd, _weight=torch.empty(config.n_ctx, C)),
                 h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
                 ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon),
             )
