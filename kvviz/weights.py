@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,12 @@ ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
 
 class ModelLoadError(ValueError):
     """A model source that cannot be used; the message is one line that names the culprit."""
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message as one plain line (no terminal colour codes), or its type's name."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    return text.splitlines()[0].strip() if text else exc.__class__.__name__
 
 
 @dataclass(frozen=True)
@@ -109,22 +116,26 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file")
     suffix = path.suffix.lower()
+    if suffix not in (".safetensors", ".pth", ".pt", ".bin"):
+        raise ModelLoadError(f"{path}: unsupported file type {suffix!r}; use .safetensors (or a .pth state dict)")
     try:
         if suffix == ".safetensors":
             from safetensors.torch import load_file
 
             return load_file(str(path))
-        if suffix in (".pth", ".pt", ".bin"):
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
-            if not isinstance(state, dict):
-                raise ModelLoadError(f"{path}: not a state dict")
-            return state
-    except ModelLoadError:
-        raise
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except PermissionError as exc:
+        raise ModelLoadError(f"{path}: cannot be read ({exc.strerror})") from exc
     except Exception as exc:  # safetensors and torch raise several types for corrupt files
-        detail = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-        raise ModelLoadError(f"{path}: corrupt or truncated checkpoint ({detail})") from exc
-    raise ModelLoadError(f"{path}: unsupported file type {suffix!r}; use .safetensors (or a .pth state dict)")
+        if "weights only load failed" in str(exc).lower():
+            raise ModelLoadError(
+                f"{path}: refused: the file holds Python objects besides tensors, and kvviz loads .pth files "
+                "with weights_only=True (save a plain state dict, or convert it to .safetensors)"
+            ) from exc
+        raise ModelLoadError(f"{path}: corrupt or truncated checkpoint ({_first_line(exc)})") from exc
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelLoadError(f"{path}: not a state dict (a dict of tensor names to tensors)")
+    return state
 
 
 def normalize_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -137,17 +148,37 @@ def normalize_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def infer_config(state: dict[str, torch.Tensor], name: str) -> GPTConfig:
-    """A config from tensor shapes alone, for a bare checkpoint without `config.json`."""
+def infer_config(state: dict[str, torch.Tensor], name: str, origin: str | None = None) -> GPTConfig:
+    """A config from tensor shapes alone, for a bare checkpoint without `config.json`.
+
+    The head count is not in the tensors: GPT-2's own widths map to their head counts, and other
+    widths get heads of 64 dimensions, as in every GPT-2. `origin` (the file) is named in errors.
+    """
+    origin = origin or name
     try:
-        vocab_size, n_embd = state["transformer.wte.weight"].shape
-        n_ctx = state["transformer.wpe.weight"].shape[0]
+        vocab_size, n_embd = (int(n) for n in state["transformer.wte.weight"].shape)
+        n_ctx = int(state["transformer.wpe.weight"].shape[0])
     except KeyError as exc:
-        raise ModelLoadError(f"{name}: tensor {exc.args[0]} is missing; this is not a GPT-2 checkpoint") from exc
-    layers = {int(k.split(".")[2]) for k in state if k.startswith("transformer.h.")}
-    n_head = HEADS_BY_WIDTH.get(int(n_embd), max(1, int(n_embd) // 64))
-    return GPTConfig(vocab_size=int(vocab_size), n_ctx=int(n_ctx), n_layer=len(layers), n_head=n_head,
-                     n_embd=int(n_embd), name=name)
+        raise ModelLoadError(f"{origin}: tensor {exc.args[0]} is missing; this is not a GPT-2 checkpoint") from exc
+    except ValueError as exc:
+        raise ModelLoadError(f"{origin}: tensor transformer.wte.weight is not a matrix; not GPT-2") from exc
+    layers = {k.split(".")[2] for k in state if k.startswith("transformer.h.")}
+    if not all(layer.isdigit() for layer in layers):
+        raise ModelLoadError(f"{origin}: unexpected tensor names under transformer.h; not a GPT-2 checkpoint")
+    if n_embd in HEADS_BY_WIDTH:
+        n_head = HEADS_BY_WIDTH[n_embd]
+    elif n_embd % 64 == 0:
+        n_head = n_embd // 64
+    else:
+        raise ModelLoadError(
+            f"{origin}: width {n_embd} does not tell the number of attention heads; put the checkpoint's "
+            "config.json beside it"
+        )
+    try:
+        return GPTConfig(vocab_size=vocab_size, n_ctx=n_ctx, n_layer=len(layers), n_head=n_head, n_embd=n_embd,
+                         name=name)
+    except ValueError as exc:
+        raise ModelLoadError(f"{origin}: {exc}") from exc
 
 
 def build_model(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, dtype: torch.dtype) -> GPT:
@@ -175,11 +206,14 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32) -> GPT:
             raise ModelLoadError(f"{path}: folder has no model.safetensors")
         config_path = path / "config.json"
         state = normalize_keys(_read_state_dict(weights))
-        config = config_from_json(config_path) if config_path.is_file() else infer_config(state, path.name)
+        if config_path.is_file():
+            config = config_from_json(config_path)
+        else:
+            config = infer_config(state, path.name, str(weights))
         return build_model(config.with_name(path.name), state, str(weights), dtype)
     state = normalize_keys(_read_state_dict(path))
     sibling = path.parent / "config.json"
-    config = config_from_json(sibling) if sibling.is_file() else infer_config(state, path.stem)
+    config = config_from_json(sibling) if sibling.is_file() else infer_config(state, path.stem, str(path))
     name = path.parent.name if path.stem == "model" else path.stem
     return build_model(config.with_name(name), state, str(path), dtype)
 
@@ -211,18 +245,38 @@ def random_model(preset: str, dtype: torch.dtype = torch.float32) -> GPT:
     return model.to(dtype).eval()
 
 
+HUB_FILES = ("config.json", "model.safetensors")
+
+
+def cached_hub_model(name: str, cache_dir: str | Path | None = None) -> Path | None:
+    """The cache folder of a hub GPT-2 that was downloaded before, or None; never touches the network."""
+    from huggingface_hub import try_to_load_from_cache
+
+    paths = [try_to_load_from_cache(HUB_MODELS[name], filename, cache_dir=cache_dir) for filename in HUB_FILES]
+    if not all(isinstance(p, str) and Path(p).is_file() for p in paths):
+        return None
+    folders = {Path(p).parent for p in paths}  # type: ignore[arg-type]
+    return folders.pop() if len(folders) == 1 else None
+
+
 def download_hub_model(name: str, progress: ProgressCallback | None = None,
-                       endpoint: str | None = None) -> Path:
+                       endpoint: str | None = None, cache_dir: str | Path | None = None) -> Path:
     """Fetch `config.json` and `model.safetensors` for a hub GPT-2 into the HF cache; return the folder.
 
-    huggingface_hub writes to a temporary file and renames it when complete, so an interrupted
-    download leaves no half-written weights; the next call resumes or starts over.
+    Downloaded once: a model already in the cache is used without asking the hub. huggingface_hub
+    writes to a temporary file and renames it when complete, so an interrupted download leaves no
+    half-written weights; the next call starts over.
     """
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
+    if name not in HUB_MODELS:
+        raise ModelLoadError(f"unknown hub model {name!r}; choose from {', '.join(HUB_MODELS)}")
+    cached = cached_hub_model(name, cache_dir)
+    if cached is not None:
+        return cached
     repo_id = HUB_MODELS[name]
-    kwargs: dict = {"repo_id": repo_id}
+    kwargs: dict = {"repo_id": repo_id, "cache_dir": cache_dir}
     if endpoint is not None:
         kwargs["endpoint"] = endpoint
     try:
@@ -233,10 +287,10 @@ def download_hub_model(name: str, progress: ProgressCallback | None = None,
         raise ModelLoadError(
             f"{name}: not downloaded yet and the Hugging Face hub cannot be reached; connect once to fetch {repo_id}"
         ) from exc
-    except HfHubHTTPError as exc:
-        raise ModelLoadError(f"{name}: download of {repo_id} failed ({str(exc).splitlines()[0]})") from exc
-    except OSError as exc:
-        raise ModelLoadError(f"{name}: download of {repo_id} failed ({exc})") from exc
+    except Exception as exc:  # HTTP errors, dropped connections, full disks: huggingface_hub raises many types
+        raise ModelLoadError(
+            f"{name}: download of {repo_id} failed ({_first_line(exc)}); nothing partial was kept, try again"
+        ) from exc
     folder = Path(weights_path).parent
     if Path(config_path).parent != folder:
         raise ModelLoadError(f"{name}: config and weights landed in different folders of the cache")
@@ -255,6 +309,23 @@ def _progress_tqdm(progress: ProgressCallback):
     return CallbackTqdm
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """`device` as a torch.device, or a ModelLoadError saying why it cannot be used here."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"unknown device {str(device)!r}; use cpu, cuda or mps") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {str(device)!r} is not available here (no CUDA GPU, or torch built without CUDA)")
+    if resolved.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ModelLoadError(f"device {str(device)!r} is not available here (it needs Apple silicon)")
+    if resolved.type not in ("cpu", "cuda", "mps"):
+        raise ModelLoadError(f"unknown device {str(device)!r}; use cpu, cuda or mps")
+    return resolved
+
+
 def load_model(
     source: str | None = None,
     device: str = "cpu",
@@ -262,6 +333,7 @@ def load_model(
     progress: ProgressCallback | None = None,
 ) -> LoadedModel:
     """Resolve a `--model` value to a ready model. `None` means the embedded default."""
+    check_device(device)
     if source is None or source == "" or source == DEFAULT_MODEL_NAME:
         folder = default_model_dir()
         if not (folder / "model.safetensors").is_file():
@@ -275,6 +347,7 @@ def load_model(
     elif source in HUB_MODELS:
         folder = download_hub_model(source, progress)
         model = load_checkpoint(folder, dtype)
+        model.config = model.config.with_name(source)  # not the cache folder's commit hash
         name, origin = source, f"Hugging Face hub {HUB_MODELS[source]} (cached in {folder})"
     else:
         path = Path(source).expanduser()

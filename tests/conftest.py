@@ -64,11 +64,3 @@ def app_model(tmp_path_factory) -> str | None:
     model.init_weights(torch.Generator().manual_seed(0))
     save_checkpoint(model, folder)
     return str(folder)
-
-
-# ----- core tests -----
-
-# Tests run tiny models, where extra intra-op threads only add overhead; on a machine shared with other work
-# (a training run, a parallel test session) oversubscribed OpenMP threads made them about 20x slower. Set before
-# any test module imports torch; an explicit OMP_NUM_THREADS in the environment still wins.
-os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QMessageBox
 
 from kvviz.app.grid_view import COMPUTED, EMPTY, PENDING, REUSED
 from kvviz.app.main_window import MainWindow
+from kvviz.app.run_info import chip_text
 from kvviz.app.settings import app_settings
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
@@ -82,7 +83,7 @@ def test_space_steps_match_engine(qtbot, window, app_model):
     from kvviz.tokenizer import get_tokenizer
 
     labels = [get_tokenizer().token_label(i) for i in ids]
-    assert window.token_strip.tokens()[3:] == [lab.replace(" ", "\u00b7") for lab in labels]
+    assert window.token_strip.tokens()[3:] == [chip_text(lab) for lab in labels]
     assert window.token_strip.newest_index == 3 + N - 1
     data = window.chart.curve_data()
     assert data["with_cache"][1].tolist() == [r.with_cache_total for r in records]
@@ -118,7 +119,7 @@ def test_cache_off_recomputes_every_cell(qtbot, window, app_model):
     values = window.counter.values()
     assert (values["with_cache"], values["without_cache"]) == (15, 102)
     ids_cached, _ = engine_run(app_model, PROMPT, N, use_cache=True)
-    assert window.token_strip.tokens()[3:] == [t.replace(" ", "\u00b7") for t in _labels(ids_cached)]
+    assert window.token_strip.tokens()[3:] == [chip_text(t) for t in _labels(ids_cached)]
     assert window.chart.curve_data()["without_cache"][1].tolist()[-1] == 102
 
 

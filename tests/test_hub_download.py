@@ -1,0 +1,285 @@
+"""Hub downloads through a loopback server that answers the way huggingface.co does for hf_hub_download."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+from helpers_checkpoints import HELLO_IDS, save_kvviz_folder
+
+from kvviz.weights import HUB_MODELS, ModelLoadError, download_hub_model, load_checkpoint, load_model
+
+COMMIT = "607a30d783dfa663caf39e06633721c8d4cfcd7e"  # any 40-hex commit id
+
+
+@dataclass
+class FakeHub:
+    """What the server serves and what it has seen."""
+
+    files: dict[str, bytes]  # "repo_id/filename" -> content
+    interrupt: set[str] = field(default_factory=set)  # files whose body breaks off halfway
+    requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path)
+    endpoint: str = ""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hub: FakeHub
+    timeout = 5  # no connection outlives a stuck client
+
+    def log_message(self, format: str, *args) -> None:  # keep test output clean
+        pass
+
+    def _lookup(self) -> tuple[str, bytes] | None:
+        # /{repo_id}/resolve/{revision}/{filename}, repo_id being "owner/name"
+        parts = self.path.split("?", 1)[0].strip("/").split("/")
+        if len(parts) != 5 or parts[2] != "resolve":
+            return None
+        key = f"{parts[0]}/{parts[1]}/{parts[4]}"
+        content = self.hub.files.get(key)
+        return None if content is None else (key, content)
+
+    def _headers(self, key: str, content: bytes) -> None:
+        if key.endswith(".safetensors"):
+            etag = hashlib.sha256(content).hexdigest()  # LFS files: the sha256 of the content
+        else:
+            etag = hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()  # git blob id
+        self.send_header("ETag", f'"{etag}"')
+        self.send_header("X-Repo-Commit", COMMIT)
+        self.send_header("Content-Length", str(len(content)))
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Accept-Ranges", "bytes")
+
+    def _not_found(self) -> None:
+        self.send_response(404)
+        self.send_header("X-Error-Code", "EntryNotFound")
+        self.send_header("X-Repo-Commit", COMMIT)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_HEAD(self) -> None:
+        self.hub.requests.append(("HEAD", self.path))
+        found = self._lookup()
+        if found is None:
+            self._not_found()
+            return
+        self.send_response(200)
+        self._headers(*found)
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.hub.requests.append(("GET", self.path))
+        found = self._lookup()
+        if found is None:
+            self._not_found()
+            return
+        key, content = found
+        if key in self.hub.interrupt:
+            if self.headers.get("Range"):
+                # The connection is gone for good: every retry dies before an answer.
+                self.close_connection = True
+                return
+            self.send_response(200)
+            self._headers(key, content)
+            self.end_headers()
+            self.wfile.write(content[: len(content) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.send_response(200)
+        self._headers(key, content)
+        self.end_headers()
+        self.wfile.write(content)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def _start(hub: FakeHub) -> tuple[_Server, threading.Thread]:
+    handler = type("Handler", (_Handler,), {"hub": hub})
+    server = _Server(("127.0.0.1", 0), handler)
+    hub.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def _stop(server: _Server, thread: threading.Thread) -> None:
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    return save_kvviz_folder(tmp_path / "published", n_layer=2, n_head=2, n_embd=32, n_ctx=64, seed=21)
+
+
+@pytest.fixture
+def hub(checkpoint) -> FakeHub:
+    repo = HUB_MODELS["gpt2"]
+    return FakeHub(files={
+        f"{repo}/config.json": (checkpoint / "config.json").read_bytes(),
+        f"{repo}/model.safetensors": (checkpoint / "model.safetensors").read_bytes(),
+    })
+
+
+@pytest.fixture
+def served(hub) -> Iterator[FakeHub]:
+    server, thread = _start(hub)
+    try:
+        yield hub
+    finally:
+        _stop(server, thread)
+
+
+@pytest.fixture(autouse=True)
+def hf_cache(tmp_path, monkeypatch) -> Path:
+    """huggingface_hub caches under tmp_path, never in the user's cache, and retries without sleeping."""
+    from huggingface_hub import constants, file_download
+    from huggingface_hub.utils import _http
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    no_sleep = types.SimpleNamespace(sleep=lambda seconds: None)
+    for module in (file_download, _http):  # both back off with time.sleep between retries
+        if hasattr(module, "time"):
+            monkeypatch.setattr(module, "time", no_sleep)
+    return cache
+
+
+def _logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([HELLO_IDS]))
+
+
+def test_download_then_load_then_offline(served, checkpoint, hf_cache):
+    seen: list[tuple[int, int]] = []
+    folder = download_hub_model("gpt2", lambda done, total: seen.append((done, total)), endpoint=served.endpoint)
+
+    assert folder.is_relative_to(hf_cache)
+    assert (folder / "model.safetensors").read_bytes() == (checkpoint / "model.safetensors").read_bytes()
+    model = load_checkpoint(folder)
+    reference = load_checkpoint(checkpoint)
+    assert torch.equal(_logits(model), _logits(reference))
+
+    size = (checkpoint / "model.safetensors").stat().st_size
+    assert seen, "the progress callback was never called"
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and done[-1] == size
+    assert {t for _, t in seen} == {size}
+    assert ("GET", "/openai-community/gpt2/resolve/main/model.safetensors") in served.requests
+
+    # A hub that cannot be reached: the cached copy is used without the network.
+    served.requests.clear()
+    assert download_hub_model("gpt2", None, endpoint=_dead_endpoint()) == folder
+    assert served.requests == []
+
+
+def _dead_endpoint() -> str:
+    """An endpoint on a loopback port nobody listens on: connections are refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def test_second_call_works_with_hub_offline(hub, hf_cache, monkeypatch):
+    server, thread = _start(hub)
+    try:
+        first = download_hub_model("gpt2", None, endpoint=hub.endpoint)
+        # Downloaded once: while the hub is still up, the cached copy is used without asking it.
+        hub.requests.clear()
+        assert download_hub_model("gpt2", None, endpoint=hub.endpoint) == first
+        assert hub.requests == []
+    finally:
+        _stop(server, thread)
+    # Same endpoint, server stopped: connection refused, the cache answers.
+    assert download_hub_model("gpt2", None, endpoint=hub.endpoint) == first
+    # HF_HUB_OFFLINE set: no attempt at all.
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert download_hub_model("gpt2", None, endpoint=hub.endpoint) == first
+    assert load_checkpoint(first).config.n_layer == 2
+
+
+def test_explicit_cache_dir(served, tmp_path, hf_cache):
+    elsewhere = tmp_path / "elsewhere"
+    folder = download_hub_model("gpt2", None, endpoint=served.endpoint, cache_dir=elsewhere)
+    assert folder.is_relative_to(elsewhere)
+    assert not hf_cache.exists() or not any(hf_cache.rglob("model.safetensors"))
+    served.requests.clear()
+    assert download_hub_model("gpt2", None, endpoint=_dead_endpoint(), cache_dir=elsewhere) == folder
+
+
+def test_load_model_by_name_through_the_hub(served, checkpoint, monkeypatch):
+    """`--model gpt2` end to end, with HF_ENDPOINT pointing at the loopback hub."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        served.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    seen: list[tuple[int, int]] = []
+    loaded = load_model("gpt2", progress=lambda done, total: seen.append((done, total)))
+    assert loaded.name == "gpt2" and loaded.config.name == "gpt2"
+    assert "openai-community/gpt2" in loaded.source
+    assert seen[-1] == ((checkpoint / "model.safetensors").stat().st_size,) * 2
+    assert torch.equal(_logits(loaded.model), _logits(load_checkpoint(checkpoint)))
+
+
+def test_never_downloaded_and_offline_says_so(hf_cache):
+    with pytest.raises(ModelLoadError) as info:
+        download_hub_model("gpt2", None, endpoint=_dead_endpoint())
+    message = str(info.value)
+    assert "\n" not in message
+    assert "gpt2" in message and "openai-community/gpt2" in message
+
+
+def test_interrupted_download_leaves_nothing_and_says_why(hub, hf_cache, checkpoint):
+    repo = HUB_MODELS["gpt2"]
+    hub.interrupt.add(f"{repo}/model.safetensors")
+    server, thread = _start(hub)
+    try:
+        seen: list[tuple[int, int]] = []
+        with pytest.raises(ModelLoadError) as info:
+            download_hub_model("gpt2", lambda done, total: seen.append((done, total)), endpoint=hub.endpoint)
+        message = str(info.value)
+        assert "\n" not in message
+        assert "gpt2" in message and "download" in message
+        _assert_no_complete_weights(hf_cache, (checkpoint / "model.safetensors").stat().st_size)
+
+        # The network is back: the next call fetches the whole file.
+        hub.interrupt.clear()
+        folder = download_hub_model("gpt2", None, endpoint=hub.endpoint)
+        assert (folder / "model.safetensors").read_bytes() == (checkpoint / "model.safetensors").read_bytes()
+    finally:
+        _stop(server, thread)
+
+
+def _assert_no_complete_weights(cache: Path, size: int) -> None:
+    for path in cache.rglob("*"):
+        assert path.name != "model.safetensors", f"{path} looks like a complete download"
+        assert not path.name.endswith(".incomplete"), f"{path} was left behind"
+        if path.is_file():
+            assert path.stat().st_size != size, f"{path} has the full size"
+
+
+def test_missing_file_on_the_hub(hub, hf_cache):
+    del hub.files[f"{HUB_MODELS['gpt2']}/model.safetensors"]
+    server, thread = _start(hub)
+    try:
+        with pytest.raises(ModelLoadError) as info:
+            download_hub_model("gpt2", None, endpoint=hub.endpoint)
+    finally:
+        _stop(server, thread)
+    message = str(info.value)
+    assert "\n" not in message and "gpt2" in message

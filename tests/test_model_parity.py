@@ -1,0 +1,159 @@
+"""kvviz's GPT-2 against transformers' GPT2LMHeadModel on the same checkpoints, in every layout kvviz reads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers_checkpoints import HELLO_IDS, gpt2_config, save_hub_file, save_transformers_folder
+
+from kvviz.engine import Engine, generate_ids
+from kvviz.kv_cache import KVCache
+from kvviz.weights import load_model
+
+pytest.importorskip("transformers")
+
+TOLERANCE = 1e-4
+NEW_TOKENS = 20
+# A longer prompt than "Hello, I am" so attention mixes many positions.
+PROMPT_IDS = HELLO_IDS + [257, 1310, 290, 314, 588, 340, 13, 383, 3290]
+
+CONFIGS = {
+    "2x2x32-full-vocab": dict(n_layer=2, n_head=2, n_embd=32),
+    "3x4x64-full-vocab": dict(n_layer=3, n_head=4, n_embd=64),
+    "2x4x48-small-vocab": dict(n_layer=2, n_head=4, n_embd=48, vocab_size=1000),
+}
+
+
+def _reference_logits(hf_model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([ids])).logits.float()  # (1, T, V)
+
+
+def _reference_greedy(hf_model, ids: list[int], n: int, use_cache: bool = True) -> list[int]:
+    prompt = torch.tensor([ids])
+    with torch.no_grad():
+        out = hf_model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            use_cache=use_cache,
+            pad_token_id=hf_model.config.pad_token_id,
+        )
+    return out[0, len(ids):].tolist()
+
+
+def _assert_parity(hf_model, kv_model, ids: list[int] = PROMPT_IDS) -> None:
+    expected = _reference_logits(hf_model, ids)
+    with torch.no_grad():
+        got = kv_model(torch.tensor([ids])).float()
+    assert got.shape == expected.shape
+    diff = (got - expected).abs().max().item()
+    assert diff <= TOLERANCE, f"max abs logit difference {diff:.3g}"
+    assert expected.abs().max().item() > 0.5, "random weights this weak would hide a mismatch"
+
+
+@pytest.mark.parametrize("shape", list(CONFIGS), ids=list(CONFIGS))
+def test_transformers_folder_logits_and_greedy_tokens(tmp_path, shape):
+    hf_model = save_transformers_folder(tmp_path / "ckpt", gpt2_config(**CONFIGS[shape]), seed=3)
+    loaded = load_model(str(tmp_path / "ckpt"))
+    assert loaded.config.n_layer == hf_model.config.n_layer
+    assert loaded.config.n_head == hf_model.config.n_head
+    assert loaded.config.vocab_size == hf_model.config.vocab_size
+    prompt = [i % hf_model.config.vocab_size for i in PROMPT_IDS]
+    _assert_parity(hf_model, loaded.model, prompt)
+
+    expected = _reference_greedy(hf_model, prompt, NEW_TOKENS)
+    assert expected == _reference_greedy(hf_model, prompt, NEW_TOKENS, use_cache=False)
+    engine = Engine(loaded.model)
+    cached, _ = generate_ids(engine, prompt, NEW_TOKENS, use_cache=True)
+    uncached, _ = generate_ids(engine, prompt, NEW_TOKENS, use_cache=False)
+    assert cached == expected
+    assert uncached == expected
+
+
+def test_logits_through_the_kv_cache_match_transformers(tmp_path):
+    """Prefill then one token at a time through kvviz's cache gives transformers' full-sequence logits."""
+    hf_model = save_transformers_folder(tmp_path / "ckpt", gpt2_config(n_layer=3, n_head=4, n_embd=64), seed=5)
+    model = load_model(str(tmp_path / "ckpt")).model
+    cfg = model.config
+    expected = _reference_logits(hf_model, PROMPT_IDS)  # (1, T, V)
+    cache = KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS))
+    prefill = 5
+    with torch.no_grad():
+        rows = [model(torch.tensor([PROMPT_IDS[:prefill]]), torch.arange(prefill), cache)]
+        for pos in range(prefill, len(PROMPT_IDS)):
+            rows.append(model(torch.tensor([[PROMPT_IDS[pos]]]), torch.tensor([pos]), cache))
+    got = torch.cat(rows, dim=1).float()
+    assert (got - expected).abs().max().item() <= TOLERANCE
+    assert cache.length == len(PROMPT_IDS)
+
+
+def test_hub_layout_file_and_folder(tmp_path):
+    """A bare hub model.safetensors (no `transformer.` prefix, attn.bias masks present) loads three ways."""
+    # Heads of 64 dimensions, as every GPT-2 size has, so the head count can be read off the width.
+    config = gpt2_config(n_layer=2, n_head=2, n_embd=128)
+    hf_model = save_transformers_folder(tmp_path / "reference", config, seed=7)
+    expected_tokens = _reference_greedy(hf_model, PROMPT_IDS, NEW_TOKENS)
+
+    bare_file = save_hub_file(tmp_path / "bare" / "model.safetensors", hf_model)
+    with_config = tmp_path / "hub-with-config"
+    save_hub_file(with_config / "model.safetensors", hf_model)
+    (with_config / "config.json").write_text((tmp_path / "reference" / "config.json").read_text())
+
+    sources = {
+        "file": str(bare_file),
+        "folder without config.json": str(bare_file.parent),
+        "folder with config.json": str(with_config),
+        "file beside config.json": str(with_config / "model.safetensors"),
+    }
+    for label, source in sources.items():
+        loaded = load_model(source)
+        assert loaded.config.n_head == 2 and loaded.config.n_layer == 2 and loaded.config.n_ctx == 64, label
+        _assert_parity(hf_model, loaded.model)
+        tokens, _ = generate_ids(Engine(loaded.model), PROMPT_IDS, NEW_TOKENS)
+        assert tokens == expected_tokens, label
+
+
+def test_hub_layout_with_config_for_heads_the_width_does_not_tell(tmp_path):
+    """With config.json beside it, a bare file whose head size is not 64 still gets the right head count."""
+    config = gpt2_config(n_layer=2, n_head=4, n_embd=64)
+    hf_model = save_transformers_folder(tmp_path / "reference", config, seed=8)
+    folder = tmp_path / "hub"
+    save_hub_file(folder / "model.safetensors", hf_model)
+    (folder / "config.json").write_text((tmp_path / "reference" / "config.json").read_text())
+    loaded = load_model(str(folder))
+    assert loaded.config.n_head == 4
+    _assert_parity(hf_model, loaded.model)
+
+
+def test_float16_checkpoint(tmp_path):
+    """A checkpoint saved in float16 loads (as float32 by default) and matches transformers on the same file."""
+    from transformers import GPT2LMHeadModel
+
+    save_transformers_folder(tmp_path / "half", gpt2_config(n_layer=2, n_head=4, n_embd=64), seed=9,
+                             dtype=torch.float16)
+    assert json.loads((tmp_path / "half" / "config.json").read_text()).get("dtype", "float16") == "float16"
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(str(tmp_path / "half" / "model.safetensors")).values()} == {torch.float16}
+    hf_model = GPT2LMHeadModel.from_pretrained(str(tmp_path / "half"), dtype=torch.float32).eval()
+    loaded = load_model(str(tmp_path / "half"))
+    assert loaded.model.transformer.wte.weight.dtype == torch.float32
+    _assert_parity(hf_model, loaded.model)
+    tokens, _ = generate_ids(Engine(loaded.model), PROMPT_IDS, NEW_TOKENS)
+    assert tokens == _reference_greedy(hf_model, PROMPT_IDS, NEW_TOKENS)
+
+
+def test_kvviz_checkpoint_loads_in_transformers(tmp_path):
+    """What kvviz.weights.save_checkpoint writes is a checkpoint transformers reads, with the same logits."""
+    from helpers_checkpoints import save_kvviz_folder
+    from transformers import GPT2LMHeadModel
+
+    folder = save_kvviz_folder(tmp_path / "mine", n_layer=2, n_head=4, n_embd=64, n_ctx=64, seed=4)
+    loaded = load_model(str(folder))
+    hf_model = GPT2LMHeadModel.from_pretrained(str(folder)).eval()
+    _assert_parity(hf_model, loaded.model)
