@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(p)
     p.add_argument("--peer", action="store_true",
                    help="also time transformers' GPT2LMHeadModel.generate on the same weights (needs transformers)")
+    p.add_argument("--repeat", type=positive_int, default=1, metavar="R",
+                   help="time each configuration R times (kvviz and the peer taking turns) and keep the fastest")
     p.add_argument("--gui", action="store_true",
                    help="run the real app window offscreen, autoplaying, and compare its speed with headless")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -259,7 +261,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from kvviz.bench import run_bench
 
     _check_device(args.device)
-    result = run_bench(args.model, args.prompt, args.new_tokens, device=args.device, peer=args.peer)
+    result = run_bench(args.model, args.prompt, args.new_tokens, device=args.device, peer=args.peer,
+                       repeat=args.repeat)
     _print_result(result, args.json, "kvviz bench")
     return 0
 

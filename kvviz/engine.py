@@ -150,7 +150,11 @@ class Engine:
                 scaled = torch.where(scaled < kth, torch.full_like(scaled, float("-inf")), scaled)
             probs = torch.softmax(scaled, dim=-1)
             token = int(torch.multinomial(probs, 1, generator=generator))
-        values, ids = torch.topk(probs, min(top, probs.shape[-1]))
+        if top == 1:
+            value, index = torch.max(probs, dim=-1)  # one candidate: a max is cheaper than a top-k
+            values, ids = value.reshape(1), index.reshape(1)
+        else:
+            values, ids = torch.topk(probs, min(top, probs.shape[-1]))
         candidates = tuple(
             Candidate(int(i), self.tokenizer.token_label(int(i)), float(p))
             for p, i in zip(values.tolist(), ids.tolist(), strict=True)

@@ -27,6 +27,8 @@ class KVCache:
         shape = (n_layer, batch_size, n_head, capacity, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nh, S, hs)
         self.values = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nh, S, hs)
+        self._layer_keys = list(self.keys.unbind(0))  # per-layer views, (B, nh, S, hs) each
+        self._layer_values = list(self.values.unbind(0))
         self.capacity = capacity
         self.n_layer = n_layer
         self.length = 0
@@ -49,12 +51,13 @@ class KVCache:
         first = int(positions[0])
         if first != start:
             raise ValueError(f"layer {layer}: positions start at {first} but the cache holds {start}")
-        self.keys[layer, :, :, start:end] = k
-        self.values[layer, :, :, start:end] = v
+        keys, values = self._layer_keys[layer], self._layer_values[layer]
+        keys.narrow(2, start, T).copy_(k)
+        values.narrow(2, start, T).copy_(v)
         self._layer_lengths[layer] = end
         if layer == self.n_layer - 1:
             self.length = end
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]  # (B, nh, end, hs)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)  # (B, nh, end, hs)
 
     @property
     def bytes_used(self) -> int:
