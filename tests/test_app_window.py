@@ -94,7 +94,7 @@ def test_space_steps_match_engine(qtbot, window, app_model):
     states = window.grid.cell_states()
     # The final pass fills the cache with the last token: computed; everything before reused.
     assert (states[:, :14] == REUSED).all() and (states[:, 14] == COMPUTED).all()
-    assert not window.step_button.isEnabled()
+    qtbot.waitUntil(lambda: not window.step_button.isEnabled(), timeout=5_000)  # run_finished follows the record
     press(qtbot, window, Qt.Key.Key_Space)  # past the end: nothing happens
     qtbot.wait(100)
     assert window.last_record.step == N
