@@ -158,12 +158,9 @@ def _version() -> str:
 
 
 def _check_device(device: str) -> None:
-    import torch
+    from kvviz.weights import check_device
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("device 'cuda' is not available here (no CUDA GPU, or torch was built without CUDA)")
-    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UsageError("device 'mps' is not available here (it needs Apple silicon and a torch with MPS)")
+    check_device(device)
 
 
 def _load(model: str | None, device: str):
