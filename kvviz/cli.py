@@ -6,6 +6,7 @@ Nothing heavy is imported at module level, so the app's window can appear before
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import sys
 import time
@@ -180,6 +181,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     use_cache = not args.no_cache
     ids: list[int] = []
     last = None
+    text_stream = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split a character
     started = time.perf_counter()
     if not args.json:
         sys.stdout.write(args.prompt)
@@ -189,7 +191,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if record.token_id is not None:
             ids.append(record.token_id)
             if not args.json:
-                sys.stdout.write(engine.tokenizer.decode([record.token_id]))
+                sys.stdout.write(text_stream.decode(engine.tokenizer.token_bytes(record.token_id)))
                 sys.stdout.flush()
     seconds = time.perf_counter() - started
     assert last is not None
@@ -220,7 +222,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "device": args.device,
         }))
     else:
-        print()
+        print(text_stream.decode(b"", final=True))
     return 0
 
 

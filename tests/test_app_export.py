@@ -221,12 +221,11 @@ def test_svg_parses_and_holds_the_curves_as_paths(chart, tmp_path):
 @pytest.fixture
 def view(qtbot, run):
     """The whole view as `kvviz export` lays it out: nested widgets, each at an offset."""
-    from kvviz.app.counter_panel import CounterPanel
     from kvviz.app.headless_export import VIEW_SIZE, build_view_area
-    from kvviz.app.token_strip import TokenStrip
 
-    parts = [fed(cls(), run) for cls in (TokenStrip, KVGridView, WorkChart, CounterPanel)]
-    area = build_view_area(*parts)
+    area = build_view_area()
+    for part in area.views():
+        fed(part, run)
     qtbot.addWidget(area)
     area.resize(*VIEW_SIZE)
     area.show()

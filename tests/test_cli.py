@@ -166,3 +166,4 @@ def test_default_model_runs_from_any_directory(tmp_path):
     out = json.loads(result.stdout)
     assert out["model"] == "kvviz-shakespeare" and len(out["output_ids"]) == 5
     assert out["kv_computed_per_layer"] == len(out["prompt_ids"]) + 5
+

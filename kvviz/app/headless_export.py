@@ -6,8 +6,12 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvviz.app.export import DEFAULT_PNG_WIDTH, FORMATS, MAX_PNG_WIDTH, MIN_PNG_WIDTH, ExportError
+
+if TYPE_CHECKING:
+    from kvviz.app.run_view import RunView
 
 CHART_SIZE = (1000, 640)  # logical pixels of each standalone view; PNGs scale the whole rendering to `width`
 GRID_SIZE = (1200, 620)
@@ -82,32 +86,15 @@ def ensure_application():
     return app
 
 
-def build_view_area(token_strip, grid, chart, counter):
-    """The whole view as the main window lays it out: token strip over the grid, chart and counter below."""
-    from PySide6.QtCore import Qt
-    from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
-
+def build_view_area() -> RunView:
+    """The main window's whole view (RunView), styled and sized for export."""
     from kvviz.app import theme
+    from kvviz.app.run_view import RunView
 
-    area = QWidget()
-    area.setObjectName("central")
+    area = RunView()
     area.setStyleSheet(theme.STYLESHEET)
-    counter.setMinimumWidth(330)
-    bottom = QSplitter(Qt.Orientation.Horizontal)
-    bottom.addWidget(chart)
-    bottom.addWidget(counter)
-    bottom.setStretchFactor(0, 3)
-    bottom.setStretchFactor(1, 1)
-    bottom.setSizes([3 * VIEW_SIZE[0] // 4 - 60, VIEW_SIZE[0] // 4 + 60])  # the counter's labels fit
-    main = QSplitter(Qt.Orientation.Vertical)
-    main.addWidget(grid)
-    main.addWidget(bottom)
-    main.setStretchFactor(0, 3)
-    main.setStretchFactor(1, 2)
-    layout = QVBoxLayout(area)
-    layout.setContentsMargins(8, 6, 8, 6)
-    layout.addWidget(token_strip)
-    layout.addWidget(main, 1)
+    area.layout().setContentsMargins(8, 6, 8, 6)
+    area.bottom_splitter.setSizes([3 * VIEW_SIZE[0] // 4 - 60, VIEW_SIZE[0] // 4 + 60])  # the counter's labels fit
     return area
 
 
@@ -154,16 +141,14 @@ def _render_run(app, engine, info, prompt_ids: list[int], model_name: str, out_d
                 width: int) -> list[Path]:
     from PySide6.QtCore import Qt
 
-    from kvviz.app.counter_panel import CounterPanel
     from kvviz.app.export import export_widget, make_caption
     from kvviz.app.grid_view import KVGridView
-    from kvviz.app.token_strip import TokenStrip
     from kvviz.app.work_chart import WorkChart
 
     prompt, new_tokens, use_cache = info.prompt, info.max_new_tokens, info.use_cache
     chart, grid = WorkChart(), KVGridView()
-    view_parts = (TokenStrip(), KVGridView(), WorkChart(), CounterPanel())
-    view = build_view_area(*view_parts)
+    view = build_view_area()
+    view_parts = view.views()
     for widget in (chart, grid):
         widget.setStyleSheet(view.styleSheet())
     views = (chart, grid, *view_parts)

@@ -20,19 +20,15 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSlider,
     QSpinBox,
-    QSplitter,
     QVBoxLayout,
     QWidget,
 )
 
 from kvviz.app import theme
-from kvviz.app.counter_panel import CounterPanel
 from kvviz.app.dialogs import AboutDialog, ShortcutsDialog, show_error
-from kvviz.app.grid_view import KVGridView
 from kvviz.app.run_info import ModelInfo, RunInfo, RunRequest
+from kvviz.app.run_view import RunView
 from kvviz.app.settings import app_settings
-from kvviz.app.token_strip import TokenStrip
-from kvviz.app.work_chart import WorkChart
 from kvviz.app.worker import WorkerController
 
 if TYPE_CHECKING:
@@ -229,30 +225,11 @@ class MainWindow(QMainWindow):
         self.banner.setWordWrap(True)
         self.banner.hide()
 
-        self.token_strip = TokenStrip()
-        self.grid = KVGridView()
-        self.chart = WorkChart()
-        self.counter = CounterPanel()
-        self.counter.setMinimumWidth(330)
+        self.view_area = RunView()  # everything a viewer looks at: exported as "view"
+        self.token_strip, self.grid, self.chart, self.counter = self.view_area.views()
+        self.main_splitter, self.bottom_splitter = self.view_area.main_splitter, self.view_area.bottom_splitter
         self.grid.export_requested.connect(self.export)
         self.chart.export_requested.connect(self.export)
-
-        self.view_area = QWidget()  # everything a viewer looks at: exported as "view"
-        self.view_area.setObjectName("central")
-        self.bottom_splitter = QSplitter(Qt.Orientation.Horizontal)
-        self.bottom_splitter.addWidget(self.chart)
-        self.bottom_splitter.addWidget(self.counter)
-        self.bottom_splitter.setStretchFactor(0, 3)
-        self.bottom_splitter.setStretchFactor(1, 1)
-        self.main_splitter = QSplitter(Qt.Orientation.Vertical)
-        self.main_splitter.addWidget(self.grid)
-        self.main_splitter.addWidget(self.bottom_splitter)
-        self.main_splitter.setStretchFactor(0, 3)
-        self.main_splitter.setStretchFactor(1, 2)
-        view_layout = QVBoxLayout(self.view_area)
-        view_layout.setContentsMargins(0, 0, 0, 0)
-        view_layout.addWidget(self.token_strip)
-        view_layout.addWidget(self.main_splitter, 1)
 
         layout = QVBoxLayout(central)
         layout.setContentsMargins(8, 6, 8, 4)

@@ -1,0 +1,41 @@
+"""The whole view of a run: token strip over the K/V grid, chart and counter below."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+
+from kvviz.app.counter_panel import CounterPanel
+from kvviz.app.grid_view import KVGridView
+from kvviz.app.token_strip import TokenStrip
+from kvviz.app.work_chart import WorkChart
+
+
+class RunView(QWidget):
+    """Everything a viewer looks at, laid out once for the main window and for `kvviz export`."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("central")
+        self.token_strip = TokenStrip()
+        self.grid = KVGridView()
+        self.chart = WorkChart()
+        self.counter = CounterPanel()
+        self.counter.setMinimumWidth(330)
+        self.bottom_splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.bottom_splitter.addWidget(self.chart)
+        self.bottom_splitter.addWidget(self.counter)
+        self.bottom_splitter.setStretchFactor(0, 3)
+        self.bottom_splitter.setStretchFactor(1, 1)
+        self.main_splitter = QSplitter(Qt.Orientation.Vertical)
+        self.main_splitter.addWidget(self.grid)
+        self.main_splitter.addWidget(self.bottom_splitter)
+        self.main_splitter.setStretchFactor(0, 3)
+        self.main_splitter.setStretchFactor(1, 2)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.token_strip)
+        layout.addWidget(self.main_splitter, 1)
+
+    def views(self) -> tuple[TokenStrip, KVGridView, WorkChart, CounterPanel]:
+        return (self.token_strip, self.grid, self.chart, self.counter)
