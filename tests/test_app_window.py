@@ -188,10 +188,10 @@ def test_context_full_is_shown(qtbot, window):
     with qtbot.waitSignal(window.run_prepared, timeout=10_000):
         window.reset_run()
     assert window.run_info.budget == 4
-    press(qtbot, window, Qt.Key.Key_Space, 4)
-    qtbot.waitUntil(lambda: window.last_record is not None and window.last_record.final, timeout=60_000)
+    with qtbot.waitSignal(window.run_done, timeout=60_000):  # the banner follows the final record
+        press(qtbot, window, Qt.Key.Key_Space, 4)
     window.redraw()
-    assert window.last_record.stop_reason == "context_full"
+    assert window.last_record.final and window.last_record.stop_reason == "context_full"
     assert window.banner.isVisible() and "Context full" in window.banner.text()
     assert "Context full" in window.counter.stop.text()
 

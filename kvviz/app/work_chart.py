@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal
-from PySide6.QtGui import QAction, QFont
+from PySide6.QtGui import QAction, QFont, QFontMetrics
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from kvviz.app import theme
@@ -18,6 +18,17 @@ if TYPE_CHECKING:
 
 SERIES = ("without_cache", "with_cache", "ms_per_step", "cache_mib")
 SYMBOL_LIMIT = 40  # draw point markers while the run is this short
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 times a power of ten that is >= `value`: axis ranges that rarely change."""
+    if value <= 0:
+        return 1.0
+    power = 10.0 ** np.floor(np.log10(value))
+    for factor in (1.0, 2.0, 2.5, 5.0, 10.0):
+        if factor * power >= value:
+            return float(factor * power)
+    return float(10 * power)
 
 
 class WorkChart(QWidget):
@@ -75,11 +86,12 @@ class WorkChart(QWidget):
         for plot in (self.work_plot, self.ms_plot, self.mem_plot):
             plot.setMenuEnabled(False)
             plot.hideButtons()
-            plot.showGrid(x=True, y=True, alpha=0.15)
             plot.getViewBox().setMouseEnabled(x=False, y=False)
+            plot.disableAutoRange()
         self._export_action = QAction("Export view\u2026", self)
         self._export_action.triggered.connect(self.export_requested.emit)
         self.layout_widget.scene().contextMenu = [self._export_action]
+        self.work_plot.showGrid(x=False, y=True, alpha=0.15)  # grid lines are costly to paint: one set only
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -130,10 +142,9 @@ class WorkChart(QWidget):
             self.work_plot.setYRange(0, top, padding=0.05)
             self.mem_note.setText("" if info.use_cache else "no cache in this run")
             self.mem_note.setPos(max(1, last_x) / 2, 0.5)
-            if not info.use_cache:
-                self.mem_plot.setYRange(0, 1, padding=0)
-            else:
-                self.mem_plot.enableAutoRange(axis="y")
+            self.ms_plot.setYRange(0, _nice_ceiling(max(self._ms, default=1.0)), padding=0.05)
+            top_mib = _nice_ceiling(max(self._mib, default=0.0)) if info.use_cache else 1.0
+            self.mem_plot.setYRange(0, top_mib, padding=0.05)
 
     def curve_data(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The drawn series as (x, y): x is the step number (forward pass, from 1).
@@ -161,6 +172,10 @@ class WorkChart(QWidget):
                 axis = plot.getAxis(name)
                 axis.setStyle(tickFont=font)
                 axis.label.setFont(font)
+        metrics = QFontMetrics(font)
+        for plot, widest in ((self.work_plot, "0000000"), (self.ms_plot, "0000"), (self.mem_plot, "000.0")):
+            # a fixed width: tick labels that change width would re-layout (and repaint) the chart
+            plot.getAxis("left").setWidth(metrics.horizontalAdvance(widest) + 2 * metrics.height())
         size = f"{max(8, round(11 * self._font_scale))}pt"
         small = f"{max(7, round(9 * self._font_scale))}pt"
         self.work_plot.setTitle("Cumulative K/V computations per layer", color=theme.FOREGROUND, size=size)
