@@ -299,6 +299,7 @@ def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: s
         "validation_tokens": int(len(val_tokens)),
         "parameters": shipped.num_parameters(),
         "train_seconds": train_seconds,
+        "threads": torch.get_num_threads(),
         "total_seconds": time.time() - started,
         "train_plays": train_names,
         "held_out_plays": val_names,
@@ -326,7 +327,8 @@ def write_model_card(out_dir: Path, config: GPTConfig, s: TrainSettings, f: dict
     size = (out_dir / "model.safetensors").stat().st_size
     command = (f"kvviz train --out {out_dir} --steps {s.steps} --batch-size {s.batch_size} "
                f"--block-size {s.block_size} --seed {s.seed}")
-    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, {platform.processor() or 'cpu'}"
+    threads = f.get("threads", torch.get_num_threads())
+    machine = f"{platform.machine()}, {threads} thread{'s' if threads != 1 else ''}, {platform.processor() or 'cpu'}"
     card = f"""# {config.name}: the model kvviz ships
 
 A small GPT-2 trained by `kvviz train` on Shakespeare's plays and poems, so that kvviz runs a real
@@ -339,6 +341,8 @@ archaic words. It knows nothing else.
   {len(f['train_plays']) + len(f['held_out_plays'])} texts.
 - Held out for validation (whole plays): {', '.join(f['held_out_plays'])} ({f['validation_tokens']:,} tokens).
 - Trained on the other {len(f['train_plays'])} texts: {f['train_tokens']:,} tokens.
+- Speaker headings (`Romeo.`, `ROMEO.`, `ROMEO` on a line of their own) are rewritten as `ROMEO:`,
+  one convention for all plays, so a prompt such as "ROMEO:" starts a speech.
 - Tokenizer: the full GPT-2 BPE (50,257 tokens), the same one kvviz uses, so any prompt works.
 
 ## Architecture
@@ -352,6 +356,8 @@ in the Hugging Face GPT-2 layout (`model.safetensors`, {size / 1e6:.1f} MB, and 
   ({f['tokens_seen'] / max(1, f['train_tokens']):.1f} passes over the training text).
 - AdamW (betas 0.9, 0.95, weight decay {s.weight_decay} on matrices), learning rate {s.learning_rate:g}
   with {s.warmup_steps} warm-up steps and cosine decay to {s.min_learning_rate:g}, gradient clipping 1.0, seed {s.seed}.
+- Float32 throughout, except the tied output head's matmuls in the training loss, which run in
+  bfloat16 (with a float32 softmax).
 - Wall time: {_format_seconds(f['train_seconds'])} of training, {_format_seconds(f['total_seconds'])} in all,
   on {machine}, torch {torch.__version__}.
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 
 import numpy as np
@@ -127,6 +130,32 @@ def _labels(ids):
     from kvviz.tokenizer import get_tokenizer
 
     return [get_tokenizer().token_label(i) for i in ids]
+
+
+def test_timer_redraws_paint_the_chart_in_their_second_slice(qtbot, window):
+    press(qtbot, window, Qt.Key.Key_Space, 3)
+    qtbot.waitUntil(lambda: window.last_record is not None and window.last_record.new_tokens == 3, timeout=60_000)
+    steps = window.last_record.step + 1
+    # no explicit redraw(): the coalescing timer draws the grid first, then the chart in a later pass
+    def drawn_steps() -> int:
+        x, _y = window.chart.with_curve.getData()
+        return 0 if x is None else len(x)
+
+    qtbot.waitUntil(lambda: drawn_steps() == steps and not window._chart_slice_pending, timeout=10_000)
+    assert window.chart.with_curve.getData()[1][-1] == window.last_record.with_cache_total
+    assert window.grid.cell_states()[0, : window.last_record.sequence_length].tolist().count(EMPTY) == 0
+    assert window.max_redraw_ms > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are a Linux feature")
+def test_worker_runs_below_the_gui_priority(window):
+    from kvviz.app.worker import WORKER_NICENESS
+
+    worker_id = window.controller.worker.native_thread_id
+    assert worker_id is not None and worker_id != threading.get_native_id()
+    expected = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + WORKER_NICENESS)
+    assert os.getpriority(os.PRIO_PROCESS, worker_id) == expected
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == os.getpriority(os.PRIO_PROCESS, os.getpid())
 
 
 def test_keys_typed_in_prompt_do_not_step(qtbot, window):

@@ -109,6 +109,7 @@ class GenerationWorker(QObject):
         self._play_timer.setSingleShot(True)
         self._play_timer.timeout.connect(self._on_play_tick)
         self._playing = False
+        self.native_thread_id: int | None = None  # the worker thread's OS id, once it has run a command
 
     @property
     def loaded_model(self):
@@ -118,6 +119,7 @@ class GenerationWorker(QObject):
     # ----- model -----
     @Slot(str)
     def load_model(self, source: str) -> None:
+        self.native_thread_id = threading.get_native_id()
         lower_thread_priority()
         self._set_playing(False)
         self.model_loading.emit(source)
