@@ -585,7 +585,7 @@ class MainWindow(QMainWindow):
         self._update_status()
         self._first_slice_seconds = time.perf_counter() - started
         self._chart_slice_pending = True
-        QTimer.singleShot(0, self._redraw_chart_slice)
+        QTimer.singleShot(0, self, self._redraw_chart_slice)  # dropped if the window goes first
 
     def _redraw_chart_slice(self) -> None:
         if not self._chart_slice_pending:
