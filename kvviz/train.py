@@ -39,7 +39,7 @@ class TrainSettings:
     """Everything that determines a training run."""
 
     preset: str = "kvviz-shakespeare"
-    steps: int = 1000
+    steps: int = 1500
     batch_size: int = 8
     block_size: int = 256
     learning_rate: float = 2e-3

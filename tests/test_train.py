@@ -66,3 +66,15 @@ def test_a_short_training_run_learns_and_writes_a_loadable_model(tmp_path):
     card = (out / "MODEL_CARD.md").read_text()
     assert f"{figures['validation_loss']:.3f}" in card and "--steps 12" in card
     assert load_model(str(out)).config.n_layer == 6
+
+
+def test_train_help_states_the_real_defaults(capsys):
+    from kvviz.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    defaults = TrainSettings()
+    for option, value in (("steps", defaults.steps), ("sequences per step", defaults.batch_size),
+                          ("tokens per sequence", defaults.block_size), ("random seed", defaults.seed)):
+        assert f"{option} (default: {value})" in text, option
