@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", action="store_true",
                    help="also time transformers' GPT2LMHeadModel.generate on the same weights (needs transformers)")
     p.add_argument("--repeat", type=positive_int, default=1, metavar="R",
-                   help="time each configuration R times (kvviz and the peer taking turns) and keep the fastest")
+                   help="time each configuration R times, taking turns (kvviz and the peer, or GUI and headless), "
+                        "and keep the fastest of each")
     p.add_argument("--gui", action="store_true",
                    help="run the real app window offscreen, autoplaying, and compare its speed with headless")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -257,7 +258,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from kvviz.app.gui_bench import format_report, run_gui_bench
         except ImportError as exc:
             raise UsageError(f"the GUI benchmark needs PySide6 and pyqtgraph ({exc})") from exc
-        result = run_gui_bench(args.model, args.prompt, args.new_tokens, launched_at=PROCESS_STARTED)
+        result = run_gui_bench(args.model, args.prompt, args.new_tokens, launched_at=PROCESS_STARTED,
+                               repeat=args.repeat)
         print(json.dumps(result) if args.json else format_report(result))
         return 0
     from kvviz.bench import run_bench

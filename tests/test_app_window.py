@@ -132,7 +132,7 @@ def _labels(ids):
     return [get_tokenizer().token_label(i) for i in ids]
 
 
-def test_timer_redraws_paint_the_chart_in_their_second_slice(qtbot, window):
+def test_timer_redraws_draw_the_chart_in_a_later_slice(qtbot, window):
     press(qtbot, window, Qt.Key.Key_Space, 3)
     qtbot.waitUntil(lambda: window.last_record is not None and window.last_record.new_tokens == 3, timeout=60_000)
     steps = window.last_record.step + 1
@@ -141,7 +141,7 @@ def test_timer_redraws_paint_the_chart_in_their_second_slice(qtbot, window):
         x, _y = window.chart.with_curve.getData()
         return 0 if x is None else len(x)
 
-    qtbot.waitUntil(lambda: drawn_steps() == steps and not window._chart_slice_pending, timeout=10_000)
+    qtbot.waitUntil(lambda: drawn_steps() == steps and not window._redraw_pending, timeout=10_000)
     assert window.chart.with_curve.getData()[1][-1] == window.last_record.with_cache_total
     assert window.grid.cell_states()[0, : window.last_record.sequence_length].tolist().count(EMPTY) == 0
     assert window.max_redraw_ms > 0

@@ -98,8 +98,8 @@ class MainWindow(QMainWindow):
         self._redraw_timer = QTimer(self)
         self._redraw_timer.setSingleShot(True)
         self._redraw_timer.timeout.connect(self._redraw_in_slices)
-        self._first_slice_seconds = 0.0
-        self._chart_slice_pending = False
+        self._slices_left: list = []
+        self._slices_seconds = 0.0
         self._restore_settings(prompt)
         geometry = self.settings.value("window/geometry")
         if not (isinstance(geometry, QByteArray) and self.restoreGeometry(geometry)):
@@ -230,7 +230,7 @@ class MainWindow(QMainWindow):
 
         self.view_area = RunView()  # everything a viewer looks at: exported as "view"
         self.token_strip, self.grid, self.chart, self.counter = self.view_area.views()
-        self._graphics_scenes = {self.grid: self.grid.plot_widget.scene(), self.chart: self.chart.layout_widget.scene()}
+        self._graphics_scenes = (self.grid.plot_widget.scene(), self.chart.layout_widget.scene())
         self.main_splitter, self.bottom_splitter = self.view_area.main_splitter, self.view_area.bottom_splitter
         self.grid.export_requested.connect(self.export)
         self.chart.export_requested.connect(self.export)
@@ -573,43 +573,54 @@ class MainWindow(QMainWindow):
     def redraw(self) -> None:
         """Draw the latest state of every view now, all at once (tests, exports, the end of a run)."""
         started = time.perf_counter()
-        self._paint(self._views())
-        self._update_status()
+        self._slices_left = []
+        for draw in self._redraw_slices():
+            draw()
+        self._paint_now()
         self._account_redraw(time.perf_counter() - started)
 
+    def _redraw_slices(self) -> list:
+        """The redraw in pieces of similar cost, each drawn in its own pass of the event loop."""
+        return [
+            self.grid.refresh,
+            lambda: (self.token_strip.refresh(), self.counter.refresh(), self._update_status()),
+            self.chart.refresh_work,
+            self.chart.refresh_cost,
+        ]
+
     def _redraw_in_slices(self) -> None:
-        """The coalescing timer's redraw: the grid, strip and counter now, the chart in the next pass
-        of the event loop, so that no single pass blocks the GUI for a whole redraw."""
-        started = time.perf_counter()
-        self._paint((self.token_strip, self.grid, self.counter))
-        self._update_status()
-        self._first_slice_seconds = time.perf_counter() - started
-        self._chart_slice_pending = True
-        QTimer.singleShot(0, self, self._redraw_chart_slice)  # dropped if the window goes first
+        """The coalescing timer's redraw: one slice now, the next ones in later passes of the event
+        loop, so that no single pass blocks the GUI for a whole redraw."""
+        self._slices_left = self._redraw_slices()
+        self._slices_seconds = 0.0
+        self._draw_next_slice()
 
-    def _redraw_chart_slice(self) -> None:
-        if not self._chart_slice_pending:
+    def _draw_next_slice(self) -> None:
+        if not self._slices_left:
             return
-        self._chart_slice_pending = False
         started = time.perf_counter()
-        self._paint((self.chart,))
-        self._account_redraw(self._first_slice_seconds + time.perf_counter() - started)
+        self._slices_left.pop(0)()
+        self._paint_now()
+        self._slices_seconds += time.perf_counter() - started
+        if self._slices_left:
+            QTimer.singleShot(0, self, self._draw_next_slice)  # dropped if the window goes first
+        else:
+            self._account_redraw(self._slices_seconds)
 
-    def _paint(self, views: tuple) -> None:
-        """Refresh `views` and paint them now, plots included, so that the time taken is the whole cost."""
-        for view in views:
-            view.refresh()
+    @property
+    def _redraw_pending(self) -> bool:
+        return bool(self._slices_left)
+
+    def _paint_now(self) -> None:
+        """Paint what the views just changed, now, so that the time taken is the whole cost."""
         if not self.isVisible():
             return
-        for view in views:
-            scene = self._graphics_scenes.get(view)
-            if scene is not None:  # a plot posts its scene's changes: deliver them, so the repaint includes them
-                QApplication.sendPostedEvents(scene, QEvent.Type.MetaCall.value)
-            view.repaint()
+        for scene in self._graphics_scenes:  # a plot posts its scene's changes: deliver them first
+            QApplication.sendPostedEvents(scene, QEvent.Type.MetaCall.value)
+        QApplication.sendPostedEvents(self, QEvent.Type.UpdateRequest.value)  # paints the dirty regions only
 
     def _account_redraw(self, cost_seconds: float) -> None:
         """Space the next redraws so that drawing takes at most the budgeted share of the time."""
-        self._chart_slice_pending = False
         self._last_redraw = time.perf_counter()
         cost_ms = cost_seconds * 1000
         self.max_redraw_ms = max(self.max_redraw_ms, cost_ms)

@@ -52,7 +52,7 @@ class WorkChart(QWidget):
         self._without: list[int] = []
         self._ms: list[float] = []
         self._mib: list[float] = []
-        self._dirty = False
+        self._dirty_work = self._dirty_cost = False
 
         self.layout_widget = pg.GraphicsLayoutWidget()
         self.layout_widget.setBackground(theme.BACKGROUND)
@@ -108,7 +108,7 @@ class WorkChart(QWidget):
         self.legend.addItem(self.without_curve, self.without_curve.opts["name"])
         self.legend.addItem(self.with_curve, self.with_curve.opts["name"])
         self._style_legend()
-        self._dirty = True
+        self._dirty_work = self._dirty_cost = True
         self.refresh()
 
     def apply_record(self, record: StepRecord, redraw: bool = True) -> None:
@@ -117,34 +117,52 @@ class WorkChart(QWidget):
         self._without.append(record.without_cache_total)
         self._ms.append(record.seconds * 1000.0)
         self._mib.append(record.cache_bytes / 2**20)
-        self._dirty = True
+        self._dirty_work = self._dirty_cost = True
         if redraw:
             self.refresh()
 
     def refresh(self) -> None:
-        if not self._dirty:
+        """Draw whatever changed since the last draw."""
+        self.refresh_work()
+        self.refresh_cost()
+
+    def refresh_work(self) -> None:
+        """Update the cumulative work plot (the main one) if it changed since the last draw."""
+        if not self._dirty_work:
             return
-        self._dirty = False
+        self._dirty_work = False
         data = self.curve_data()
         symbols = "o" if len(self._x) <= SYMBOL_LIMIT else None
         for curve, key in ((self.without_curve, "without_cache"), (self.with_curve, "with_cache")):
             curve.setSymbol(symbols)
             curve.setData(*data[key])
-        self.ms_curve.setData(*data["ms_per_step"])
-        self.mem_curve.setData(*data["cache_mib"])
-        info = self._info
-        if info is not None:
-            last_x = info.budget + (1 if info.use_cache else 0)
-            self.work_plot.setXRange(0, max(1, last_x), padding=0.02)
-            for plot in (self.ms_plot, self.mem_plot):
-                plot.setXRange(0, max(1, last_x), padding=0.02)
+        if self._info is not None:
+            self.work_plot.setXRange(0, self._last_x(), padding=0.02)
             top = max(self._without[-1] if self._without else 1, 1)
             self.work_plot.setYRange(0, top, padding=0.05)
+
+    def refresh_cost(self) -> None:
+        """Update the two small plots (ms per step, cache memory) if they changed since the last draw."""
+        if not self._dirty_cost:
+            return
+        self._dirty_cost = False
+        x = np.asarray(self._x, dtype=np.int64)
+        self.ms_curve.setData(x, np.asarray(self._ms, dtype=np.float64))
+        self.mem_curve.setData(x, np.asarray(self._mib, dtype=np.float64))
+        info = self._info
+        if info is not None:
+            last_x = self._last_x()
+            for plot in (self.ms_plot, self.mem_plot):
+                plot.setXRange(0, last_x, padding=0.02)
             self.mem_note.setText("" if info.use_cache else "no cache in this run")
-            self.mem_note.setPos(max(1, last_x) / 2, 0.5)
+            self.mem_note.setPos(last_x / 2, 0.5)
             self.ms_plot.setYRange(0, _nice_ceiling(max(self._ms, default=1.0)), padding=0.05)
             top_mib = _nice_ceiling(max(self._mib, default=0.0)) if info.use_cache else 1.0
             self.mem_plot.setYRange(0, top_mib, padding=0.05)
+
+    def _last_x(self) -> int:
+        info = self._info
+        return max(1, info.budget + (1 if info.use_cache else 0)) if info is not None else 1
 
     def curve_data(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The drawn series as (x, y): x is the step number (forward pass, from 1).
