@@ -60,3 +60,19 @@ def test_download_progress_and_cancel_keep_previous_model(qtbot, app_model, monk
     assert win.model_combo.currentData() == win._source
     assert win.step_button.isEnabled()
     win.close()
+
+
+def test_gui_bench_alternates_runs_and_reports_every_key(qtbot, app_model):
+    from kvviz.app.gui_bench import format_report, run_gui_bench
+
+    result = run_gui_bench(app_model, "Time flies", 6, repeat=2)
+    assert result["repeat"] == 2 and result["new_tokens"] == 6 and result["identical"]
+    for key in ("gui_runs_tokens_per_second", "headless_runs_tokens_per_second"):
+        assert len(result[key]) == 2 and all(rate > 0 for rate in result[key])
+    assert result["gui_tokens_per_second"] == max(result["gui_runs_tokens_per_second"])
+    assert result["headless_tokens_per_second"] == max(result["headless_runs_tokens_per_second"])
+    assert result["max_stall_ms"] >= 0 and result["window_shown_seconds"] > 0
+    assert "best of" in format_report(result) and "over all runs" in format_report(result)
+    from kvviz.app.worker import running_threads
+
+    qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)
