@@ -155,11 +155,11 @@ class KVGridView(QWidget):
         if self._info is None:
             raise RuntimeError("KVGridView.apply_record before reset(info)")
         width = self._states.shape[1]
-        computed = record.computed_mask(width)  # (n_layer, width)
-        reused = record.reused_mask(width)  # (n_layer, width)
+        # the same cells as record.computed_mask(width) and record.reused_mask(width), as slices (cheaper)
+        computed = np.s_[:, min(record.fed_start, width) : min(record.fed_stop, width)]
+        reused = np.s_[:, : min(record.fed_start, width) if record.use_cache else 0]
         states = self._states
-        existing = states != EMPTY
-        states[existing] = PENDING
+        states[states != EMPTY] = PENDING
         states[reused] = REUSED
         states[computed] = COMPUTED
         self._computed_at[computed] = record.step + 1
