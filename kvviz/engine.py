@@ -90,19 +90,28 @@ class StepRecord:
     def avoided_total(self) -> int:
         return self.without_cache_total - self.with_cache_total
 
+    def computed_positions(self, width: int | None = None) -> slice:
+        """Positions (below `width`) whose K/V this pass computed, in every layer."""
+        width = self.fed_stop if width is None else width
+        return slice(min(self.fed_start, width), min(self.fed_stop, width))
+
+    def reused_positions(self, width: int | None = None) -> slice:
+        """Positions (below `width`) whose K/V this pass read from the cache, in every layer."""
+        width = self.fed_stop if width is None else width
+        return slice(0, min(self.fed_start, width) if self.use_cache else 0)
+
     def computed_mask(self, width: int | None = None) -> np.ndarray:
         """(n_layer, width) booleans: K/V computed in this pass."""
         width = self.fed_stop if width is None else width
         mask = np.zeros((self.n_layer, width), dtype=bool)
-        mask[:, self.fed_start : min(self.fed_stop, width)] = True
+        mask[:, self.computed_positions(width)] = True
         return mask
 
     def reused_mask(self, width: int | None = None) -> np.ndarray:
         """(n_layer, width) booleans: K/V read from the cache in this pass."""
         width = self.fed_stop if width is None else width
         mask = np.zeros((self.n_layer, width), dtype=bool)
-        if self.use_cache:
-            mask[:, : min(self.fed_start, width)] = True
+        mask[:, self.reused_positions(width)] = True
         return mask
 
 

@@ -69,24 +69,22 @@ def fed(view, run):
     return view
 
 
-@pytest.fixture
-def chart(qtbot, run):
-    widget = fed(WorkChart(), run)
+def shown(qtbot, widget, width: int, height: int):
     qtbot.addWidget(widget)
-    widget.resize(900, 560)
+    widget.resize(width, height)
     widget.show()
     qtbot.waitExposed(widget)
     return widget
+
+
+@pytest.fixture
+def chart(qtbot, run):
+    return shown(qtbot, fed(WorkChart(), run), 900, 560)
 
 
 @pytest.fixture
 def grid(qtbot, run):
-    widget = fed(KVGridView(), run)
-    qtbot.addWidget(widget)
-    widget.resize(1000, 480)
-    widget.show()
-    qtbot.waitExposed(widget)
-    return widget
+    return shown(qtbot, fed(KVGridView(), run), 1000, 480)
 
 
 def svg_stroke_shapes(root: ET.Element) -> list[tuple[str, list[tuple[float, float]], ET.Element]]:

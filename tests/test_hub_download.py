@@ -64,21 +64,27 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def do_HEAD(self) -> None:
-        self.hub.requests.append(("HEAD", self.path))
+    def _request(self, method: str) -> tuple[str, bytes] | None:
+        """Log the request and look the file up; answer 404 (and return None) where it is missing."""
+        self.hub.requests.append((method, self.path))
         found = self._lookup()
         if found is None:
             self._not_found()
-            return
+        return found
+
+    def _ok(self, key: str, content: bytes) -> None:
         self.send_response(200)
-        self._headers(*found)
+        self._headers(key, content)
         self.end_headers()
 
+    def do_HEAD(self) -> None:
+        found = self._request("HEAD")
+        if found is not None:
+            self._ok(*found)
+
     def do_GET(self) -> None:
-        self.hub.requests.append(("GET", self.path))
-        found = self._lookup()
+        found = self._request("GET")
         if found is None:
-            self._not_found()
             return
         key, content = found
         if key in self.hub.interrupt:
@@ -86,17 +92,13 @@ class _Handler(BaseHTTPRequestHandler):
                 # The connection is gone for good: every retry dies before an answer.
                 self.close_connection = True
                 return
-            self.send_response(200)
-            self._headers(key, content)
-            self.end_headers()
+            self._ok(key, content)
             self.wfile.write(content[: len(content) // 2])
             self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
-        self.send_response(200)
-        self._headers(key, content)
-        self.end_headers()
+        self._ok(key, content)
         self.wfile.write(content)
 
 

@@ -67,7 +67,7 @@ class KVGridView(QWidget):
     Use: `reset(info)` for a new run, then `apply_record(record)` for every StepRecord in
     order. `apply_record(record, redraw=False)` only updates the state; `refresh()` draws it
     (the main window coalesces redraws that way). Everything drawn comes from the records'
-    `computed_mask` / `reused_mask`; nothing is re-derived here.
+    `computed_positions` / `reused_positions`; nothing is re-derived here.
     """
 
     export_requested = Signal()
@@ -155,9 +155,8 @@ class KVGridView(QWidget):
         if self._info is None:
             raise RuntimeError("KVGridView.apply_record before reset(info)")
         width = self._states.shape[1]
-        # the same cells as record.computed_mask(width) and record.reused_mask(width), as slices (cheaper)
-        computed = np.s_[:, min(record.fed_start, width) : min(record.fed_stop, width)]
-        reused = np.s_[:, : min(record.fed_start, width) if record.use_cache else 0]
+        computed = np.s_[:, record.computed_positions(width)]  # every layer, these positions
+        reused = np.s_[:, record.reused_positions(width)]
         states = self._states
         states[states != EMPTY] = PENDING
         states[reused] = REUSED

@@ -583,10 +583,15 @@ class MainWindow(QMainWindow):
         """The redraw in pieces of similar cost, each drawn in its own pass of the event loop."""
         return [
             self.grid.refresh,
-            lambda: (self.token_strip.refresh(), self.counter.refresh(), self._update_status()),
+            self._refresh_text_views,
             self.chart.refresh_work,
             self.chart.refresh_cost,
         ]
+
+    def _refresh_text_views(self) -> None:
+        self.token_strip.refresh()
+        self.counter.refresh()
+        self._update_status()
 
     def _redraw_in_slices(self) -> None:
         """The coalescing timer's redraw: one slice now, the next ones in later passes of the event

@@ -109,7 +109,14 @@ class GenerationWorker(QObject):
         self._play_timer.setSingleShot(True)
         self._play_timer.timeout.connect(self._on_play_tick)
         self._playing = False
-        self.native_thread_id: int | None = None  # the worker thread's OS id, once it has run a command
+        self.native_thread_id: int | None = None  # the worker thread's OS id, once it has started
+        self._compute_threads_set = False
+
+    @Slot()
+    def prepare_thread(self) -> None:
+        """Runs first in the worker thread: below the GUI's priority, before torch starts its threads."""
+        self.native_thread_id = threading.get_native_id()
+        lower_thread_priority()
 
     @property
     def loaded_model(self):
@@ -119,8 +126,6 @@ class GenerationWorker(QObject):
     # ----- model -----
     @Slot(str)
     def load_model(self, source: str) -> None:
-        self.native_thread_id = threading.get_native_id()
-        lower_thread_priority()
         self._set_playing(False)
         self.model_loading.emit(source)
         self.cancel_download.clear()
@@ -131,9 +136,11 @@ class GenerationWorker(QObject):
             from kvviz.tokenizer import get_tokenizer
             from kvviz.weights import load_model
 
-            # a new thread starts with OpenMP/MKL's per-thread defaults: re-applying torch's thread count
-            # here makes decoding on this thread as fast as on the main thread (it was ~10% slower)
-            torch.set_num_threads(torch.get_num_threads())
+            if not self._compute_threads_set:
+                # a new thread starts with OpenMP/MKL's per-thread defaults: re-applying torch's thread count
+                # makes decoding on this thread as fast as on the main thread (it was ~10% slower)
+                torch.set_num_threads(torch.get_num_threads())
+                self._compute_threads_set = True
             loaded = load_model(source or None, progress=self._on_download_progress)
             engine = Engine(loaded.model, get_tokenizer())
         except DownloadCancelled:
@@ -289,6 +296,7 @@ class WorkerController(QObject):
         self.pause_requested.connect(self.worker.pause)
         self.interval_changed.connect(self.worker.set_interval)
         self.shutdown_requested.connect(self.worker.shut_down)
+        self.thread.started.connect(self.worker.prepare_thread)
         self.thread.finished.connect(self.worker.deleteLater)
         _THREADS.add(self.thread)
         self.thread.start()
