@@ -150,8 +150,15 @@ class Engine:
             # Vocabularies padded past the tokenizer's (50304 in nanoGPT) hold ids with no text: never pick them.
             logits = logits[: self.tokenizer.vocab_size]
         if sampling.greedy:
-            probs = torch.softmax(logits, dim=-1)
-            token = int(torch.argmax(logits))
+            # The first maximum, as argmax picks it; probabilities only for the candidates shown.
+            best, index = torch.max(logits, dim=-1)
+            token = int(index)
+            log_total = torch.logsumexp(logits, dim=-1)
+            if top == 1:
+                values, ids = torch.exp(best - log_total).reshape(1), index.reshape(1)
+            else:
+                values, ids = torch.topk(logits, min(top, logits.shape[-1]))
+                values = torch.exp(values - log_total)
         else:
             scaled = logits / sampling.temperature
             if sampling.top_k is not None and sampling.top_k < scaled.shape[-1]:
@@ -159,11 +166,11 @@ class Engine:
                 scaled = torch.where(scaled < kth, torch.full_like(scaled, float("-inf")), scaled)
             probs = torch.softmax(scaled, dim=-1)
             token = int(torch.multinomial(probs, 1, generator=generator))
-        if top == 1:
-            value, index = torch.max(probs, dim=-1)  # one candidate: a max is cheaper than a top-k
-            values, ids = value.reshape(1), index.reshape(1)
-        else:
-            values, ids = torch.topk(probs, min(top, probs.shape[-1]))
+            if top == 1:
+                value, index = torch.max(probs, dim=-1)  # one candidate: a max is cheaper than a top-k
+                values, ids = value.reshape(1), index.reshape(1)
+            else:
+                values, ids = torch.topk(probs, min(top, probs.shape[-1]))
         candidates = tuple(
             Candidate(int(i), self.tokenizer.token_label(int(i)), float(p))
             for p, i in zip(values.tolist(), ids.tolist(), strict=True)
@@ -229,13 +236,16 @@ class Engine:
                 reused = fed_start if use_cache else 0
                 before = model.kv_rows_projected()
                 started = time.perf_counter()
-                idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
-                positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
-                logits = model(idx, positions, self.kv_cache, last_only=True)  # (1, 1, V)
+                if use_cache and len(fed) == 1:
+                    logits = model.decode_one(fed[0], fed_start, self.kv_cache)[0]  # (V,)
+                else:
+                    idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
+                    positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
+                    logits = model(idx, positions, self.kv_cache, last_only=True)[0, -1]  # (V,)
                 if flush:
                     token, candidates = None, ()
                 else:
-                    token, candidates = self._choose(logits[0, -1], sampling, generator, top_candidates)
+                    token, candidates = self._choose(logits, sampling, generator, top_candidates)
                 seconds = time.perf_counter() - started
                 after = model.kv_rows_projected()
                 computed = tuple(a - b for a, b in zip(after, before, strict=True))

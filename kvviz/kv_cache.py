@@ -8,10 +8,11 @@ import torch
 class KVCache:
     """Keys and values of every layer for positions `0 .. length-1`.
 
-    Buffers are allocated once, shaped (layers, batch, heads, capacity, head_dim), so the
-    memory a run needs is visible up front; `bytes_used` counts only the filled part.
-    Positions are explicit: `update` writes rows at the positions it is given, which must
-    continue the cache without gaps.
+    Buffers are allocated once, shaped (layers, 2, batch, heads, capacity, head_dim) with
+    keys at index 0 and values at 1 of the second axis, so the memory a run needs is visible
+    up front and one copy stores a position's key and value; `bytes_used` counts only the
+    filled part. Positions are explicit: `update` and `append` write rows at the positions
+    they are given, which must continue the cache without gaps.
     """
 
     def __init__(
@@ -24,11 +25,11 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (n_layer, batch_size, n_head, capacity, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nh, S, hs)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nh, S, hs)
-        self._layer_keys = list(self.keys.unbind(0))  # per-layer views, (B, nh, S, hs) each
-        self._layer_values = list(self.values.unbind(0))
+        shape = (n_layer, 2, batch_size, n_head, capacity, head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)  # (L, 2, B, nh, S, hs)
+        self.keys = self.kv[:, 0]  # (L, B, nh, S, hs)
+        self.values = self.kv[:, 1]  # (L, B, nh, S, hs)
+        self._layer_kv = list(self.kv.unbind(0))  # per-layer views, (2, B, nh, S, hs) each
         self.capacity = capacity
         self.n_layer = n_layer
         self.length = 0
@@ -39,25 +40,37 @@ class KVCache:
         self.length = 0
         self._layer_lengths = [0] * self.n_layer
 
+    def _claim(self, layer: int, position: int, count: int) -> int:
+        """Check that `count` rows at `position` continue `layer` and fit; return the new length."""
+        start = self._layer_lengths[layer]
+        end = start + count
+        if end > self.capacity:
+            raise ValueError(f"KV cache is full: {self.capacity} positions, asked for {end}")
+        if position != start:
+            raise ValueError(f"layer {layer}: positions start at {position} but the cache holds {start}")
+        self._layer_lengths[layer] = end
+        if layer == self.n_layer - 1:
+            self.length = end
+        return end
+
     def update(
         self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store `k`, `v` (B, nh, T, hs) at `positions` (T,) of `layer`; return all cached K, V."""
         T = k.shape[2]
-        start = self._layer_lengths[layer]
-        end = start + T
-        if end > self.capacity:
-            raise ValueError(f"KV cache is full: {self.capacity} positions, asked for {end}")
-        first = int(positions[0])
-        if first != start:
-            raise ValueError(f"layer {layer}: positions start at {first} but the cache holds {start}")
-        keys, values = self._layer_keys[layer], self._layer_values[layer]
+        start = int(positions[0])
+        end = self._claim(layer, start, T)
+        keys, values = self._layer_kv[layer].unbind(0)  # (B, nh, S, hs) each
         keys.narrow(2, start, T).copy_(k)
         values.narrow(2, start, T).copy_(v)
-        self._layer_lengths[layer] = end
-        if layer == self.n_layer - 1:
-            self.length = end
         return keys.narrow(2, 0, end), values.narrow(2, 0, end)  # (B, nh, end, hs)
+
+    def append(self, layer: int, position: int, kv: torch.Tensor) -> torch.Tensor:
+        """Store one position's key and value `kv` (2, B, nh, 1, hs) of `layer`; return all cached (2, B, nh, S, hs)."""
+        end = self._claim(layer, position, 1)
+        cached = self._layer_kv[layer].narrow(3, 0, end)  # (2, B, nh, end, hs)
+        cached.narrow(3, position, 1).copy_(kv)
+        return cached
 
     @property
     def bytes_used(self) -> int:

@@ -392,3 +392,19 @@ def test_kv_cache_refuses_gaps_and_overflow():
     cache.update(0, torch.arange(4), torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2))
     with pytest.raises(ValueError, match="full"):
         cache.update(0, torch.tensor([4]), row, row)
+
+
+def test_kv_cache_append_stores_key_and_value_together():
+    cache = KVCache(2, 3, 4, 6)
+    for layer in range(2):
+        cache.update(layer, torch.arange(2), torch.ones(1, 3, 2, 4), -torch.ones(1, 3, 2, 4))
+    row = torch.stack([torch.full((1, 3, 1, 4), 7.0), torch.full((1, 3, 1, 4), -7.0)])  # (2, B, nh, 1, hs)
+    for layer in range(2):
+        cached = cache.append(layer, 2, row)
+        assert cached.shape == (2, 1, 3, 3, 4)
+        assert torch.equal(cache.keys[layer, :, :, 2], row[0, :, :, 0])
+        assert torch.equal(cache.values[layer, :, :, 2], row[1, :, :, 0])
+        assert torch.equal(cached[0, :, :, :2], torch.ones(1, 3, 2, 4))
+    assert cache.length == 3
+    with pytest.raises(ValueError, match="positions start at 4"):
+        cache.append(0, 4, row)

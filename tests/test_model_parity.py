@@ -92,6 +92,30 @@ def test_logits_through_the_kv_cache_match_transformers(tmp_path):
     assert cache.length == len(PROMPT_IDS)
 
 
+def test_decode_one_equals_forward_and_transformers(tmp_path):
+    """The decode step's plain tensor calls give forward's logits exactly, and transformers' within tolerance."""
+    hf_model = save_transformers_folder(tmp_path / "ckpt", gpt2_config(n_layer=3, n_head=4, n_embd=64), seed=6)
+    model = load_model(str(tmp_path / "ckpt")).model
+    cfg = model.config
+    expected = _reference_logits(hf_model, PROMPT_IDS)  # (1, T, V)
+    through_forward = KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS))
+    through_decode = KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS))
+    prefill = 4
+    with torch.inference_mode():
+        for cache in (through_forward, through_decode):
+            model(torch.tensor([PROMPT_IDS[:prefill]]), torch.arange(prefill), cache)
+        model.reset_kv_counters()
+        for pos in range(prefill, len(PROMPT_IDS)):
+            reference = model(torch.tensor([[PROMPT_IDS[pos]]]), torch.tensor([pos]), through_forward)[0]  # (1, V)
+            got = model.decode_one(PROMPT_IDS[pos], pos, through_decode)  # (1, V)
+            assert torch.equal(got, reference)
+            assert (got - expected[:, pos]).abs().max().item() <= TOLERANCE
+    assert torch.equal(through_decode.kv, through_forward.kv)
+    assert through_decode.length == len(PROMPT_IDS)
+    # Each decode step projected one K/V row per layer; so did each forward step.
+    assert model.kv_rows_projected() == [2 * (len(PROMPT_IDS) - prefill)] * cfg.n_layer
+
+
 def test_hub_layout_file_and_folder(tmp_path):
     """A bare hub model.safetensors (no `transformer.` prefix, attn.bias masks present) loads three ways."""
     # Heads of 64 dimensions, as every GPT-2 size has, so the head count can be read off the width.
