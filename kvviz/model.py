@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -145,6 +146,9 @@ class GPT(nn.Module):
         )
         self._head_t: torch.Tensor | None = None
         self._head_key: tuple[int, int] | None = None
+        # Called before every block in every pass, with the block's index: a way to stop a long
+        # pass from another thread (it raises), as the app's worker does when the window closes.
+        self.before_block: Callable[[int], None] | None = None
 
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)."""
@@ -200,7 +204,9 @@ class GPT(nn.Module):
         if int(positions[-1]) >= self.config.n_ctx:
             raise ValueError(f"position {int(positions[-1])} is past the context length {self.config.n_ctx}")
         x = self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C)
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            if self.before_block is not None:
+                self.before_block(i)
             x = block(x, positions, kv_cache)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
@@ -220,6 +226,8 @@ class GPT(nn.Module):
         wte, wpe = self.transformer.wte.weight, self.transformer.wpe.weight
         x = (wte[token] + wpe[position]).view(1, C)  # (1, C)
         for i, block in enumerate(self.blocks):
+            if self.before_block is not None:
+                self.before_block(i)
             attn, mlp = block.attn, block.mlp
             h = F.layer_norm(x, (C,), block.ln_1.weight, block.ln_1.bias, eps)
             qkv = torch.addmm(attn.c_attn.bias, h, attn.c_attn.weight)  # (1, 3C)

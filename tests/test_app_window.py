@@ -64,7 +64,11 @@ def test_space_steps_match_engine(qtbot, window, app_model):
     states = window.grid.cell_states()
     assert (states[:, :3] == PENDING).all() and (states[:, 3:] == EMPTY).all()
 
-    press(qtbot, window, Qt.Key.Key_Space, 5)
+    press(qtbot, window, Qt.Key.Key_Space)
+    wait_tokens(qtbot, window, 1)
+    window.redraw()
+    frame_at_step_1 = window.chart.work_plot.getViewBox().viewRange()
+    press(qtbot, window, Qt.Key.Key_Space, 4)
     wait_tokens(qtbot, window, 5)
     states = window.grid.cell_states()
     # Step 5 fed position 6 (token 4) only: computed; 0..5 reused; 7 holds token 5, no K/V yet.
@@ -94,6 +98,12 @@ def test_space_steps_match_engine(qtbot, window, app_model):
     assert data["with_cache"][0].tolist() == list(range(1, N + 2))
     assert len(data["ms_per_step"][1]) == N + 1 and (data["ms_per_step"][1] > 0).all()
     assert data["cache_mib"][1][-1] == pytest.approx(records[-1].cache_bytes / 2**20)
+    # The frame was fixed when the run started (to the run's whole budget: 102 without cache at
+    # step 12) and did not move while the curves grew into it, so the axes never repainted mid-run.
+    (x_low, x_high), (y_low, y_high) = window.chart.work_plot.getViewBox().viewRange()
+    assert x_low < 1 and N + 1 <= x_high < N + 2
+    assert y_low < 0 < 102 <= y_high < 102 * 1.2
+    assert window.chart.work_plot.getViewBox().viewRange() == frame_at_step_1
     states = window.grid.cell_states()
     # The final pass fills the cache with the last token: computed; everything before reused.
     assert (states[:, :14] == REUSED).all() and (states[:, 14] == COMPUTED).all()

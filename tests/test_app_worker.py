@@ -76,3 +76,27 @@ def test_gui_bench_alternates_runs_and_reports_every_key(qtbot, app_model):
     from kvviz.app.worker import running_threads
 
     qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)
+
+
+def test_abort_reaches_inside_a_forward_pass(qtbot, app_model):
+    """Closing sets the worker's abort flag; the model checks it before every block, decode step included."""
+    import pytest
+
+    from kvviz.app.worker import StepAborted
+
+    win = MainWindow(app_model, "Time flies", settings=app_settings())
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitUntil(lambda: win.run_info is not None, timeout=60_000)
+    worker = win.controller.worker
+    model = worker.loaded_model.model
+    assert model.before_block is not None
+    model.before_block(0)  # no abort: passes
+    worker.abort.set()
+    try:
+        with pytest.raises(StepAborted):
+            model.decode_one(0, 0, None)  # raises before touching the (absent) cache
+    finally:
+        worker.abort.clear()
+    win.close()
+    assert model.before_block is None  # the shut-down worker lets go of the model

@@ -352,6 +352,33 @@ def test_abandoned_run_does_not_spoil_the_next():
     assert torch.equal(first, again)
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_before_block_can_stop_any_pass(use_cache):
+    """The model calls `before_block` before each block, in the decode step and in full passes alike."""
+    model = tiny_kvviz_model(3, 2, 32, 64, std=0.3)
+    engine = Engine(model)
+    seen: list[int] = []
+
+    class Stop(Exception):
+        pass
+
+    def before_block(layer: int) -> None:
+        seen.append(layer)
+        if len(seen) == 3 * 3 + 3:  # the fourth pass (a decode step with the cache), in its third block
+            raise Stop()
+
+    model.before_block = before_block
+    run = engine.generate(PROMPT, 10, use_cache)
+    for _ in range(3):
+        next(run)
+    with pytest.raises(Stop):
+        next(run)
+    assert seen == [0, 1, 2] * 3 + [0, 1, 2]
+    model.before_block = None
+    again, _ = _ids(engine, PROMPT, 10, use_cache)  # a new run after the interrupted one is whole
+    assert len(again) == 10
+
+
 # ----- the cache object -----
 
 

@@ -75,6 +75,8 @@ class KVGridView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._info: RunInfo | None = None
+        self._framed_shape: tuple[int, int] | None = None  # (layers, width) the view box was last framed to
+        self._ticks: tuple | None = None  # (left, bottom, label) last given to the axes
         self._colour_blind = False
         self._font_scale = 1.0
         self._tiles: dict[tuple[int, bool], np.ndarray] = {}
@@ -251,27 +253,33 @@ class KVGridView(QWidget):
             cells = tiles[self._states]  # (L, W, s, s, 4)
             image = cells.transpose(0, 2, 1, 3, 4).reshape(layers * size, width * size, 4)
         self.image_item.setImage(image, autoLevels=False, levels=(0, 255))
-        self.image_item.setRect(QRectF(0, 0, width, layers))
-        self.plot_item.getViewBox().setRange(xRange=(0, width), yRange=(0, layers), padding=0)
+        if self._framed_shape != (layers, width):  # a new frame repaints the axes: only when the shape changes
+            self._framed_shape = (layers, width)
+            self.image_item.setRect(QRectF(0, 0, width, layers))
+            self.plot_item.getViewBox().setRange(xRange=(0, width), yRange=(0, layers), padding=0)
 
     def _update_ticks(self) -> None:
         layers, width = self._states.shape
         step = max(1, int(np.ceil(layers / 16)))
         left = [(i + 0.5, str(i)) for i in range(0, layers, step)]
-        self.plot_item.getAxis("left").setTicks([left])
         if width <= TICK_LABEL_LIMIT:
             bottom = []
             for i in range(width):
                 label = chip_text(self._labels[i]) if i < len(self._labels) else str(i)
                 bottom.append((i + 0.5, label if len(label) <= 8 else label[:7] + "\u2026"))
-            self.plot_item.getAxis("bottom").setTicks([bottom])
-            self.plot_item.setLabel("bottom", "token position (labelled with its token)")
+            title = "token position (labelled with its token)"
         else:
             tick = max(1, int(10 ** np.floor(np.log10(max(1, width / 8)))))
             if width / tick > 16:
                 tick *= 5 if width / (tick * 5) >= 4 else 2
-            self.plot_item.getAxis("bottom").setTicks([[(i + 0.5, str(i)) for i in range(0, width, tick)]])
-            self.plot_item.setLabel("bottom", "token position")
+            bottom = [(i + 0.5, str(i)) for i in range(0, width, tick)]
+            title = "token position"
+        if (left, bottom, title) == self._ticks:  # setting ticks repaints an axis, even to the same ones
+            return
+        self._ticks = (left, bottom, title)
+        self.plot_item.getAxis("left").setTicks([left])
+        self.plot_item.getAxis("bottom").setTicks([bottom])
+        self.plot_item.setLabel("bottom", title)
 
     def _update_title(self) -> None:
         info, rec = self._info, self._last

@@ -10,6 +10,7 @@ import time
 STALL_TIMER_MS = 10  # a timer on the GUI thread; the largest gap between its ticks is the worst stall
 WARMUP_TOKENS = 3
 POLL_MS = 20
+SLOW_POLL_MS = 500
 
 
 def run_gui_bench(
@@ -27,7 +28,8 @@ def run_gui_bench(
     passes the moment its command line module was imported), or else from the start of this call,
     to the window being shown and its first events processed; `torch_loaded_when_shown`
     says whether torch had been imported by then. Token rates count new tokens over the wall time from
-    the first step command to the final record (the cache-filling pass included), in both runs.
+    the first step command to the final record (the cache-filling pass included), in both runs; the
+    headless run makes the same records as the window's worker (five candidates a step).
 
     With `repeat` > 1 the GUI and headless runs alternate `repeat` times, with the window open; the
     rates are the best of each (as `timeit` takes the best), the stall figures the worst of all GUI runs.
@@ -49,17 +51,28 @@ def run_gui_bench(
         window_shown_seconds = time.perf_counter() - started
         torch_loaded_when_shown = "torch" in sys.modules and not torch_before
 
-        def wait(condition, what: str) -> None:
-            """Run the event loop (sleeping when idle, as app.exec() does) until `condition()` holds."""
+        def wait(condition, what: str, signal=None) -> None:
+            """Run the event loop (sleeping when idle, as app.exec() does) until `condition()` holds,
+            checking it when `signal` fires and on a poll (a slow one when a signal is given, so that
+            the poll itself does not wake the GUI thread during a timed run)."""
             deadline = time.perf_counter() + timeout_s
             loop = QEventLoop()
+
+            def check(*_args) -> None:
+                if condition() or time.perf_counter() > deadline:
+                    loop.quit()
+
             poll = QTimer()
-            poll.setInterval(POLL_MS)
-            poll.timeout.connect(lambda: loop.quit() if condition() or time.perf_counter() > deadline else None)
+            poll.setInterval(POLL_MS if signal is None else SLOW_POLL_MS)
+            poll.timeout.connect(check)
             poll.start()
+            if signal is not None:
+                signal.connect(check)
             if not condition():
                 loop.exec()
             poll.stop()
+            if signal is not None:
+                signal.disconnect(check)
             if not condition():
                 raise TimeoutError(f"gui bench: timed out waiting for {what}")
 
@@ -87,20 +100,26 @@ def run_gui_bench(
             prepared_run(WARMUP_TOKENS)  # first passes allocate; keep them out of both measurements
             window.toggle_play()
             wait(lambda: window._finished, "the warm-up run")
-            from kvviz.engine import Engine, generate_ids
+            from kvviz.engine import Engine
 
             loaded = window.controller.worker.loaded_model
             headless_engine = Engine(loaded.model)  # the same weights, driven from this thread while the worker idles
             prompt_ids = headless_engine.encode_prompt(prompt)
-            generate_ids(headless_engine, prompt_ids, WARMUP_TOKENS)
+
+            def headless_tokens(n: int) -> list[int]:
+                """The worker's records (same settings, same candidates per step), with no window in the loop."""
+                records = list(headless_engine.generate(prompt_ids, n))
+                return [r.token_id for r in records if r.token_id is not None]
+
+            headless_tokens(WARMUP_TOKENS)
 
             gui_runs: list[dict] = []
             headless_runs: list[dict] = []
             for _ in range(repeat):
                 gui_runs.append(_timed_gui_run(window, wait, prepared_run, new_tokens))
                 t0 = time.perf_counter()
-                headless_tokens, _records = generate_ids(headless_engine, prompt_ids, new_tokens)
-                headless_runs.append({"seconds": time.perf_counter() - t0, "tokens": headless_tokens})
+                tokens = headless_tokens(new_tokens)
+                headless_runs.append({"seconds": time.perf_counter() - t0, "tokens": tokens})
             window.redraw()
             stop_reason = window.last_record.stop_reason if window.last_record else ""
         finally:
@@ -131,6 +150,7 @@ def run_gui_bench(
         "stall_timer_ms": STALL_TIMER_MS,
         "max_redraw_ms": round(max(r["max_redraw_ms"] for r in gui_runs), 2),
         "stalls_over_50ms": sum(r["stalls_over_50ms"] for r in gui_runs),
+        "gui_thread_cpu_share": round(best_gui["gui_thread_cpu_seconds"] / best_gui["seconds"], 4),
         "window_shown_seconds": round(window_shown_seconds, 4),
         "torch_loaded_when_shown": torch_loaded_when_shown,
         "identical": all(r["tokens"] == reference for r in gui_runs + headless_runs),
@@ -154,21 +174,30 @@ def _timed_gui_run(window, wait, prepared_run, new_tokens: int) -> dict:
 
     stall_timer.timeout.connect(tick)
     records = []
+    finished_at: list[float] = []
     worker = window.controller.worker
 
     def keep(run_id, record) -> None:
         records.append(record)
 
+    def done(_record) -> None:  # emitted on the GUI thread once it has taken the final record
+        finished_at.append(time.perf_counter())
+
+    window.run_done.connect(done)
+
     worker.step_computed.connect(keep)
     window.max_redraw_ms = 0.0
     t0 = time.perf_counter()
+    cpu0 = time.thread_time()
     clock.start()
     stall_timer.start()
     window.toggle_play()
-    wait(lambda: window._finished, "the autoplay run")
-    seconds = time.perf_counter() - t0
+    wait(lambda: window._finished, "the autoplay run", window.run_done)
+    gui_cpu_seconds = time.thread_time() - cpu0
+    seconds = finished_at[-1] - t0  # to the GUI thread taking the final record, not to the next poll
     stall_timer.stop()
     worker.step_computed.disconnect(keep)
+    window.run_done.disconnect(done)
     stalls = gaps[1:]
     return {
         "seconds": seconds,
@@ -176,6 +205,7 @@ def _timed_gui_run(window, wait, prepared_run, new_tokens: int) -> dict:
         "max_stall_ms": max(stalls, default=0.0),
         "stalls_over_50ms": sum(1 for g in stalls if g > 50),
         "max_redraw_ms": window.max_redraw_ms,
+        "gui_thread_cpu_seconds": gui_cpu_seconds,
     }
 
 
@@ -189,6 +219,7 @@ def format_report(result: dict) -> str:
         f"ratio          {result['ratio']:.3f} (GUI / headless)",
         f"max GUI stall  {result['max_stall_ms']:.1f} ms{' over all runs' if result['repeat'] > 1 else ''} "
         f"(largest gap between ticks of a {result['stall_timer_ms']} ms timer)",
+        f"GUI thread     {100 * result['gui_thread_cpu_share']:.1f}% of a core during the fastest GUI run",
         f"window shown   {result['window_shown_seconds']:.2f} s after start"
         f"{' (torch already imported)' if result['torch_loaded_when_shown'] else ' (before torch was imported)'}",
         f"same tokens    {'yes' if result['identical'] else 'NO'}",

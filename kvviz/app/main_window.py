@@ -42,7 +42,7 @@ REDRAW_MAX_MS = 250  # ... and at least this often while records arrive
 REDRAW_BUDGET = 0.1  # the share of time redraws may take: a slow redraw spaces the next ones out
 # At full-speed autoplay the worker never waits, and every redraw (Python painting, holding the GIL)
 # slows it down: there the views redraw less often, up to once a second.
-REDRAW_BUDGET_FULL_SPEED = 0.03
+REDRAW_BUDGET_FULL_SPEED = 0.02
 REDRAW_MAX_MS_FULL_SPEED = 1000
 SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 0.0)  # tokens per second for autoplay; 0 = as fast as possible
 ZOOM_STEPS = (0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.4, 1.6, 1.8, 2.0, 2.3)

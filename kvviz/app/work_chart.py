@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from kvviz.app import theme
 from kvviz.app.run_info import RunInfo
+from kvviz.counting import kv_without_cache
 
 if TYPE_CHECKING:
     from kvviz.engine import StepRecord
@@ -53,6 +54,7 @@ class WorkChart(QWidget):
         self._ms: list[float] = []
         self._mib: list[float] = []
         self._dirty_work = self._dirty_cost = False
+        self._cost_tops: tuple[float, float] | None = None
 
         self.layout_widget = pg.GraphicsLayoutWidget()
         self.layout_widget.setBackground(theme.BACKGROUND)
@@ -108,6 +110,14 @@ class WorkChart(QWidget):
         self.legend.addItem(self.without_curve, self.without_curve.opts["name"])
         self.legend.addItem(self.with_curve, self.with_curve.opts["name"])
         self._style_legend()
+        # Fixed frames for the whole run: the curves grow into them, and the axes never repaint mid-run.
+        last_x = self._last_x()
+        for plot in (self.work_plot, self.ms_plot, self.mem_plot):
+            plot.setXRange(0, last_x, padding=0.02)
+        self.work_plot.setYRange(0, max(1, kv_without_cache(info.prompt_tokens, info.budget)), padding=0.05)
+        self.mem_note.setText("" if info.use_cache else "no cache in this run")
+        self.mem_note.setPos(last_x / 2, 0.5)
+        self._cost_tops = None
         self._dirty_work = self._dirty_cost = True
         self.refresh()
 
@@ -136,10 +146,6 @@ class WorkChart(QWidget):
         for curve, key in ((self.without_curve, "without_cache"), (self.with_curve, "with_cache")):
             curve.setSymbol(symbols)
             curve.setData(*data[key])
-        if self._info is not None:
-            self.work_plot.setXRange(0, self._last_x(), padding=0.02)
-            top = max(self._without[-1] if self._without else 1, 1)
-            self.work_plot.setYRange(0, top, padding=0.05)
 
     def refresh_cost(self) -> None:
         """Update the two small plots (ms per step, cache memory) if they changed since the last draw."""
@@ -151,14 +157,12 @@ class WorkChart(QWidget):
         self.mem_curve.setData(x, np.asarray(self._mib, dtype=np.float64))
         info = self._info
         if info is not None:
-            last_x = self._last_x()
-            for plot in (self.ms_plot, self.mem_plot):
-                plot.setXRange(0, last_x, padding=0.02)
-            self.mem_note.setText("" if info.use_cache else "no cache in this run")
-            self.mem_note.setPos(last_x / 2, 0.5)
-            self.ms_plot.setYRange(0, _nice_ceiling(max(self._ms, default=1.0)), padding=0.05)
+            top_ms = _nice_ceiling(max(self._ms, default=1.0))
             top_mib = _nice_ceiling(max(self._mib, default=0.0)) if info.use_cache else 1.0
-            self.mem_plot.setYRange(0, top_mib, padding=0.05)
+            if (top_ms, top_mib) != self._cost_tops:  # 1-2-2.5-5 steps: a rare change, and a repaint of the axes
+                self._cost_tops = (top_ms, top_mib)
+                self.ms_plot.setYRange(0, top_ms, padding=0.05)
+                self.mem_plot.setYRange(0, top_mib, padding=0.05)
 
     def _last_x(self) -> int:
         info = self._info

@@ -101,7 +101,6 @@ class GenerationWorker(QObject):
         self.cancel_download = threading.Event()  # set from the GUI thread: stop a hub download
         self._engine: Engine | None = None
         self._loaded = None  # kvviz.weights.LoadedModel
-        self._hooks: list = []
         self._records: Iterator[StepRecord] | None = None
         self._run: RunInfo | None = None
         self._interval_ms = 0
@@ -149,10 +148,10 @@ class GenerationWorker(QObject):
         except Exception as exc:  # any failure keeps the previous model; the GUI says why in one sentence
             self.model_load_failed.emit(source, describe_load_error(source, exc))
             return
-        self._drop_hooks()
+        self._release_model()
         self._engine, self._loaded = engine, loaded
         self._records, self._run = None, None
-        self._hooks = [block.register_forward_pre_hook(self._check_abort) for block in loaded.model.transformer.h]
+        loaded.model.before_block = self._check_abort
         config = loaded.config
         self.model_loaded.emit(ModelInfo(
             name=loaded.name, source=loaded.source, num_parameters=loaded.num_parameters,
@@ -164,14 +163,13 @@ class GenerationWorker(QObject):
             raise DownloadCancelled()
         self.download_progressed.emit(done, total)
 
-    def _check_abort(self, module, args) -> None:
+    def _check_abort(self, layer: int) -> None:
         if self.abort.is_set():
             raise StepAborted()
 
-    def _drop_hooks(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
+    def _release_model(self) -> None:
+        if self._loaded is not None:
+            self._loaded.model.before_block = None
 
     # ----- runs -----
     @Slot(object)
@@ -266,7 +264,7 @@ class GenerationWorker(QObject):
     def shut_down(self) -> None:
         """Runs in the worker thread as its last job: stop timers, drop the model."""
         self._set_playing(False)
-        self._drop_hooks()
+        self._release_model()
         self._records = None
         self._engine = None
         self._loaded = None
