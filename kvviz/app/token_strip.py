@@ -78,9 +78,13 @@ class TokenStrip(QWidget):
         font.setPointSizeF(11.0 * self._font_scale)
         self._font = font
         self._metrics = QFontMetricsF(font)
+        self._width_of: dict[str, float] = {}  # chip text -> width in this font (shaping text is slow)
 
     def _chip_width(self, text: str) -> float:
-        return self._metrics.horizontalAdvance(text) + 2 * PAD_X
+        width = self._width_of.get(text)
+        if width is None:
+            width = self._width_of[text] = self._metrics.horizontalAdvance(text) + 2 * PAD_X
+        return width
 
     def _row_height(self) -> float:
         return self._metrics.height() + 2 * PAD_Y + GAP
