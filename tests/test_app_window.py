@@ -168,6 +168,12 @@ def test_worker_runs_below_the_gui_priority(window):
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == os.getpriority(os.PRIO_PROCESS, os.getpid())
 
 
+def test_gui_and_worker_hand_the_gil_over_quickly(window):
+    from kvviz.app.worker import GIL_SWITCH_INTERVAL_S
+
+    assert sys.getswitchinterval() <= GIL_SWITCH_INTERVAL_S < 0.005  # Python's default is 5 ms
+
+
 def test_keys_typed_in_prompt_do_not_step(qtbot, window):
     window.prompt_edit.setFocus()
     qtbot.waitUntil(window.prompt_edit.hasFocus)

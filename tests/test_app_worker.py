@@ -100,3 +100,21 @@ def test_abort_reaches_inside_a_forward_pass(qtbot, app_model):
         worker.abort.clear()
     win.close()
     assert model.before_block is None  # the shut-down worker lets go of the model
+
+
+def test_cli_bench_gui_takes_three_turns_by_default(qtbot, app_model, capsys):
+    import json
+
+    from kvviz.cli import main
+
+    args = ["bench", "--gui", "--prompt", "Time flies", "--new-tokens", "4", "--json"]
+    if app_model is not None:
+        args += ["--model", app_model]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["repeat"] == 3 and len(result["gui_runs_tokens_per_second"]) == 3
+    assert result["identical"] and result["new_tokens"] == 4
+    assert 0 < result["gui_thread_cpu_share"] < 1
+    from kvviz.app.worker import running_threads
+
+    qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)

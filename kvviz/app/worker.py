@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from kvviz.engine import Engine, StepRecord
 
 WORKER_NICENESS = 10  # the model runs this far below the GUI's scheduling priority (Linux)
+# The worker takes the GIL back between torch ops, the GUI thread between paints; Python's default
+# 5 ms hand-over made each wait for the other (longer GUI stalls, slower tokens at full speed).
+GIL_SWITCH_INTERVAL_S = 0.001
 
 _THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
 
@@ -283,6 +286,7 @@ class WorkerController(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self.thread = QThread()
         self.thread.setObjectName("kvviz-worker")
         self.worker = GenerationWorker()
