@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-import torch
-
-from kvviz.engine import Engine, generate_ids
-from kvviz.model import GPT
+if TYPE_CHECKING:  # torch loads with the first benchmark, not with this module (the CLI reads its defaults)
+    from kvviz.engine import Engine
+    from kvviz.model import GPT
 
 WARMUP_TOKENS = 8
 
 
 def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bool) -> tuple[list[int], float, int]:
+    from kvviz.engine import generate_ids
+
     started = time.perf_counter()
     ids, records = generate_ids(engine, prompt_ids, new_tokens, use_cache)
     seconds = time.perf_counter() - started
@@ -41,6 +43,8 @@ def to_transformers(model: GPT):
 
 
 def _time_peer(peer, prompt_ids: list[int], new_tokens: int, use_cache: bool) -> tuple[list[int], float]:
+    import torch
+
     device = next(peer.parameters()).device
     idx = torch.tensor([prompt_ids], device=device)
     kwargs = dict(do_sample=False, use_cache=use_cache, pad_token_id=50256, eos_token_id=None,
@@ -53,14 +57,24 @@ def _time_peer(peer, prompt_ids: list[int], new_tokens: int, use_cache: bool) ->
     return out[0, len(prompt_ids):].tolist(), seconds
 
 
+CACHED_REPEAT = 3  # cached runs take seconds: by default, three turns each
+UNCACHED_REPEAT = 1  # uncached runs take ~10 times longer: one each
+
+
 def run_bench(
-    model: str | None, prompt: str, new_tokens: int, device: str = "cpu", peer: bool = False, repeat: int = 1
+    model: str | None, prompt: str, new_tokens: int, device: str = "cpu", peer: bool = False,
+    repeat: int | None = None,
 ) -> dict:
     """Cached and uncached tokens/s of kvviz (and, with `peer`, of transformers) in one process.
 
-    Each configuration runs `repeat` times, kvviz and the peer taking turns, and the fastest run
-    of each counts (the usual rule for timings disturbed by other work on the machine).
+    Each configuration runs `repeat` times (by default CACHED_REPEAT for cached runs and
+    UNCACHED_REPEAT for uncached ones), kvviz and the peer taking turns right after each other,
+    and the fastest run of each counts (the usual rule for timings disturbed by other work on the
+    machine): the two cached runs that are compared are always seconds apart.
     """
+    import torch
+
+    from kvviz.engine import Engine, generate_ids
     from kvviz.weights import load_model
 
     loaded = load_model(model, device=device)
@@ -75,14 +89,18 @@ def run_bench(
         except ImportError as exc:
             raise ValueError(f"--peer needs transformers: pip install transformers ({exc})") from exc
     cached_s = uncached_s = peer_cached_s = peer_uncached_s = float("inf")
-    for _ in range(repeat):
+    cached_repeat = repeat or CACHED_REPEAT
+    for _ in range(cached_repeat):
         cached_ids, seconds, cache_bytes = _timed(engine, prompt_ids, new_tokens, True)
         cached_s = min(cached_s, seconds)
-        uncached_ids, seconds, _ = _timed(engine, prompt_ids, new_tokens, False)
-        uncached_s = min(uncached_s, seconds)
         if reference is not None:
             peer_cached_ids, seconds = _time_peer(reference, prompt_ids, new_tokens, True)
             peer_cached_s = min(peer_cached_s, seconds)
+    uncached_repeat = repeat or UNCACHED_REPEAT
+    for _ in range(uncached_repeat):
+        uncached_ids, seconds, _ = _timed(engine, prompt_ids, new_tokens, False)
+        uncached_s = min(uncached_s, seconds)
+        if reference is not None:
             peer_uncached_ids, seconds = _time_peer(reference, prompt_ids, new_tokens, False)
             peer_uncached_s = min(peer_uncached_s, seconds)
     n = len(cached_ids)
@@ -97,7 +115,8 @@ def run_bench(
         "speedup": uncached_s / cached_s * n / max(1, len(uncached_ids)),
         "identical": cached_ids == uncached_ids,
         "cache_bytes": cache_bytes,
-        "repeat": repeat,
+        "cached_runs": cached_repeat,
+        "uncached_runs": uncached_repeat,
     }
     if reference is not None:
         result.update({

@@ -219,6 +219,7 @@ class Engine:
         tokens = list(prompt_ids)
         self.kv_cache = self._new_cache(P + budget) if use_cache else None
         model.reset_kv_counters()
+        decode_weights = model.decode_weights() if use_cache else None
         computed_total = reused_total = without_total = 0
         step = 0
         with torch.inference_mode():
@@ -237,7 +238,7 @@ class Engine:
                 before = model.kv_rows_projected()
                 started = time.perf_counter()
                 if use_cache and len(fed) == 1:
-                    logits = model.decode_one(fed[0], fed_start, self.kv_cache)[0]  # (V,)
+                    logits = model.decode_one(fed[0], fed_start, self.kv_cache, decode_weights)[0]  # (V,)
                 else:
                     idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
                     positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)

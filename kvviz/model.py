@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -68,21 +69,24 @@ class Conv1D(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention that counts the key/value rows it projects."""
+    """Multi-head causal self-attention that counts the key/value rows it projects.
 
-    def __init__(self, config: GPTConfig, layer_index: int) -> None:
+    The count goes to `kv_rows[layer_index]`, a list the whole model shares.
+    """
+
+    def __init__(self, config: GPTConfig, layer_index: int, kv_rows: list[int]) -> None:
         super().__init__()
         self.layer_index = layer_index
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.c_attn = Conv1D(config.n_embd, 3 * config.n_embd)
         self.c_proj = Conv1D(config.n_embd, config.n_embd)
-        self.kv_rows_projected = 0  # K/V rows this layer has computed since the last reset
+        self.kv_rows = kv_rows  # K/V rows each layer has computed since the last reset
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None) -> torch.Tensor:
         B, T, C = x.shape  # (B, T, C)
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
-        self.kv_rows_projected += B * T
+        self.kv_rows[self.layer_index] += B * T
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -112,16 +116,41 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, layer_index: int) -> None:
+    def __init__(self, config: GPTConfig, layer_index: int, kv_rows: list[int]) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
-        self.attn = CausalSelfAttention(config, layer_index)
+        self.attn = CausalSelfAttention(config, layer_index, kv_rows)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), positions, kv_cache)
         return x + self.mlp(self.ln_2(x))
+
+    def decode_weights(self) -> BlockWeights:
+        attn, mlp = self.attn, self.mlp
+        return BlockWeights(
+            self.ln_1.weight, self.ln_1.bias, attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight,
+            attn.c_proj.bias, self.ln_2.weight, self.ln_2.bias, mlp.c_fc.weight, mlp.c_fc.bias,
+            mlp.c_proj.weight, mlp.c_proj.bias,
+        )
+
+
+class BlockWeights(NamedTuple):
+    """One block's tensors, read once per run by `GPT.decode_one` instead of once per token."""
+
+    ln_1_weight: torch.Tensor
+    ln_1_bias: torch.Tensor
+    attn_weight: torch.Tensor  # (C, 3C)
+    attn_bias: torch.Tensor
+    attn_proj_weight: torch.Tensor  # (C, C)
+    attn_proj_bias: torch.Tensor
+    ln_2_weight: torch.Tensor
+    ln_2_bias: torch.Tensor
+    fc_weight: torch.Tensor  # (C, 4C)
+    fc_bias: torch.Tensor
+    mlp_proj_weight: torch.Tensor  # (4C, C)
+    mlp_proj_bias: torch.Tensor
 
 
 class GPT(nn.Module):
@@ -134,13 +163,14 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         V, C = config.vocab_size, config.n_embd
+        self._kv_rows = [0] * config.n_layer  # shared with every attention layer, which counts into it
         self.transformer = nn.ModuleDict(
             dict(
                 # Uninitialised, like Conv1D: loaders overwrite them and `init_weights` draws them.
                 # (Embedding's own init on the meta device would import torch._dynamo: seconds.)
                 wte=nn.Embedding(config.vocab_size, config.n_embd, _weight=torch.empty(V, C)),
                 wpe=nn.Embedding(config.n_ctx, config.n_embd, _weight=torch.empty(config.n_ctx, C)),
-                h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
+                h=nn.ModuleList(Block(config, i, self._kv_rows) for i in range(config.n_layer)),
                 ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon),
             )
         )
@@ -174,11 +204,14 @@ class GPT(nn.Module):
 
     def kv_rows_projected(self) -> list[int]:
         """K/V rows each layer has projected since `reset_kv_counters`."""
-        return [block.attn.kv_rows_projected for block in self.blocks]
+        return list(self._kv_rows)
 
     def reset_kv_counters(self) -> None:
-        for block in self.blocks:
-            block.attn.kv_rows_projected = 0
+        self._kv_rows[:] = [0] * len(self._kv_rows)
+
+    def decode_weights(self) -> list[BlockWeights]:
+        """Every block's tensors for `decode_one`; take them again if the parameters are replaced."""
+        return [block.decode_weights() for block in self.blocks]
 
     def _output_head(self) -> torch.Tensor:
         """The tied head as a (C, V) tensor for inference, refreshed when `wte` changes."""
@@ -212,33 +245,36 @@ class GPT(nn.Module):
             x = x[:, -1:, :]  # (B, 1, C)
         return self.transformer.ln_f(x)
 
-    def decode_one(self, token: int, position: int, kv_cache: KVCache) -> torch.Tensor:
+    def decode_one(
+        self, token: int, position: int, kv_cache: KVCache, weights: list[BlockWeights] | None = None
+    ) -> torch.Tensor:
         """Logits (1, V) for one token of a single sequence at `position`, attending to the cache.
 
         The same arithmetic as `forward` on a (1, 1) input (a test checks the logits are equal),
-        written as plain tensor calls: at one token, module calls and shape bookkeeping cost
-        about a fifth of the step on CPU, more than everything but the matrix products.
+        written as plain tensor calls on `weights` (from `decode_weights`, taken once per run):
+        at one token, module calls, attribute look-ups and shape bookkeeping cost about a fifth
+        of the step on CPU, more than everything but the matrix products.
         """
         cfg = self.config
         C, nh, hs, eps = cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.layer_norm_epsilon
         if position >= cfg.n_ctx:
             raise ValueError(f"position {position} is past the context length {cfg.n_ctx}")
         wte, wpe = self.transformer.wte.weight, self.transformer.wpe.weight
+        kv_rows, before_block = self._kv_rows, self.before_block
         x = (wte[token] + wpe[position]).view(1, C)  # (1, C)
-        for i, block in enumerate(self.blocks):
-            if self.before_block is not None:
-                self.before_block(i)
-            attn, mlp = block.attn, block.mlp
-            h = F.layer_norm(x, (C,), block.ln_1.weight, block.ln_1.bias, eps)
-            qkv = torch.addmm(attn.c_attn.bias, h, attn.c_attn.weight)  # (1, 3C)
-            attn.kv_rows_projected += 1
+        for i, w in enumerate(weights or self.decode_weights()):
+            if before_block is not None:
+                before_block(i)
+            h = F.layer_norm(x, (C,), w.ln_1_weight, w.ln_1_bias, eps)
+            qkv = torch.addmm(w.attn_bias, h, w.attn_weight)  # (1, 3C)
+            kv_rows[i] += 1
             qkv = qkv.view(3, 1, nh, 1, hs)  # q, k, v as (B=1, nh, T=1, hs) each
             cached = kv_cache.append(i, position, qkv[1:])  # (2, 1, nh, S, hs)
             y = F.scaled_dot_product_attention(qkv[0], cached[0], cached[1])  # (1, nh, 1, hs)
-            x = torch.addmm(attn.c_proj.bias, y.view(1, C), attn.c_proj.weight).add_(x)
-            h = F.layer_norm(x, (C,), block.ln_2.weight, block.ln_2.bias, eps)
-            h = F.gelu(torch.addmm(mlp.c_fc.bias, h, mlp.c_fc.weight), approximate="tanh")  # (1, 4C)
-            x = torch.addmm(mlp.c_proj.bias, h, mlp.c_proj.weight).add_(x)
+            x = torch.addmm(w.attn_proj_bias, y.view(1, C), w.attn_proj_weight).add_(x)
+            h = F.layer_norm(x, (C,), w.ln_2_weight, w.ln_2_bias, eps)
+            h = F.gelu(torch.addmm(w.fc_bias, h, w.fc_weight), approximate="tanh")  # (1, 4C)
+            x = torch.addmm(w.mlp_proj_bias, h, w.mlp_proj_weight).add_(x)
         ln_f = self.transformer.ln_f
         x = F.layer_norm(x, (C,), ln_f.weight, ln_f.bias, eps)
         if torch.is_grad_enabled():

@@ -147,6 +147,10 @@ def test_bench_reports_speed_and_identity(tiny_checkpoint, capsys):
         assert key in result
     assert result["identical"] is True
     assert result["cache_bytes"] == 2 * 3 * 32 * (result["prompt_tokens"] + 10) * 4
+    assert (result["cached_runs"], result["uncached_runs"]) == (3, 1)  # short runs take turns by default
+    assert main(["bench", "--model", str(tiny_checkpoint), "--new-tokens", "5", "--repeat", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["cached_runs"], result["uncached_runs"]) == (2, 2)
 
 
 def test_bench_peer_matches_transformers(tiny_checkpoint, capsys):
