@@ -157,6 +157,19 @@ def test_timer_redraws_draw_the_chart_in_a_later_slice(qtbot, window):
     assert window.max_redraw_ms > 0
 
 
+def test_full_speed_run_shows_its_final_state_when_it_ends(qtbot, window):
+    """At full speed the views take records in bursts, about once a second; the end of a run draws at once."""
+    window.speed_slider.setValue(window.speed_slider.maximum())
+    with qtbot.waitSignal(window.run_done, timeout=60_000) as finished:
+        press(qtbot, window, Qt.Key.Key_P)
+    final = finished.args[0]
+    assert not window._pending_records
+    x, y = window.chart.with_curve.getData()
+    assert len(x) == final.step + 1 and y[-1] == final.with_cache_total
+    assert window.counter.values()["without_cache"] == final.without_cache_total
+    assert len(window.token_strip.tokens()) == final.sequence_length
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are a Linux feature")
 def test_worker_runs_below_the_gui_priority(window):
     from kvviz.app.worker import WORKER_NICENESS

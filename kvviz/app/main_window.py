@@ -567,11 +567,15 @@ class MainWindow(QMainWindow):
                              f"{record.new_tokens} new tokens. Shorten the prompt or lower max new tokens.",
                              alert=True)
         self._update_controls()
+        self._redraw_timer.stop()
+        self.redraw()  # the final state at once, not after a full-speed redraw interval
         self.run_done.emit(record)
 
     def _on_playing_changed(self, playing: bool) -> None:
         self._playing = playing
         self.play_button.setText("Pause" if playing else "Play")
+        if not playing and self._pending_records:
+            self._redraw_timer.start(0)  # paused: catch up with the records now
 
     def redraw(self) -> None:
         """Draw the latest state of every view now, all at once (tests, exports, the end of a run)."""
