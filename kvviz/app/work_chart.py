@@ -161,8 +161,10 @@ class WorkChart(QWidget):
             top_mib = _nice_ceiling(max(self._mib, default=0.0)) if info.use_cache else 1.0
             if (top_ms, top_mib) != self._cost_tops:  # 1-2-2.5-5 steps: a rare change, and a repaint of the axes
                 self._cost_tops = (top_ms, top_mib)
-                self.ms_plot.setYRange(0, top_ms, padding=0.05)
-                self.mem_plot.setYRange(0, top_mib, padding=0.05)
+                for plot, top in ((self.ms_plot, top_ms), (self.mem_plot, top_mib)):
+                    plot.setYRange(0, top, padding=0.05)
+                    # three labels: these plots are short, and large fonts (presenter mode) crowd more
+                    plot.getAxis("left").setTicks([[(v, f"{v:g}") for v in (0.0, top / 2, top)], []])
 
     def _last_x(self) -> int:
         info = self._info
