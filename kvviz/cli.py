@@ -268,11 +268,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                repeat=args.repeat or GUI_BENCH_REPEAT)
         print(json.dumps(result) if args.json else format_report(result))
         return 0
-    from kvviz.bench import run_bench
-
     _check_device(args.device)
-    result = run_bench(args.model, args.prompt, args.new_tokens, device=args.device, peer=args.peer,
-                       repeat=args.repeat)
+    result = bench.run_bench(args.model, args.prompt, args.new_tokens, device=args.device, peer=args.peer,
+                             repeat=args.repeat)
     _print_result(result, args.json, "kvviz bench")
     return 0
 
@@ -347,7 +345,7 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [UsageError]
     for module, name in (("kvviz.weights", "ModelLoadError"), ("kvviz.engine", "GenerationError"),
                          ("kvviz.train", "CorpusError"), ("kvviz.tokenizer", "TokenizerFilesError"),
-                         ("kvviz.app.export", "ExportError")):
+                         ("kvviz.app.export", "ExportError"), ("kvviz.app.gui_bench", "GuiBenchError")):
         loaded = sys.modules.get(module)
         if loaded is not None and hasattr(loaded, name):
             errors.append(getattr(loaded, name))

@@ -118,3 +118,19 @@ def test_cli_bench_gui_takes_three_turns_by_default(qtbot, app_model, capsys):
     from kvviz.app.worker import running_threads
 
     qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)
+
+
+def test_cli_bench_gui_with_a_bad_model_says_why_in_one_line(qtbot, tmp_path, capsys, monkeypatch):
+    """Unattended: no dialog to wait on (it would hang the run) and no silent switch to the embedded model."""
+    from kvviz.cli import main
+
+    dialogs: list[str] = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: dialogs.append(text))
+    (tmp_path / "model.safetensors").write_bytes(b"not a checkpoint")
+    assert main(["bench", "--gui", "--model", str(tmp_path), "--new-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "corrupt or truncated" in err[0] and "Traceback" not in err[0]
+    assert not dialogs
+    from kvviz.app.worker import running_threads
+
+    qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)

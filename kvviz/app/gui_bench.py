@@ -13,6 +13,10 @@ POLL_MS = 20
 SLOW_POLL_MS = 500
 
 
+class GuiBenchError(Exception):
+    """The benchmark could not run: the model did not load, or a run failed (one sentence)."""
+
+
 def run_gui_bench(
     model: str | None,
     prompt: str,
@@ -45,7 +49,7 @@ def run_gui_bench(
     app = QApplication.instance() or QApplication(sys.argv[:1])
     with tempfile.TemporaryDirectory(prefix="kvviz-bench-") as settings_dir:
         settings = QSettings(os.path.join(settings_dir, "bench.ini"), QSettings.Format.IniFormat)
-        window = MainWindow(model, prompt, settings=settings)
+        window = MainWindow(model, prompt, settings=settings, unattended=True)
         window.show()
         app.processEvents()
         window_shown_seconds = time.perf_counter() - started
@@ -74,12 +78,12 @@ def run_gui_bench(
             if signal is not None:
                 signal.disconnect(check)
             if not condition():
-                raise TimeoutError(f"gui bench: timed out waiting for {what}")
+                raise GuiBenchError(f"the GUI benchmark timed out waiting for {what}")
 
         try:
             wait(lambda: window.model_info is not None or window.banner.property("alert") == "true", "the model")
             if window.model_info is None:
-                raise RuntimeError(f"gui bench: {window.banner.text()}")
+                raise GuiBenchError(window.banner.text())
             window._applying_settings = True
             window.cache_check.setChecked(True)
             window.temperature_spin.setValue(0.0)
@@ -95,7 +99,7 @@ def run_gui_bench(
                 window.reset_run()
                 wait(lambda: window.run_info is not None or window.banner.isVisible(), "the run")
                 if window.run_info is None:
-                    raise RuntimeError(f"gui bench: {window.banner.text()}")
+                    raise GuiBenchError(window.banner.text())
 
             prepared_run(WARMUP_TOKENS)  # first passes allocate; keep them out of both measurements
             window.toggle_play()

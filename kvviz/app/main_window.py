@@ -68,8 +68,11 @@ class MainWindow(QMainWindow):
     run_done = Signal(object)  # the final StepRecord of a run
 
     def __init__(self, model: str | None = None, prompt: str | None = None,
-                 settings: QSettings | None = None) -> None:
+                 settings: QSettings | None = None, unattended: bool = False) -> None:
         super().__init__()
+        # Unattended (the GUI benchmark): errors go to the banner, never to a dialog nobody can close,
+        # and a model that fails to load is not replaced by the embedded one.
+        self.unattended = unattended
         self.setWindowTitle("kvviz \u2014 KV cache visualiser")
         self.settings = settings if settings is not None else app_settings()
         self.model_info: ModelInfo | None = None
@@ -415,6 +418,10 @@ class MainWindow(QMainWindow):
 
     def _on_model_load_failed(self, source: str, message: str) -> None:
         self._end_loading()
+        if self.unattended:
+            self._set_banner(message, alert=True)
+            self._update_controls()
+            return
         show_error(self, "Model not loaded", message)
         if self.model_info is None and source != EMBEDDED and not self._fallback_tried:
             self._fallback_tried = True
