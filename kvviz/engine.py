@@ -6,15 +6,19 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
+from kvviz.counting import kv_with_cache, kv_without_cache
+from kvviz.errors import KvvizError
 from kvviz.kv_cache import KVCache
 from kvviz.model import GPT
+from kvviz.records import Candidate, RunPlan, StepRecord, describe_sampling
 from kvviz.tokenizer import Tokenizer, get_tokenizer
 
+__all__ = ["Candidate", "Engine", "GenerationError", "RunPlan", "SamplingSettings", "StepRecord", "generate_ids"]
 
-class GenerationError(ValueError):
+
+class GenerationError(KvvizError):
     """A generation request that cannot run (empty budget, prompt too long for the context)."""
 
 
@@ -35,84 +39,6 @@ class SamplingSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-@dataclass(frozen=True)
-class Candidate:
-    token_id: int
-    text: str
-    probability: float
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one forward pass really did.
-
-    Positions `fed_start .. fed_stop-1` were fed; every layer projected their keys and values
-    (`kv_computed[layer]` rows, counted inside the attention layers) and read
-    `kv_reused[layer]` rows from the cache (positions `0 .. fed_start-1` when cached, none
-    otherwise). The pass that feeds the last token into the cache emits no token
-    (`token_id is None`), as in the reference loop, so a cached run of N tokens makes N + 1
-    passes and computes P + N rows per layer; an uncached run makes N passes.
-
-    `with_cache_total` and `without_cache_total` put each run beside its counterpart: a cached
-    run counts the rows it projected and, for "without cache", the rows it projected plus the
-    rows it read from the cache in every pass that chose a token (what re-running the whole
-    sequence would have projected); an uncached run counts its projected rows and, for "with
-    cache", the positions a cached run would have projected by the same step: every token but
-    the newest, and all P + N once the run is finished.
-    """
-
-    step: int  # forward pass index, 0 for the first
-    use_cache: bool
-    prompt_tokens: int
-    fed_start: int
-    fed_stop: int
-    fed_token_ids: tuple[int, ...]
-    kv_computed: tuple[int, ...]  # per layer, this pass
-    kv_reused: tuple[int, ...]  # per layer, this pass
-    token_id: int | None  # the token this pass chose; None for the final cache-filling pass
-    token_text: str
-    candidates: tuple[Candidate, ...]
-    new_tokens: int  # tokens generated so far, this one included
-    sequence_length: int  # prompt + generated tokens after this pass
-    seconds: float  # wall time of the forward pass and the choice of token
-    kv_computed_total: int  # per layer, this run so far, measured
-    kv_reused_total: int  # per layer, this run so far, measured
-    with_cache_total: int  # per layer: K/V a cached run has computed at this point (P + N once finished)
-    without_cache_total: int  # per layer: K/V an uncached run computes for this much text
-    cache_bytes: int  # filled part of the KV cache after this pass (0 without cache)
-    n_layer: int
-    final: bool  # no pass follows in this run
-    stop_reason: str = ""  # set on the final record: why the run ended
-
-    @property
-    def avoided_total(self) -> int:
-        return self.without_cache_total - self.with_cache_total
-
-    def computed_positions(self, width: int | None = None) -> slice:
-        """Positions (below `width`) whose K/V this pass computed, in every layer."""
-        width = self.fed_stop if width is None else width
-        return slice(min(self.fed_start, width), min(self.fed_stop, width))
-
-    def reused_positions(self, width: int | None = None) -> slice:
-        """Positions (below `width`) whose K/V this pass read from the cache, in every layer."""
-        width = self.fed_stop if width is None else width
-        return slice(0, min(self.fed_start, width) if self.use_cache else 0)
-
-    def computed_mask(self, width: int | None = None) -> np.ndarray:
-        """(n_layer, width) booleans: K/V computed in this pass."""
-        width = self.fed_stop if width is None else width
-        mask = np.zeros((self.n_layer, width), dtype=bool)
-        mask[:, self.computed_positions(width)] = True
-        return mask
-
-    def reused_mask(self, width: int | None = None) -> np.ndarray:
-        """(n_layer, width) booleans: K/V read from the cache in this pass."""
-        width = self.fed_stop if width is None else width
-        mask = np.zeros((self.n_layer, width), dtype=bool)
-        mask[:, self.reused_positions(width)] = True
-        return mask
 
 
 class Engine:
@@ -177,19 +103,17 @@ class Engine:
         )
         return token, candidates
 
-    def generate(
+    def plan(
         self,
         prompt_ids: list[int],
         max_new_tokens: int,
         use_cache: bool = True,
         sampling: SamplingSettings | None = None,
-        top_candidates: int = 5,
-    ) -> Iterator[StepRecord]:
-        """Yield one StepRecord per forward pass, generating up to `max_new_tokens` tokens.
-
-        Stops early, cleanly, when the sequence reaches the context length: the final
-        record says so in `stop_reason`.
-        """
+        prompt: str | None = None,
+        model_name: str = "",
+        run_id: int = 0,
+    ) -> RunPlan:
+        """Check a generation request now (GenerationError) and plan it: budget, passes, frames."""
         sampling = sampling or SamplingSettings()
         if max_new_tokens <= 0:
             raise GenerationError(f"max new tokens must be a positive integer, got {max_new_tokens}")
@@ -205,7 +129,57 @@ class Engine:
                 f"prompt token {outside[0]} is outside the model's vocabulary of {vocab_size} tokens"
             )
         budget = min(max_new_tokens, self.n_ctx - P)
-        stop_reason = "max_new_tokens" if budget == max_new_tokens else "context_full"
+        return RunPlan(
+            prompt=self.tokenizer.decode(list(prompt_ids)) if prompt is None else prompt,
+            prompt_ids=tuple(prompt_ids),
+            prompt_labels=tuple(self.tokenizer.token_label(i) for i in prompt_ids),
+            model_name=model_name or self.model.config.name,
+            n_layer=self.model.config.n_layer,
+            n_ctx=self.n_ctx,
+            use_cache=use_cache,
+            max_new_tokens=max_new_tokens,
+            budget=budget,
+            passes=budget + 1 if use_cache else budget,
+            width=P + budget,
+            final_with_cache=kv_with_cache(P, budget),
+            final_without_cache=kv_without_cache(P, budget),
+            stop_reason="max_new_tokens" if budget == max_new_tokens else "context_full",
+            sampling=describe_sampling(sampling.temperature, sampling.top_k, sampling.seed),
+            run_id=run_id,
+        )
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        use_cache: bool = True,
+        sampling: SamplingSettings | None = None,
+        top_candidates: int = 5,
+    ) -> Iterator[StepRecord]:
+        """Check the request now (GenerationError), then return its records, one per forward pass."""
+        plan = self.plan(prompt_ids, max_new_tokens, use_cache, sampling)
+        return self.run(plan, sampling, top_candidates)
+
+    def run(
+        self, plan: RunPlan, sampling: SamplingSettings | None = None, top_candidates: int = 5
+    ) -> Iterator[StepRecord]:
+        """Yield one StepRecord per forward pass of `plan` (from `plan`), generating `plan.budget` tokens.
+
+        Stops cleanly at the context length: the final record says so in `stop_reason`. The KV
+        cache lives in `self.kv_cache` while the run goes on, and is released when it ends.
+        """
+        cache = self._new_cache(plan.width) if plan.use_cache else None
+        self.kv_cache = cache
+        try:
+            yield from self._passes(plan, cache, sampling or SamplingSettings(), top_candidates)
+        finally:
+            if self.kv_cache is cache:  # a later run may own the engine's cache by now
+                self.kv_cache = None
+
+    def _passes(
+        self, plan: RunPlan, cache: KVCache | None, sampling: SamplingSettings, top_candidates: int
+    ) -> Iterator[StepRecord]:
+        P, budget, use_cache, stop_reason = plan.prompt_tokens, plan.budget, plan.use_cache, plan.stop_reason
         generator = None
         if not sampling.greedy:
             generator = torch.Generator(device=self.device)
@@ -216,8 +190,7 @@ class Engine:
 
         model = self.model
         n_layer = model.config.n_layer
-        tokens = list(prompt_ids)
-        self.kv_cache = self._new_cache(P + budget) if use_cache else None
+        tokens = list(plan.prompt_ids)
         model.reset_kv_counters()
         decode_weights = model.decode_weights() if use_cache else None
         computed_total = reused_total = without_total = 0
@@ -229,7 +202,7 @@ class Engine:
                 if generated == budget and not use_cache:
                     return
                 if use_cache:
-                    fed_start = self.kv_cache.length
+                    fed_start = cache.length
                 else:
                     fed_start = 0
                 fed_stop = len(tokens)
@@ -238,11 +211,11 @@ class Engine:
                 before = model.kv_rows_projected()
                 started = time.perf_counter()
                 if use_cache and len(fed) == 1:
-                    logits = model.decode_one(fed[0], fed_start, self.kv_cache, decode_weights)[0]  # (V,)
+                    logits = model.decode_one(fed[0], fed_start, cache, decode_weights)[0]  # (V,)
                 else:
                     idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
                     positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
-                    logits = model(idx, positions, self.kv_cache, last_only=True)[0, -1]  # (V,)
+                    logits = model(idx, positions, cache, last_only=True)[0, -1]  # (V,)
                 if flush:
                     token, candidates = None, ()
                 else:
@@ -278,7 +251,7 @@ class Engine:
                     kv_reused_total=reused_total,
                     with_cache_total=computed_total if use_cache else len(tokens) - (0 if final else 1),
                     without_cache_total=without_total if use_cache else computed_total,
-                    cache_bytes=self.kv_cache.bytes_used if use_cache else 0,
+                    cache_bytes=cache.bytes_used if cache is not None else 0,
                     n_layer=n_layer,
                     final=final,
                     stop_reason=stop_reason if final else "",

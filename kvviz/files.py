@@ -1,0 +1,41 @@
+"""Writing files whole or not at all: every file kvviz writes goes through here."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+
+@contextlib.contextmanager
+def atomic_writer(path: Path | str) -> Iterator[BinaryIO]:
+    """A binary file to write `path` through: it replaces `path` only when the block ends without
+    an exception; otherwise nothing is left behind, not even the temporary file.
+
+    The temporary file sits beside `path` (same file system, so the final rename is atomic) and is
+    created with mode 0o666, so the process umask applies as for any new file: the umask itself is
+    never read or changed (other threads may be creating files meanwhile).
+    """
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def write_atomically(path: Path | str, data: bytes) -> Path:
+    """Write `data` to `path` whole or not at all (see `atomic_writer`); returns `path`."""
+    with atomic_writer(path) as handle:
+        handle.write(data)
+    return Path(path)

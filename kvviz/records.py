@@ -1,0 +1,150 @@
+"""Frozen records that cross from the engine to the views: the model, a run's plan, one record per pass.
+
+Torch-free and Qt-free (an import contract checks both), so the app's views can read them without
+importing the engine, and they can cross threads as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One of the likeliest next tokens of a pass, with its probability."""
+
+    token_id: int
+    text: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The loaded model, for the title bar, Help > About and the views."""
+
+    name: str
+    source: str
+    num_parameters: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    n_ctx: int
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the app asks the worker to run; `run_id` tags the run's plan and every record of it."""
+
+    run_id: int
+    prompt: str
+    use_cache: bool = True
+    max_new_tokens: int = 12
+    temperature: float = 0.0
+    top_k: int | None = None
+    seed: int | None = None
+
+
+def describe_sampling(temperature: float, top_k: int | None, seed: int | None) -> str:
+    """'greedy', or e.g. 'temperature 0.8, top-k 40, seed 1'."""
+    if temperature == 0:
+        return "greedy"
+    parts = [f"temperature {temperature:g}"]
+    if top_k:
+        parts.append(f"top-k {top_k}")
+    if seed is not None:
+        parts.append(f"seed {seed}")
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A validated run, planned by the engine before its first pass; views take it in `reset(plan)`.
+
+    Everything a view needs to frame the run comes from here, computed once: how many tokens the
+    run can generate (`budget`), how many forward passes that takes (`passes`: a cached run ends
+    with one more pass that feeds its last token into the cache), how wide the grid is, and the
+    final counts per layer, for charts that are framed before the run starts.
+    """
+
+    prompt: str
+    prompt_ids: tuple[int, ...]
+    prompt_labels: tuple[str, ...]  # one readable label per prompt token
+    model_name: str
+    n_layer: int
+    n_ctx: int
+    use_cache: bool
+    max_new_tokens: int  # as requested
+    budget: int  # tokens this run will generate: min(max_new_tokens, n_ctx - P)
+    passes: int  # forward passes: budget + 1 with the cache (the last fills it), budget without
+    width: int  # positions the run reaches: P + budget
+    final_with_cache: int  # K/V per layer a cached run has computed at the end: P + N
+    final_without_cache: int  # K/V per layer an uncached run has computed at the end: N*P + N(N-1)/2
+    stop_reason: str  # why the run will end: "max_new_tokens" or "context_full"
+    sampling: str  # describe_sampling(...)
+    run_id: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    def pass_follows_in_step(self, record: StepRecord) -> bool:
+        """True when the pass after `record` belongs to the same user step: the cache-filling
+        pass that follows a cached run's last token."""
+        return self.passes > self.budget and record.token_id is not None and record.new_tokens == self.budget
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one forward pass really did.
+
+    Positions `fed_start .. fed_stop-1` were fed; every layer projected their keys and values
+    (`kv_computed[layer]` rows, counted inside the attention layers) and read
+    `kv_reused[layer]` rows from the cache (positions `0 .. fed_start-1` when cached, none
+    otherwise). The pass that feeds the last token into the cache emits no token
+    (`token_id is None`), as in the reference loop, so a cached run of N tokens makes N + 1
+    passes and computes P + N rows per layer; an uncached run makes N passes.
+
+    `with_cache_total` and `without_cache_total` put each run beside its counterpart: a cached
+    run counts the rows it projected and, for "without cache", the rows it projected plus the
+    rows it read from the cache in every pass that chose a token (what re-running the whole
+    sequence would have projected); an uncached run counts its projected rows and, for "with
+    cache", the positions a cached run would have projected by the same step: every token but
+    the newest, and all P + N once the run is finished.
+    """
+
+    step: int  # forward pass index, 0 for the first
+    use_cache: bool
+    prompt_tokens: int
+    fed_start: int
+    fed_stop: int
+    fed_token_ids: tuple[int, ...]
+    kv_computed: tuple[int, ...]  # per layer, this pass
+    kv_reused: tuple[int, ...]  # per layer, this pass
+    token_id: int | None  # the token this pass chose; None for the final cache-filling pass
+    token_text: str
+    candidates: tuple[Candidate, ...]
+    new_tokens: int  # tokens generated so far, this one included
+    sequence_length: int  # prompt + generated tokens after this pass
+    seconds: float  # wall time of the forward pass and the choice of token
+    kv_computed_total: int  # per layer, this run so far, measured
+    kv_reused_total: int  # per layer, this run so far, measured
+    with_cache_total: int  # per layer: K/V a cached run has computed at this point (P + N once finished)
+    without_cache_total: int  # per layer: K/V an uncached run computes for this much text
+    cache_bytes: int  # filled part of the KV cache after this pass (0 without cache)
+    n_layer: int
+    final: bool  # no pass follows in this run
+    stop_reason: str = ""  # set on the final record: why the run ended
+
+    @property
+    def avoided_total(self) -> int:
+        return self.without_cache_total - self.with_cache_total
+
+    def computed_positions(self, width: int | None = None) -> slice:
+        """Positions (below `width`) whose K/V this pass computed, in every layer."""
+        width = self.fed_stop if width is None else width
+        return slice(min(self.fed_start, width), min(self.fed_stop, width))
+
+    def reused_positions(self, width: int | None = None) -> slice:
+        """Positions (below `width`) whose K/V this pass read from the cache, in every layer."""
+        width = self.fed_stop if width is None else width
+        return slice(0, min(self.fed_start, width) if self.use_cache else 0)
