@@ -34,3 +34,7 @@ def as_sentence(text: str) -> str:
     if first_word.isalpha() and first_word.islower():
         text = text[0].upper() + text[1:]
     return text if text.endswith((".", "!", "?")) else text + "."
+
+
+class DownloadCancelled(Exception):
+    """The user cancelled a model download (raised from a progress callback; not an error)."""

@@ -4,23 +4,41 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers_checkpoints import save_kvviz_folder, tiny_kvviz_model
-from PySide6.QtCore import QPoint, QPointF, QRectF, Qt
+from PySide6.QtCore import QPoint, QPointF, QRectF, QSettings, Qt
 from PySide6.QtGui import QFont, QFontMetricsF, QImage, QPainter, QRawFont
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QDialog, QFileDialog, QMessageBox, QWidget
 
-from kvviz.app import export, theme
-from kvviz.app.export import ExportDialog, ExportError, export_widget, png_size
-from kvviz.app.grid_view import KVGridView
-from kvviz.app.run_info import RunInfo
+import kvviz.files
+from kvviz.app import theme
+from kvviz.app.export import (
+    ExportDialog,
+    ExportError,
+    default_file_name,
+    export_widget,
+    make_caption,
+    parse_formats,
+    png_size,
+    run_export,
+    shorten_caption,
+)
+from kvviz.app.export import render as export_render
+from kvviz.app.export.caption import CAPTION_MAX_CHARS
+from kvviz.app.export.headless import VIEW_SIZE, build_view_area
+from kvviz.app.export.svg_repair import flatten_svg
 from kvviz.app.settings import app_settings
-from kvviz.app.work_chart import WorkChart
+from kvviz.app.views.kv_grid import KVGridView
+from kvviz.app.views.run_view import RunView
+from kvviz.app.views.work_chart import WorkChart
+from kvviz.errors import KvvizError
 
 SVG = "{http://www.w3.org/2000/svg}"
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
@@ -46,26 +64,30 @@ def distinct_colours(rgb_pixels: np.ndarray) -> int:
     return len(np.unique(packed))
 
 
+def near(rgb_pixels: np.ndarray, hex_colour: str, tolerance: int = 12) -> np.ndarray:
+    return np.abs(rgb_pixels - rgb(hex_colour)).max(axis=2) <= tolerance
+
+
 def count_near(rgb_pixels: np.ndarray, hex_colour: str, tolerance: int = 12) -> int:
-    return int((np.abs(rgb_pixels - rgb(hex_colour)).max(axis=2) <= tolerance).sum())
+    return int(near(rgb_pixels, hex_colour, tolerance).sum())
 
 
 @pytest.fixture(scope="module")
 def run():
-    """A tiny model's cached run: its RunInfo and every StepRecord."""
+    """A tiny model's cached run: its RunPlan (3 layers, 3 prompt tokens, 12 new) and every StepRecord."""
     from kvviz.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=3, n_head=2, n_embd=32, n_ctx=64))
-    ids = engine.encode_prompt(PROMPT)
-    info = RunInfo.from_engine(engine, PROMPT, ids, N, True, model_name="tiny")
-    return info, list(engine.generate(ids, N, True))
+    plan = engine.plan(engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name="tiny")
+    return plan, list(engine.run(plan))
 
 
-def fed(view, run):
-    info, records = run
-    view.reset(info)
-    for record in records:
-        view.apply_record(record)
+def fed(view, run, passes: int | None = None):
+    """`view` reset with the run's plan and given its first `passes` records (all by default), drawn."""
+    plan, records = run
+    view.reset(plan)
+    view.apply(records[:passes])
+    view.refresh()
     return view
 
 
@@ -153,11 +175,11 @@ def test_png_has_the_width_and_the_chart_colours(chart, tmp_path):
 def test_long_prompt_caption_stays_a_few_lines(chart, tmp_path):
     prompt = "To be, or not to be, that is the question:\n" * 60
     caption = f"\u201c{prompt}\u201d \u2014 tiny, step 4, 3 new tokens, with KV cache"
-    short = export.shorten_caption(caption)
+    short = shorten_caption(caption)
     assert short.endswith("\u201d \u2014 tiny, step 4, 3 new tokens, with KV cache") and "\n" not in short
-    assert len(short) <= export.CAPTION_MAX_CHARS and "\u2026" in short
-    assert export.make_caption(prompt, "tiny", 4, 3, True) == short
-    page = export._Page(chart, caption)
+    assert len(short) <= CAPTION_MAX_CHARS and "\u2026" in short
+    assert make_caption(prompt, "tiny", 4, 3, True) == short
+    page = export_render.Page(chart, caption)
     line = QFontMetricsF(page.font).lineSpacing()
     assert page.caption_height <= 3 * line + 2 * page.pad + 2
 
@@ -175,14 +197,27 @@ def test_png_scales_curve_pens_and_puts_them_back(chart, tmp_path):
     assert chart.layout_widget.cacheMode() == chart.layout_widget.CacheModeFlag.CacheBackground
 
 
-def test_png_grid_shows_cell_colours(grid, tmp_path, run):
-    image = QImage(str(export_widget(grid, tmp_path / "grid.png", width=2000)))
+def grid_columns(image: QImage) -> str:
+    """The exported grid's cell columns, read from the image alone, left to right: 'T' for a teal
+    column, 'A' for an amber one; the 1 px dark gaps between cells separate the columns."""
     px = pixels(image)
-    states = grid.cell_states()
+    teal, amber = near(px, theme.TEAL, 4), near(px, theme.AMBER, 4)
+    rows = (teal | amber).sum(axis=1) > 0.1 * px.shape[1]  # the grid's cell rows, not the legend's swatches
+    assert rows.sum() > 50, "no grid rows found in the image"
+    kinds = np.where(teal[rows].mean(axis=0) > 0.5, "T", np.where(amber[rows].mean(axis=0) > 0.5, "A", "."))
+    return "".join(run[0] for run in re.findall(r"T+|A+", "".join(kinds)))
+
+
+@pytest.mark.parametrize(("passes", "columns"), [
+    (1, "AAA"),  # the first pass computes the 3 prompt positions
+    (4, "TTTTTA"),  # pass 4 computes position 5 and reads positions 0-4 from the cache
+    (13, "T" * 14 + "A"),  # the cache-filling pass: 14 positions reused, the last one computed
+])
+def test_png_grid_at_step_k_shows_one_amber_column(passes, columns, qtbot, run, tmp_path):
+    grid = shown(qtbot, fed(KVGridView(), run, passes), 1000, 480)
+    image = QImage(str(export_widget(grid, tmp_path / "grid.png", width=2000)))
     assert image.width() == 2000
-    assert count_near(px, theme.TEAL, 4) > 1000  # the reused cells of the final step
-    assert count_near(px, theme.AMBER, 4) > 200  # its computed column
-    assert (states == 3).sum() > (states == 2).sum()
+    assert grid_columns(image) == columns
 
 
 # ----- SVG -----
@@ -193,7 +228,7 @@ def test_svg_parses_and_holds_the_curves_as_paths(chart, tmp_path):
     assert root.findall(f".//{SVG}image") == []  # no bitmap anywhere in the chart
     assert CAPTION in "".join(t.text or "" for t in root.iter(f"{SVG}text")).replace("\u00a0", " ")
     shapes = svg_stroke_shapes(root)
-    caption_height = export._Page(chart, CAPTION).caption_height
+    caption_height = export_render.Page(chart, CAPTION).caption_height
     drawn = {}
     for key, colour in (("without_cache", theme.AMBER), ("with_cache", theme.TEAL)):
         expected = expected_points(chart, key, caption_height)
@@ -219,11 +254,7 @@ def test_svg_parses_and_holds_the_curves_as_paths(chart, tmp_path):
 @pytest.fixture
 def view(qtbot, run):
     """The whole view as `kvviz export` lays it out: nested widgets, each at an offset."""
-    from kvviz.app.headless_export import VIEW_SIZE, build_view_area
-
-    area = build_view_area()
-    for part in area.views():
-        fed(part, run)
+    area = fed(build_view_area(), run)
     qtbot.addWidget(area)
     area.resize(*VIEW_SIZE)
     area.show()
@@ -314,7 +345,7 @@ def test_flatten_svg_bakes_transforms():
            b'transform="matrix(2,0,0,-3,10,90)"><polyline vector-effect="non-scaling-stroke" points="1,2 3,4 "/>'
            b'<path vector-effect="non-scaling-stroke" d="M0,0 L1,1 C2,2 3,3 4,4"/>'
            b'<text x="0" y="0">kept</text></g></svg>')
-    root = ET.fromstring(export._flatten_svg(raw))
+    root = ET.fromstring(flatten_svg(raw))
     groups = root.findall(f"{SVG}g")
     assert groups[0].get("transform") == "matrix(2,0,0,-3,10,90)" and groups[0][0].tag == f"{SVG}text"
     assert "transform" not in groups[1].attrib
@@ -328,7 +359,7 @@ def test_pdf_has_one_page_the_size_of_the_view(chart, grid, tmp_path):
     data = path.read_bytes()
     assert data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF")
     assert len(re.findall(rb"/Type\s*/Page\b", data)) == 1
-    page = export._Page(chart, CAPTION)
+    page = export_render.Page(chart, CAPTION)
     box = [float(v) for v in re.search(rb"/MediaBox\s*\[([^\]]*)\]", data).group(1).split()]
     assert abs(box[2] - box[0] - page.width) < 1 and abs(box[3] - box[1] - page.height) < 1
     grid_pdf = export_widget(grid, tmp_path / "grid.pdf").read_bytes()
@@ -359,7 +390,7 @@ def pdf_strokes(data: bytes) -> list[tuple[np.ndarray, np.ndarray]]:
 def test_pdf_holds_the_curves_as_paths(chart, tmp_path):
     data = export_widget(chart, tmp_path / "chart.pdf", caption=CAPTION).read_bytes()
     strokes = pdf_strokes(data)
-    caption_height = export._Page(chart, CAPTION).caption_height
+    caption_height = export_render.Page(chart, CAPTION).caption_height
     for key, colour in (("without_cache", theme.AMBER), ("with_cache", theme.TEAL)):
         expected = expected_points(chart, key, caption_height)
         matches = [pts for rgb_, pts in strokes
@@ -387,10 +418,14 @@ def test_read_only_folder_raises_and_leaves_nothing(chart, tmp_path, monkeypatch
     folder.chmod(0o555)
     try:
         if os.access(folder, os.W_OK):  # root writes anywhere: make the OS answer as it does for a user
-            def refuse(*_args, **_kwargs):
-                raise PermissionError(13, "Permission denied")
+            real_open = os.open
 
-            monkeypatch.setattr(export, "_open_temporary", refuse)
+            def refuse(path, *args, **kwargs):
+                if Path(path).parent == folder:
+                    raise PermissionError(13, "Permission denied")
+                return real_open(path, *args, **kwargs)
+
+            monkeypatch.setattr(kvviz.files.os, "open", refuse)
         with pytest.raises(ExportError, match="Permission denied") as info:
             export_widget(chart, folder / "chart.png")
         assert str(folder / "chart.png") in str(info.value)
@@ -402,15 +437,69 @@ def test_read_only_folder_raises_and_leaves_nothing(chart, tmp_path, monkeypatch
 def test_failed_rename_keeps_the_old_file_and_no_temporary(chart, tmp_path, monkeypatch):
     target = tmp_path / "chart.svg"
     target.write_text("old")
+    real_replace = os.replace
 
     def broken_replace(src, dst):
-        raise OSError(28, "No space left on device")
+        if Path(dst) == target:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
 
-    monkeypatch.setattr(export.os, "replace", broken_replace)
+    monkeypatch.setattr(kvviz.files.os, "replace", broken_replace)
     with pytest.raises(ExportError, match="No space left on device"):
         export_widget(chart, target)
     assert target.read_text() == "old"
     assert leftovers(tmp_path) == ["chart.svg"]
+
+
+def test_disk_full_midway_leaves_no_temporary(chart, tmp_path, monkeypatch):
+    """The temporary file exists, half written, when the disk fills: it goes, the old image stays."""
+    target = tmp_path / "chart.png"
+    target.write_text("old")
+    seen = []
+
+    def full(fd):
+        seen.append(sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kvviz.files.os, "fsync", full)
+    with pytest.raises(ExportError, match=re.escape(f"{target}: could not be written (No space left on device)")):
+        export_widget(chart, target, width=400)
+    assert len(seen) == 1 and len(seen[0]) == 1  # the temporary file was there
+    assert target.read_text() == "old" and leftovers(tmp_path) == ["chart.png"]
+
+
+@pytest.mark.parametrize("suffix", ["png", "svg", "pdf"])
+def test_render_failing_midway_writes_nothing(suffix, chart, tmp_path, monkeypatch):
+    """A drawing that raises after the caption is painted: no file, no temporary, the old image kept."""
+    real_paint = export_render.Page.paint
+
+    def paint_then_fail(self, painter):
+        real_paint(self, painter)
+        raise RuntimeError("drawing failed")
+
+    monkeypatch.setattr(export_render.Page, "paint", paint_then_fail)
+    (tmp_path / f"old.{suffix}").write_text("old")
+    for name in (f"chart.{suffix}", f"old.{suffix}"):
+        with pytest.raises(RuntimeError, match="drawing failed"):
+            export_widget(chart, tmp_path / name, caption=CAPTION)
+    assert leftovers(tmp_path) == [f"old.{suffix}"] and (tmp_path / f"old.{suffix}").read_text() == "old"
+    assert chart.layout_widget.cacheMode() == chart.layout_widget.CacheModeFlag.CacheBackground  # put back
+
+
+def test_exports_never_touch_the_umask(chart, grid, tmp_path, monkeypatch, qtbot):
+    """The worker thread may be creating files (the Hugging Face cache) while an image is written:
+    changing the process umask, even for a moment, would give its files the wrong permissions."""
+    calls = []
+    real_umask = os.umask
+    monkeypatch.setattr(os, "umask", lambda mask: calls.append(mask) or real_umask(mask))
+    for name in ("chart.png", "chart.svg", "chart.pdf"):
+        export_widget(chart, tmp_path / name, width=400, caption=CAPTION)
+    dialog = ExportDialog({"chart": chart, "grid": grid}, CAPTION, step=13, settings=app_settings())
+    qtbot.addWidget(dialog)
+    dialog.path_edit.setText(str(tmp_path / "grid.pdf"))
+    dialog.save_button.click()
+    assert dialog.written == tmp_path / "grid.pdf"
+    assert calls == []
 
 
 def test_bad_places_and_sizes_raise_one_line(chart, tmp_path, qtbot):
@@ -435,10 +524,12 @@ def test_bad_places_and_sizes_raise_one_line(chart, tmp_path, qtbot):
 
 
 def test_written_files_get_normal_permissions(chart, tmp_path):
-    path = export_widget(chart, tmp_path / "chart.pdf")
-    mask = os.umask(0)
-    os.umask(mask)
-    assert path.stat().st_mode & 0o777 == 0o666 & ~mask
+    old = os.umask(0o027)
+    try:
+        path = export_widget(chart, tmp_path / "chart.pdf")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o640
 
 
 # ----- the dialog -----
@@ -446,8 +537,9 @@ def test_written_files_get_normal_permissions(chart, tmp_path):
 def dialog_for(qtbot, chart, grid, tmp_path):
     app_settings().setValue("export/folder", str(tmp_path))
 
-    def make(**kwargs) -> ExportDialog:
-        dialog = ExportDialog({"chart": chart, "grid": grid, "view": chart}, CAPTION, **kwargs)
+    def make(caption: str = CAPTION, **kwargs) -> ExportDialog:
+        kwargs.setdefault("step", 13)
+        dialog = ExportDialog({"chart": chart, "grid": grid, "view": chart}, caption, **kwargs)
         qtbot.addWidget(dialog)
         dialog.show()
         qtbot.waitExposed(dialog)
@@ -549,54 +641,93 @@ def test_dialog_asks_before_replacing(dialog_for, tmp_path, monkeypatch):
     assert QImage(str(target)).width() == dialog.width_box.value()
 
 
-def test_context_menu_action_opens_the_dialog(qtbot, chart, monkeypatch):
-    opened = []
-    monkeypatch.setattr(ExportDialog, "exec", lambda self: opened.append((self.target(), self._caption)) or 0)
-    action = export.add_export_actions(chart.layout_widget, lambda: {"chart": chart, "grid": chart},
-                                       lambda: CAPTION, initial="grid")
-    assert chart.layout_widget.scene().contextMenu == [action]
-    action.trigger()
-    assert opened == [("grid", CAPTION)]
+def test_dialog_names_the_file_by_its_step_argument_only(dialog_for):
+    """A prompt that mentions a step must not name the file: only `step` does."""
+    caption = make_caption("Read step 5 of the manual", "tiny", 3, 3, True)
+    assert "step 5" in caption and "step 3" in caption
+    at_step_3 = dialog_for(caption=caption, step=3)
+    assert at_step_3.path().name == "kvviz-chart-step3.png"
+    no_step = dialog_for(caption=caption, step=None)
+    assert no_step.path().name == "kvviz-chart.png"
 
 
-def test_main_window_ctrl_e_exports_each_format(qtbot, app_model, tmp_path, monkeypatch):
-    from kvviz.app.main_window import MainWindow
+def test_dialog_settings_are_typed_and_go_to_the_given_store(qtbot, chart, tmp_path):
+    store = QSettings(str(tmp_path / "export.ini"), QSettings.Format.IniFormat)
+    for key, value in (("export/folder", str(tmp_path)), ("export/target", "nonsense"), ("export/format", "gif"),
+                       ("export/width", "99999"), ("export/caption", "maybe")):
+        store.setValue(key, value)
+    dialog = ExportDialog({"chart": chart}, CAPTION, step=2, settings=store)
+    qtbot.addWidget(dialog)
+    assert (dialog.target(), dialog.image_format(), dialog.width_box.value()) == ("chart", "png", 8192)
+    assert dialog.caption_box.isChecked() and dialog.path() == tmp_path / "kvviz-chart-step2.png"
+    dialog.width_box.setValue(640)
+    dialog.caption_box.setChecked(False)
+    dialog.save_button.click()
+    assert QImage(str(tmp_path / "kvviz-chart-step2.png")).width() == 640
+    saved = QSettings(str(tmp_path / "export.ini"), QSettings.Format.IniFormat)
+    assert saved.value("export/width") in (640, "640") and saved.value("export/caption") in (False, "false")
+    assert app_settings().value("export/width") is None  # the app's own settings untouched
 
-    window = MainWindow(app_model, PROMPT, settings=app_settings())
-    qtbot.addWidget(window)
-    window.show()
-    qtbot.waitUntil(lambda: window.run_info is not None, timeout=60_000)
-    for _ in range(4):
-        qtbot.keyClick(window, Qt.Key.Key_Space)
-    qtbot.waitUntil(lambda: window.last_record is not None and window.last_record.new_tokens == 4, timeout=60_000)
+
+def test_whole_run_view_exports_each_format_at_its_step(qtbot, app_model, tmp_path):
+    """What File > Export does after four steps of the embedded model, without the main window."""
+    from kvviz.engine import Engine
+    from kvviz.weights import load_model
+
+    loaded = load_model(app_model)
+    engine = Engine(loaded.model)
+    plan = engine.plan(engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name=loaded.name)
+    area = shown(qtbot, fed(RunView(), (plan, list(engine.run(plan))), 4), *VIEW_SIZE)
+    caption = make_caption(PROMPT, loaded.name, 4, 4, True)
+    targets = {"chart": area.chart, "grid": area.grid, "view": area}
     written = []
-    plans = [("view", "png"), ("chart", "svg"), ("grid", "pdf")]
-
-    def drive(self: ExportDialog) -> int:
-        target, fmt = plans.pop(0)
-        self.target_box.setCurrentIndex(self.target_box.findData(target))
-        self.format_box.setCurrentIndex(self.format_box.findData(fmt))
-        assert "step 4" in self.path().name or "step4" in self.path().name
-        self.path_edit.setText(str(tmp_path / self.path().name))
-        self.save_button.click()
-        written.append(self.written)
-        return self.result()
-
-    monkeypatch.setattr(ExportDialog, "exec", drive)
-    for _ in range(3):
-        qtbot.keyClick(window, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
-    names = [p.name for p in written]
-    assert names == ["kvviz-view-step4.png", "kvviz-chart-step4.svg", "kvviz-grid-step4.pdf"]
-    assert QImage(str(written[0])).width() == export.DEFAULT_PNG_WIDTH
+    for target, fmt in [("view", "png"), ("chart", "svg"), ("grid", "pdf")]:
+        dialog = ExportDialog(targets, caption, step=4, settings=app_settings())
+        qtbot.addWidget(dialog)
+        dialog.target_box.setCurrentIndex(dialog.target_box.findData(target))
+        dialog.format_box.setCurrentIndex(dialog.format_box.findData(fmt))
+        dialog.path_edit.setText(str(tmp_path / dialog.path().name))
+        dialog.save_button.click()
+        written.append(dialog.written)
+    assert [p.name for p in written] == ["kvviz-view-step4.png", "kvviz-chart-step4.svg", "kvviz-grid-step4.pdf"]
+    view_png = QImage(str(written[0]))
+    assert view_png.width() == 1920 and count_near(pixels(view_png), theme.TEAL) > 1000
+    assert "\u201cTime flies fast\u201d" in written[1].read_text(encoding="utf-8").replace("\u00a0", " ")
     assert svg_stroke_shapes(ET.parse(written[1]).getroot())
     assert written[2].read_bytes().startswith(b"%PDF")
-    window.close()
+
+
+# ----- captions, names, formats -----
+def test_captions_and_file_names():
+    head = "\u201cHi\u201d \u2014 gpt2, "
+    assert make_caption("Hi", "gpt2", 13, 12, True) == head + "step 13, 12 new tokens, with KV cache"
+    assert make_caption("Hi", "gpt2", 1, 1, False) == head + "step 1, 1 new token, without KV cache"
+    assert make_caption("Hi", "gpt2", None) == "\u201cHi\u201d \u2014 gpt2, before the first step"
+    assert make_caption("Hi", "gpt2", None, use_cache=True) == \
+        "\u201cHi\u201d \u2014 gpt2, before the first step, with KV cache"
+    assert default_file_name("grid", "svg", 7) == "kvviz-grid-step7.svg"
+    assert default_file_name("view", "png", None) == "kvviz-view.png"
+
+
+def test_parse_formats_one_parser_for_text_and_lists():
+    assert parse_formats(" PNG, .svg,,png ") == ["png", "svg"]
+    assert parse_formats(["pdf", "PNG"]) == ["pdf", "png"]
+    with pytest.raises(ExportError, match="unknown format 'gif'") as info:
+        parse_formats("png,gif")
+    assert isinstance(info.value, KvvizError)
+    with pytest.raises(ExportError, match="no image format"):
+        parse_formats(" , ")
+
+
+def test_importing_the_package_loads_no_torch():
+    code = "import sys, kvviz.app.export; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert out.stdout.strip() == "False"
 
 
 # ----- headless -----
 def test_run_export_writes_every_file(qtbot, tmp_path):
-    from kvviz.app.headless_export import run_export
-
     model = save_kvviz_folder(tmp_path / "tiny", n_layer=2, n_head=2, n_embd=32, n_ctx=64)
     out = tmp_path / "out" / "slides"
     paths = run_export(str(model), PROMPT, 5, out, ["png", "svg", "pdf"], width=800)
@@ -619,7 +750,6 @@ def test_run_export_writes_every_file(qtbot, tmp_path):
 
 
 def test_run_export_rejects_bad_input_in_one_line(qtbot, tmp_path):
-    from kvviz.app.headless_export import run_export
     from kvviz.weights import ModelLoadError
 
     file = tmp_path / "file"

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz import __version__
-from kvviz.app.run_info import ModelInfo
+from kvviz.records import ModelInfo
 
 
 def show_error(parent: QWidget | None, title: str, message: str) -> None:

@@ -44,7 +44,8 @@ def run_gui_bench(
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from kvviz.app.main_window import SPEEDS, MainWindow
+    from kvviz.app.controls import SPEEDS
+    from kvviz.app.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     with tempfile.TemporaryDirectory(prefix="kvviz-bench-") as settings_dir:
@@ -81,32 +82,25 @@ def run_gui_bench(
                 raise GuiBenchError(f"the GUI benchmark timed out waiting for {what}")
 
         try:
-            wait(lambda: window.model_info is not None or window.banner.property("alert") == "true", "the model")
-            if window.model_info is None:
+            session = window.session
+            wait(lambda: session.model_info is not None or window.banner.property("alert") == "true", "the model")
+            if session.model_info is None:
                 raise GuiBenchError(window.banner.text())
-            window._applying_settings = True
-            window.cache_check.setChecked(True)
-            window.temperature_spin.setValue(0.0)
-            window.max_new_spin.setValue(new_tokens)
-            window.speed_slider.setValue(SPEEDS.index(0.0))
-            window._applying_settings = False
+            window.controls.set_speed_index(SPEEDS.index(0.0))
 
             def prepared_run(n: int) -> None:
-                window.max_new_spin.blockSignals(True)
-                window.max_new_spin.setValue(n)
-                window.max_new_spin.blockSignals(False)
-                window.run_info = None
+                window.controls.set_run_settings(use_cache=True, max_new_tokens=n, temperature=0.0)
                 window.reset_run()
-                wait(lambda: window.run_info is not None or window.banner.isVisible(), "the run")
-                if window.run_info is None:
+                wait(lambda: session.plan is not None or window.banner.isVisible(), "the run")
+                if session.plan is None:
                     raise GuiBenchError(window.banner.text())
 
             prepared_run(WARMUP_TOKENS)  # first passes allocate; keep them out of both measurements
             window.toggle_play()
-            wait(lambda: window._finished, "the warm-up run")
+            wait(lambda: session.finished, "the warm-up run")
             from kvviz.engine import Engine
 
-            loaded = window.controller.worker.loaded_model
+            loaded = session.controller.worker.loaded_model
             headless_engine = Engine(loaded.model)  # the same weights, driven from this thread while the worker idles
             prompt_ids = headless_engine.encode_prompt(prompt)
 
@@ -125,7 +119,7 @@ def run_gui_bench(
                 tokens = headless_tokens(new_tokens)
                 headless_runs.append({"seconds": time.perf_counter() - t0, "tokens": tokens})
             window.redraw()
-            stop_reason = window.last_record.stop_reason if window.last_record else ""
+            stop_reason = session.last_record.stop_reason if session.last_record else ""
         finally:
             window.close()
             window.deleteLater()  # while Qt is alive: left to interpreter teardown it can segfault
@@ -153,6 +147,7 @@ def run_gui_bench(
         "max_stall_ms": round(max(r["max_stall_ms"] for r in gui_runs), 2),
         "stall_timer_ms": STALL_TIMER_MS,
         "max_redraw_ms": round(max(r["max_redraw_ms"] for r in gui_runs), 2),
+        "max_slice_ms": round(max(r["max_slice_ms"] for r in gui_runs), 2),
         "stalls_over_50ms": sum(r["stalls_over_50ms"] for r in gui_runs),
         "gui_thread_cpu_share": round(best_gui["gui_thread_cpu_seconds"] / best_gui["seconds"], 4),
         "window_shown_seconds": round(window_shown_seconds, 4),
@@ -179,9 +174,9 @@ def _timed_gui_run(window, wait, prepared_run, new_tokens: int) -> dict:
     stall_timer.timeout.connect(tick)
     records = []
     finished_at: list[float] = []
-    worker = window.controller.worker
+    session = window.session
 
-    def keep(run_id, record) -> None:
+    def keep(record) -> None:
         records.append(record)
 
     def done(_record) -> None:  # emitted on the GUI thread once it has taken the final record
@@ -189,18 +184,18 @@ def _timed_gui_run(window, wait, prepared_run, new_tokens: int) -> dict:
 
     window.run_done.connect(done)
 
-    worker.step_computed.connect(keep)
-    window.max_redraw_ms = 0.0
+    session.record_computed.connect(keep)
+    window.scheduler.max_redraw_ms = window.scheduler.max_slice_ms = 0.0
     t0 = time.perf_counter()
     cpu0 = time.thread_time()
     clock.start()
     stall_timer.start()
     window.toggle_play()
-    wait(lambda: window._finished, "the autoplay run", window.run_done)
+    wait(lambda: session.finished, "the autoplay run", window.run_done)
     gui_cpu_seconds = time.thread_time() - cpu0
     seconds = finished_at[-1] - t0  # to the GUI thread taking the final record, not to the next poll
     stall_timer.stop()
-    worker.step_computed.disconnect(keep)
+    session.record_computed.disconnect(keep)
     window.run_done.disconnect(done)
     stalls = gaps[1:]
     return {
@@ -208,7 +203,8 @@ def _timed_gui_run(window, wait, prepared_run, new_tokens: int) -> dict:
         "tokens": [r.token_id for r in records if r.token_id is not None and r.use_cache],
         "max_stall_ms": max(stalls, default=0.0),
         "stalls_over_50ms": sum(1 for g in stalls if g > 50),
-        "max_redraw_ms": window.max_redraw_ms,
+        "max_redraw_ms": window.scheduler.max_redraw_ms,
+        "max_slice_ms": window.scheduler.max_slice_ms,
         "gui_thread_cpu_seconds": gui_cpu_seconds,
     }
 
@@ -223,6 +219,7 @@ def format_report(result: dict) -> str:
         f"ratio          {result['ratio']:.3f} (GUI / headless)",
         f"max GUI stall  {result['max_stall_ms']:.1f} ms{' over all runs' if result['repeat'] > 1 else ''} "
         f"(largest gap between ticks of a {result['stall_timer_ms']} ms timer)",
+        f"slowest redraw {result['max_redraw_ms']:.1f} ms, slowest slice of it {result['max_slice_ms']:.1f} ms",
         f"GUI thread     {100 * result['gui_thread_cpu_share']:.1f}% of a core during the fastest GUI run",
         f"window shown   {result['window_shown_seconds']:.2f} s after start"
         f"{' (torch already imported)' if result['torch_loaded_when_shown'] else ' (before torch was imported)'}",

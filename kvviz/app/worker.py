@@ -1,7 +1,7 @@
 """The one background worker: loads models and runs the engine, one step per command, on a QThread.
 
 The GUI never touches torch: it sends commands through queued signals and receives frozen
-records (StepRecord, ModelInfo, RunInfo) back. torch, the engine and the weights are
+records (ModelInfo, RunPlan, StepRecord from kvviz.records) back. torch, the engine and the weights are
 imported inside the worker thread, so the window shows before they load.
 """
 
@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
-from kvviz.app.run_info import ModelInfo, RunInfo, RunRequest
+from kvviz.errors import DownloadCancelled, as_sentence, first_line, is_out_of_memory
+from kvviz.records import ModelInfo, RunPlan, RunRequest, StepRecord
 
 if TYPE_CHECKING:
-    from kvviz.engine import Engine, StepRecord
+    from kvviz.engine import Engine
 
 WORKER_NICENESS = 10  # the model runs this far below the GUI's scheduling priority (Linux)
 # The worker takes the GIL back between torch ops, the GUI thread between paints; Python's default
@@ -30,6 +31,30 @@ GIL_SWITCH_INTERVAL_S = 0.001
 _THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
 
 
+class _FastGilHandover:
+    """Python's GIL switch interval at GIL_SWITCH_INTERVAL_S while any worker thread exists,
+    and back to what it was once the last one has ended."""
+
+    def __init__(self) -> None:
+        self._holders = 0
+        self._before = sys.getswitchinterval()
+
+    def acquire(self) -> bool:
+        if self._holders == 0:
+            self._before = sys.getswitchinterval()
+            sys.setswitchinterval(min(self._before, GIL_SWITCH_INTERVAL_S))
+        self._holders += 1
+        return True
+
+    def release(self) -> None:
+        self._holders -= 1
+        if self._holders == 0:
+            sys.setswitchinterval(self._before)
+
+
+_fast_gil_handover = _FastGilHandover()
+
+
 def running_threads() -> list[QThread]:
     """Worker threads still running (tests fail if any outlives its test)."""
     return [t for t in list(_THREADS) if t.isRunning()]
@@ -37,10 +62,6 @@ def running_threads() -> list[QThread]:
 
 class StepAborted(Exception):
     """Raised inside a forward pass when the window is closing."""
-
-
-class DownloadCancelled(Exception):
-    """Raised from the download progress callback when the user cancels."""
 
 
 def lower_thread_priority(niceness: int = WORKER_NICENESS) -> bool:
@@ -58,26 +79,21 @@ def lower_thread_priority(niceness: int = WORKER_NICENESS) -> bool:
 
 def describe_load_error(source: str, exc: BaseException) -> str:
     """One sentence for a model that failed to load."""
-    from kvviz.weights import ModelLoadError
+    from kvviz.errors import KvvizError
 
     label = source or "the embedded model"
-    if isinstance(exc, ModelLoadError):
-        text = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-        return text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")
-    message = str(exc).lower()
-    if isinstance(exc, MemoryError) or "out of memory" in message or "can't allocate memory" in message:
+    if isinstance(exc, KvvizError):
+        return as_sentence(first_line(exc))
+    if is_out_of_memory(exc):
         return f"Not enough memory to load {label}; choose a smaller model."
-    first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-    return f"Could not load {label}: {first}."
+    return f"Could not load {label}: {first_line(exc)}."
 
 
 def describe_run_error(model_name: str, exc: BaseException) -> str:
     """One sentence for a generation step that failed."""
-    message = str(exc).lower()
-    if isinstance(exc, MemoryError) or "out of memory" in message or "can't allocate memory" in message:
+    if is_out_of_memory(exc):
         return f"Not enough memory to continue with {model_name}; lower max new tokens or choose a smaller model."
-    first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-    return f"Generation with {model_name} stopped: {first}."
+    return f"Generation with {model_name} stopped: {first_line(exc)}."
 
 
 class GenerationWorker(QObject):
@@ -89,10 +105,10 @@ class GenerationWorker(QObject):
 
     model_loading = Signal(str)  # source being loaded
     download_progressed = Signal(int, int)  # bytes done, bytes total
-    model_loaded = Signal(object)  # ModelInfo
+    model_loaded = Signal(str, object)  # source as requested, ModelInfo
     model_load_failed = Signal(str, str)  # source, one-sentence message
     model_load_cancelled = Signal(str)  # source
-    run_started = Signal(object)  # RunInfo
+    run_started = Signal(object)  # RunPlan (its run_id is the request's)
     run_failed = Signal(int, str)  # run_id, one-sentence message
     step_computed = Signal(int, object)  # run_id, StepRecord
     run_finished = Signal(int, object)  # run_id, final StepRecord
@@ -105,7 +121,7 @@ class GenerationWorker(QObject):
         self._engine: Engine | None = None
         self._loaded = None  # kvviz.weights.LoadedModel
         self._records: Iterator[StepRecord] | None = None
-        self._run: RunInfo | None = None
+        self._run: RunPlan | None = None
         self._interval_ms = 0
         self._play_timer = QTimer(self)
         self._play_timer.setSingleShot(True)
@@ -145,18 +161,18 @@ class GenerationWorker(QObject):
                 self._compute_threads_set = True
             loaded = load_model(source or None, progress=self._on_download_progress)
             engine = Engine(loaded.model, get_tokenizer())
-        except DownloadCancelled:
-            self.model_load_cancelled.emit(source)
-            return
         except Exception as exc:  # any failure keeps the previous model; the GUI says why in one sentence
-            self.model_load_failed.emit(source, describe_load_error(source, exc))
+            if isinstance(exc, DownloadCancelled):
+                self.model_load_cancelled.emit(source)
+            else:
+                self.model_load_failed.emit(source, describe_load_error(source, exc))
             return
         self._release_model()
         self._engine, self._loaded = engine, loaded
         self._records, self._run = None, None
         loaded.model.before_block = self._check_abort
         config = loaded.config
-        self.model_loaded.emit(ModelInfo(
+        self.model_loaded.emit(source, ModelInfo(
             name=loaded.name, source=loaded.source, num_parameters=loaded.num_parameters,
             n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd, n_ctx=config.n_ctx,
         ))
@@ -171,8 +187,13 @@ class GenerationWorker(QObject):
             raise StepAborted()
 
     def _release_model(self) -> None:
+        """Detach the current model: it stops calling into this worker and drops its inference buffers."""
         if self._loaded is not None:
-            self._loaded.model.before_block = None
+            model = self._loaded.model
+            model.before_block = None
+            release = getattr(model, "release_inference_buffers", None)
+            if release is not None:
+                release()
 
     # ----- runs -----
     @Slot(object)
@@ -186,20 +207,15 @@ class GenerationWorker(QObject):
         from kvviz.engine import GenerationError, SamplingSettings
 
         engine = self._engine
-        try:
+        try:  # every check runs here, before run_started: a bad request never resets the views
             sampling = SamplingSettings(request.temperature, request.top_k, request.seed)
-            ids = engine.encode_prompt(request.prompt)
-            records = engine.generate(ids, request.max_new_tokens, request.use_cache, sampling)
+            plan = engine.plan(engine.encode_prompt(request.prompt), request.max_new_tokens, request.use_cache,
+                               sampling, prompt=request.prompt, model_name=self._loaded.name, run_id=request.run_id)
         except GenerationError as exc:
-            text = str(exc)
-            self.run_failed.emit(request.run_id, text[0].upper() + text[1:] + ".")
+            self.run_failed.emit(request.run_id, as_sentence(first_line(exc)))
             return
-        info = RunInfo.from_engine(
-            engine, request.prompt, ids, request.max_new_tokens, request.use_cache, self._loaded.name,
-            RunInfo.describe_sampling(request.temperature, request.top_k, request.seed), request.run_id,
-        )
-        self._records, self._run = records, info
-        self.run_started.emit(info)
+        self._records, self._run = engine.run(plan, sampling), plan
+        self.run_started.emit(plan)
 
     @Slot()
     def step(self) -> None:
@@ -211,7 +227,7 @@ class GenerationWorker(QObject):
         try:
             record = next(self._records)
             self.step_computed.emit(run.run_id, record)
-            if run.use_cache and not record.final and record.token_id is not None and record.new_tokens >= run.budget:
+            if run.pass_follows_in_step(record):
                 record = next(self._records)
                 self.step_computed.emit(run.run_id, record)
         except StepAborted:
@@ -286,7 +302,7 @@ class WorkerController(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
+        self._holds_switch_interval = _fast_gil_handover.acquire()
         self.thread = QThread()
         self.thread.setObjectName("kvviz-worker")
         self.worker = GenerationWorker()
@@ -328,13 +344,23 @@ class WorkerController(QObject):
     def stop(self, timeout_ms: int = 1000) -> bool:
         """Abort the current pass, finish the thread and wait for it; True when it has ended."""
         if not self.thread.isRunning():
+            self._restore_switch_interval()
             return True
         self.worker.abort.set()
         self.worker.cancel_download.set()
         self.shutdown_requested.emit()
         self.thread.quit()
-        return self.thread.wait(timeout_ms)
+        ended = self.thread.wait(timeout_ms)
+        if ended:
+            self._restore_switch_interval()
+        return ended
 
     def wait(self) -> None:
         """Block until the thread has ended (after `stop` ran out of time during an uninterruptible load)."""
         self.thread.wait()
+        self._restore_switch_interval()
+
+    def _restore_switch_interval(self) -> None:
+        if self._holds_switch_interval:
+            self._holds_switch_interval = False
+            _fast_gil_handover.release()

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
 
 from kvviz.app import theme
-from kvviz.app.run_info import RunInfo
-
-if TYPE_CHECKING:
-    from kvviz.engine import StepRecord
+from kvviz.records import RunPlan, StepRecord
 
 ROWS = ("with_cache", "without_cache", "avoided", "ratio")
 ROW_TITLES = {
@@ -37,7 +34,7 @@ def _fmt(value: int) -> str:
 class CounterPanel(QFrame):
     """K/V computations in the lab's unit (per layer, per token position), all-layers total beside.
 
-    Use: `reset(info)`, then `apply_record(record)` (`redraw=False` plus `refresh()` to coalesce).
+    A view (views.base.RunViewProtocol): `reset(plan)`, `apply(records)`, `refresh()`.
     The numbers are the record's measured totals, the same as `kvviz count` gives for P and N.
     `values()` returns what is shown.
     """
@@ -47,7 +44,7 @@ class CounterPanel(QFrame):
         self.setObjectName("counter")
         self.setStyleSheet("QFrame#counter { border: 1px solid #3C4350; border-radius: 6px; background: #20242B; }"
                            " QFrame#counter QLabel { background: transparent; border: none; }")
-        self._info: RunInfo | None = None
+        self._plan: RunPlan | None = None
         self._record: StepRecord | None = None
         self._dirty = False
         self._font_scale = 1.0
@@ -102,22 +99,21 @@ class CounterPanel(QFrame):
         self._apply_fonts()
         self.setMinimumWidth(MIN_WIDTH)
 
-    def reset(self, info: RunInfo) -> None:
-        self._info = info
+    def reset(self, plan: RunPlan) -> None:
+        self._plan = plan
         self._record = None
         self._dirty = True
         self.refresh()
 
-    def apply_record(self, record: StepRecord, redraw: bool = True) -> None:
-        self._record = record
-        self._dirty = True
-        if redraw:
-            self.refresh()
+    def apply(self, records: Sequence[StepRecord]) -> None:
+        if records:
+            self._record = records[-1]
+            self._dirty = True
 
     def values(self) -> dict[str, object]:
         """The shown numbers: per layer, all layers (None before the first step)."""
-        rec, info = self._record, self._info
-        if rec is None or info is None:
+        rec, plan = self._record, self._plan
+        if rec is None or plan is None:
             return {key: None for key in ("with_cache", "without_cache", "avoided", "ratio", "n_layer")}
         return {
             "with_cache": rec.with_cache_total,
@@ -136,11 +132,11 @@ class CounterPanel(QFrame):
         if not self._dirty:
             return
         self._dirty = False
-        info, rec = self._info, self._record
-        if info is None:
+        plan, rec = self._plan, self._record
+        if plan is None:
             return
-        self.all_layers_header.setText(f"all {info.n_layer} layers")
-        measured = "with_cache" if info.use_cache else "without_cache"
+        self.all_layers_header.setText(f"all {plan.n_layer} layers")
+        measured = "with_cache" if plan.use_cache else "without_cache"
         counted = "without_cache" if measured == "with_cache" else "with_cache"
         self.measured_note.setText(f"measured in this run: {ROW_TITLES[measured]}; "
                                    f"{ROW_TITLES[counted]} is counted for the same text")
@@ -148,7 +144,7 @@ class CounterPanel(QFrame):
             for key in ROWS:
                 self._per_layer[key].setText("\u2013")
                 self._all_layers[key].setText("\u2013")
-            self.progress.setText(f"P = {info.prompt_tokens} prompt tokens, N = 0 of {info.budget} new tokens")
+            self.progress.setText(f"P = {plan.prompt_tokens} prompt tokens, N = 0 of {plan.budget} new tokens")
             self.stop.hide()
             return
         v = self.values()
@@ -158,10 +154,10 @@ class CounterPanel(QFrame):
         self._per_layer["ratio"].setText(f"{v['ratio']:.2f}\u00d7")
         self._all_layers["ratio"].setText(f"{v['ratio']:.2f}\u00d7")
         fill = " + cache fill" if rec.token_id is None else ""
-        self.progress.setText(f"P = {info.prompt_tokens} prompt tokens, N = {rec.new_tokens} of {info.budget} "
+        self.progress.setText(f"P = {plan.prompt_tokens} prompt tokens, N = {rec.new_tokens} of {plan.budget} "
                               f"new tokens; step {rec.step + 1}{fill}")
         if rec.final:
-            reason = STOP_REASONS.get(rec.stop_reason, rec.stop_reason or "done").format(n_ctx=info.n_ctx)
+            reason = STOP_REASONS.get(rec.stop_reason, rec.stop_reason or "done").format(n_ctx=plan.n_ctx)
             alert = rec.stop_reason == "context_full"
             colour = theme.ALERT if alert else theme.TEAL
             self.stop.setStyleSheet(f"color: {colour}; font-weight: bold;")

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from kvviz.app import theme
-from kvviz.app.run_info import RunInfo, chip_text
-
-if TYPE_CHECKING:
-    from kvviz.engine import StepRecord
+from kvviz.app.views.base import chip_text
+from kvviz.records import RunPlan, StepRecord
 
 PAD_X, PAD_Y, GAP = 5.0, 3.0, 8.0
 MAX_ROWS = 2
@@ -25,7 +23,7 @@ class TokenStrip(QWidget):
     amber, and the chips fed to the model in the latest step are underlined in amber. Spaces show as
     a middle dot, newlines as a return arrow.
 
-    Use: `reset(info)`, then `apply_record(record)` (`redraw=False` plus `refresh()` to coalesce).
+    A view (views.base.RunViewProtocol): `reset(plan)`, `apply(records)`, `refresh()`.
     """
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -38,21 +36,20 @@ class TokenStrip(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self._apply_fonts()
 
-    def reset(self, info: RunInfo) -> None:
-        self._labels = [chip_text(label) for label in info.prompt_labels]
-        self._prompt_tokens = info.prompt_tokens
+    def reset(self, plan: RunPlan) -> None:
+        self._labels = [chip_text(label) for label in plan.prompt_labels]
+        self._prompt_tokens = plan.prompt_tokens
         self._fed = (0, 0)
         self._widths = [self._chip_width(text) for text in self._labels]
         self.update()
 
-    def apply_record(self, record: StepRecord, redraw: bool = True) -> None:
-        self._fed = (record.fed_start, record.fed_stop)
-        if record.token_id is not None:
-            text = chip_text(record.token_text)
-            self._labels.append(text)
-            self._widths.append(self._chip_width(text))
-        if redraw:
-            self.refresh()
+    def apply(self, records: Sequence[StepRecord]) -> None:
+        for record in records:
+            self._fed = (record.fed_start, record.fed_stop)
+            if record.token_id is not None:
+                text = chip_text(record.token_text)
+                self._labels.append(text)
+                self._widths.append(self._chip_width(text))
 
     def refresh(self) -> None:
         self.update()

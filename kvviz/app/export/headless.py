@@ -1,4 +1,7 @@
-"""`kvviz export`: run the engine without a window and write the chart, the grid and the whole view as images."""
+"""`kvviz export`: run the engine without a window and write the chart, the grid and the whole view as images.
+
+Torch, the engine and the widgets are imported only when `run_export` runs.
+"""
 
 from __future__ import annotations
 
@@ -8,31 +11,19 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvviz.app.export import DEFAULT_PNG_WIDTH, FORMATS, MAX_PNG_WIDTH, MIN_PNG_WIDTH, ExportError
+from kvviz.app.export.caption import default_file_name, make_caption
+from kvviz.app.export.files import DEFAULT_PNG_WIDTH, TARGETS, ExportError, check_png_width, parse_formats
 
 if TYPE_CHECKING:
-    from kvviz.app.run_view import RunView
+    from PySide6.QtWidgets import QApplication
+
+    from kvviz.app.views.run_view import RunView
+    from kvviz.engine import Engine
+    from kvviz.records import RunPlan
 
 CHART_SIZE = (1000, 640)  # logical pixels of each standalone view; PNGs scale the whole rendering to `width`
 GRID_SIZE = (1200, 620)
 VIEW_SIZE = (1600, 1000)
-
-
-def parse_formats(text: str | list[str]) -> list[str]:
-    """'png,svg' or ['png', 'svg'] -> ['png', 'svg'], checked, duplicates dropped."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    formats: list[str] = []
-    for item in items:
-        fmt = item.strip().lower().lstrip(".")
-        if not fmt:
-            continue
-        if fmt not in FORMATS:
-            raise ExportError(f"unknown format {item.strip()!r}; choose from {', '.join(FORMATS)}")
-        if fmt not in formats:
-            formats.append(fmt)
-    if not formats:
-        raise ExportError(f"no image format given; choose from {', '.join(FORMATS)}")
-    return formats
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -74,7 +65,7 @@ def _without_offscreen_chatter():
         qInstallMessageHandler(previous)
 
 
-def ensure_application():
+def ensure_application() -> QApplication:
     """The running QApplication, or a new one; offscreen when there is no display to draw on."""
     if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -89,7 +80,7 @@ def ensure_application():
 def build_view_area() -> RunView:
     """The main window's whole view (RunView), styled and sized for export."""
     from kvviz.app import theme
-    from kvviz.app.run_view import RunView
+    from kvviz.app.views.run_view import RunView
 
     area = RunView()
     area.setStyleSheet(theme.STYLESHEET)
@@ -103,70 +94,63 @@ def run_export(
     prompt: str,
     new_tokens: int,
     out_dir: Path,
-    formats: list[str],
+    formats: str | list[str],
     use_cache: bool = True,
     width: int = DEFAULT_PNG_WIDTH,
 ) -> list[Path]:
     """Generate `new_tokens` tokens and write kvviz-{chart,grid,view}-stepN.{fmt} into `out_dir`.
 
-    The views are the app's own (WorkChart, KVGridView, CounterPanel, TokenStrip), fed every
-    StepRecord of the run, and rendered offscreen with the caption (prompt, model, step).
-    Returns the written paths. Raises ValueError, ExportError, ModelLoadError or
-    GenerationError (all ValueError) with a one-line message for bad input.
+    The views are the app's own (WorkChart, KVGridView and the whole RunView), reset with the
+    engine's RunPlan, fed every StepRecord of the run, and rendered offscreen with the caption
+    (prompt, model, step). Returns the written paths. Raises ExportError, ModelLoadError or
+    GenerationError (all KvvizError) with a one-line message for bad input.
     """
     formats = parse_formats(formats)
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens <= 0:
         raise ExportError(f"new-tokens must be a positive integer, got {new_tokens}")
-    if isinstance(width, bool) or not isinstance(width, int) or not MIN_PNG_WIDTH <= width <= MAX_PNG_WIDTH:
-        raise ExportError(f"width must be {MIN_PNG_WIDTH} to {MAX_PNG_WIDTH} pixels, got {width}")
+    check_png_width(width, "width")
     out_dir = Path(out_dir).expanduser()
     _check_out_dir(out_dir)  # before the model loads; the folder itself is made once there is something to write
 
     app = ensure_application()
 
-    from kvviz.app.run_info import RunInfo
     from kvviz.engine import Engine
     from kvviz.weights import load_model
 
     loaded = load_model(model)
     engine = Engine(loaded.model)
-    prompt_ids = engine.encode_prompt(prompt)
-    info = RunInfo.from_engine(engine, prompt, prompt_ids, new_tokens, use_cache, model_name=loaded.name)
+    plan = engine.plan(engine.encode_prompt(prompt), new_tokens, use_cache, prompt=prompt, model_name=loaded.name)
 
     with _without_offscreen_chatter():
-        return _render_run(app, engine, info, prompt_ids, loaded.name, out_dir, formats, width)
+        return _render_run(app, engine, plan, out_dir, formats, width)
 
 
-def _render_run(app, engine, info, prompt_ids: list[int], model_name: str, out_dir: Path, formats: list[str],
+def _render_run(app: QApplication, engine: Engine, plan: RunPlan, out_dir: Path, formats: list[str],
                 width: int) -> list[Path]:
     from PySide6.QtCore import Qt
 
-    from kvviz.app.export import export_widget, make_caption
-    from kvviz.app.grid_view import KVGridView
-    from kvviz.app.work_chart import WorkChart
+    from kvviz.app.export.render import export_widget
+    from kvviz.app.views.kv_grid import KVGridView
+    from kvviz.app.views.work_chart import WorkChart
 
-    prompt, new_tokens, use_cache = info.prompt, info.max_new_tokens, info.use_cache
     chart, grid = WorkChart(), KVGridView()
     view = build_view_area()
-    view_parts = view.views()
     for widget in (chart, grid):
         widget.setStyleSheet(view.styleSheet())
-    views = (chart, grid, *view_parts)
+    views = (chart, grid, view)
     try:
         for v in views:
-            v.reset(info)
-        last = None
-        for record in engine.generate(prompt_ids, new_tokens, use_cache):
-            for v in views:
-                v.apply_record(record, redraw=False)
-            last = record
+            v.reset(plan)
+        records = list(engine.run(plan))
+        if not records:
+            raise ExportError("the run produced no step to export")
         for v in views:
+            v.apply(records)
             v.refresh()
 
-        if last is None:
-            raise ExportError("the run produced no step to export")
-        caption = make_caption(prompt, model_name, last.step + 1, last.new_tokens, use_cache)
+        last = records[-1]
         step = last.step + 1
+        caption = make_caption(plan.prompt, plan.model_name, step, last.new_tokens, plan.use_cache)
         targets = {"chart": (chart, CHART_SIZE), "grid": (grid, GRID_SIZE), "view": (view, VIEW_SIZE)}
         for widget, (w, h) in targets.values():
             widget.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen, True)  # even when a display is there
@@ -178,9 +162,10 @@ def _render_run(app, engine, info, prompt_ids: list[int], model_name: str, out_d
         except OSError as exc:
             raise ExportError(f"{out_dir}: cannot create the folder ({exc.strerror or exc})") from exc
         written: list[Path] = []
-        for name, (widget, _size) in targets.items():
+        for name in TARGETS:
+            widget = targets[name][0]
             for fmt in formats:
-                path = out_dir / f"kvviz-{name}-step{step}.{fmt}"
+                path = out_dir / default_file_name(name, fmt, step)
                 written.append(export_widget(widget, path, width if fmt == "png" else None, caption))
         return written
     finally:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import numpy as np
 import pyqtgraph as pg
@@ -11,10 +11,8 @@ from PySide6.QtGui import QAction, QCursor, QFont, QImage, QPixmap
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from kvviz.app import theme
-from kvviz.app.run_info import RunInfo, chip_text
-
-if TYPE_CHECKING:
-    from kvviz.engine import StepRecord
+from kvviz.app.views.base import chip_text
+from kvviz.records import RunPlan, StepRecord
 
 # Cell states, the values of `KVGridView.cell_states()`.
 EMPTY = 0  # the position does not exist yet
@@ -64,9 +62,8 @@ def state_swatch(state: int, colour_blind: bool, size: int = 14) -> QPixmap:
 class KVGridView(QWidget):
     """Which K/V exist, per layer and position, and what this forward pass did with them.
 
-    Use: `reset(info)` for a new run, then `apply_record(record)` for every StepRecord in
-    order. `apply_record(record, redraw=False)` only updates the state; `refresh()` draws it
-    (the main window coalesces redraws that way). Everything drawn comes from the records'
+    A view (views.base.RunViewProtocol): `reset(plan)`, `apply(records)`, `refresh()`.
+    Everything drawn comes from the plan's width and the records'
     `computed_positions` / `reused_positions`; nothing is re-derived here.
     """
 
@@ -74,7 +71,7 @@ class KVGridView(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self._info: RunInfo | None = None
+        self._plan: RunPlan | None = None
         self._framed_shape: tuple[int, int] | None = None  # (layers, width) the view box was last framed to
         self._ticks: tuple | None = None  # (left, bottom, label) last given to the axes
         self._colour_blind = False
@@ -138,13 +135,13 @@ class KVGridView(QWidget):
         self._apply_fonts()
 
     # ----- public interface -----
-    def reset(self, info: RunInfo) -> None:
-        """Start showing `info`'s run: prompt positions pending, the rest empty."""
-        self._info = info
-        shape = (info.n_layer, max(1, info.width))
-        self._labels = list(info.prompt_labels)
+    def reset(self, plan: RunPlan) -> None:
+        """Start showing `plan`'s run: prompt positions pending, the rest empty."""
+        self._plan = plan
+        shape = (plan.n_layer, max(1, plan.width))
+        self._labels = list(plan.prompt_labels)
         self._states = np.zeros(shape, dtype=np.uint8)
-        self._states[:, : info.prompt_tokens] = PENDING
+        self._states[:, : plan.prompt_tokens] = PENDING
         self._computed_at = np.full(shape, -1, dtype=np.int32)
         self._times_computed = np.zeros(shape, dtype=np.int32)
         self._times_reused = np.zeros(shape, dtype=np.int32)
@@ -152,10 +149,14 @@ class KVGridView(QWidget):
         self._dirty = True
         self.refresh()
 
-    def apply_record(self, record: StepRecord, redraw: bool = True) -> None:
-        """Take one forward pass into the grid; draw now unless `redraw` is False."""
-        if self._info is None:
-            raise RuntimeError("KVGridView.apply_record before reset(info)")
+    def apply(self, records: Sequence[StepRecord]) -> None:
+        """Take these forward passes into the grid, in order; `refresh()` draws them."""
+        if self._plan is None:
+            raise RuntimeError("KVGridView.apply before reset(plan)")
+        for record in records:
+            self._apply_one(record)
+
+    def _apply_one(self, record: StepRecord) -> None:
         width = self._states.shape[1]
         computed = np.s_[:, record.computed_positions(width)]  # every layer, these positions
         reused = np.s_[:, record.reused_positions(width)]
@@ -174,8 +175,6 @@ class KVGridView(QWidget):
                 states[:, new_position] = PENDING
         self._last = record
         self._dirty = True
-        if redraw:
-            self.refresh()
 
     def refresh(self) -> None:
         """Draw the current state if it changed since the last draw."""
@@ -209,7 +208,7 @@ class KVGridView(QWidget):
 
     def cell_info(self, layer: int, position: int) -> str:
         """What the hover tooltip says about one cell."""
-        if self._info is None or not (0 <= layer < self._states.shape[0] and 0 <= position < self._states.shape[1]):
+        if self._plan is None or not (0 <= layer < self._states.shape[0] and 0 <= position < self._states.shape[1]):
             return ""
         token = chip_text(self._labels[position]) if position < len(self._labels) else "(not generated yet)"
         lines = [f"layer {layer}, position {position}", f"token: {token}"]
@@ -219,7 +218,7 @@ class KVGridView(QWidget):
             lines.append("K/V not computed yet" if state == PENDING else "position does not exist yet")
         else:
             lines.append(f"K/V computed at step {at}")
-            if self._info.use_cache:
+            if self._plan.use_cache:
                 n = int(self._times_reused[layer, position])
                 lines.append(f"reused {n} time{'s' if n != 1 else ''} since")
             else:
@@ -282,13 +281,13 @@ class KVGridView(QWidget):
         self.plot_item.setLabel("bottom", title)
 
     def _update_title(self) -> None:
-        info, rec = self._info, self._last
-        if info is None:
+        plan, rec = self._plan, self._last
+        if plan is None:
             return
-        mode = "with cache" if info.use_cache else "without cache"
-        head = f"<b>K/V per layer and position</b> &nbsp; {info.n_layer} layers \u00d7 {info.width} positions, {mode}"
+        mode = "with cache" if plan.use_cache else "without cache"
+        head = f"<b>K/V per layer and position</b> &nbsp; {plan.n_layer} layers \u00d7 {plan.width} positions, {mode}"
         if rec is None:
-            detail = f"prompt of {info.prompt_tokens} tokens ready; press Space to compute step 1"
+            detail = f"prompt of {plan.prompt_tokens} tokens ready; press Space to compute step 1"
         else:
             fed = rec.fed_stop - rec.fed_start
             amber = f"<span style='color:{theme.AMBER}'>computed {fed} position{'s' if fed != 1 else ''}</span>"
@@ -323,7 +322,7 @@ class KVGridView(QWidget):
 
     def _on_mouse_moved(self, scene_pos: QPointF) -> None:
         vb = self.plot_item.getViewBox()
-        if self._info is None or not vb.sceneBoundingRect().contains(scene_pos):
+        if self._plan is None or not vb.sceneBoundingRect().contains(scene_pos):
             self._hover = None
             QToolTip.hideText()
             return

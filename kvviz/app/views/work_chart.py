@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import numpy as np
 import pyqtgraph as pg
@@ -11,11 +11,7 @@ from PySide6.QtGui import QAction, QFont, QFontMetrics
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from kvviz.app import theme
-from kvviz.app.run_info import RunInfo
-from kvviz.counting import kv_without_cache
-
-if TYPE_CHECKING:
-    from kvviz.engine import StepRecord
+from kvviz.records import RunPlan, StepRecord
 
 SERIES = ("without_cache", "with_cache", "ms_per_step", "cache_mib")
 SYMBOL_LIMIT = 40  # draw point markers while the run is this short
@@ -36,8 +32,9 @@ class WorkChart(QWidget):
     """Cumulative K/V computations per layer (amber without cache, teal with), growing live,
     and below them the measured milliseconds per step and the KV-cache memory.
 
-    Use: `reset(info)`, then `apply_record(record)` for every StepRecord in order
-    (`redraw=False` plus `refresh()` to coalesce redraws). `curve_data()` returns what is drawn.
+    A view (views.base.RunViewProtocol), drawn in two slices (`redraw_slices`): the work plot,
+    then the two small plots. The frames come from the plan, fixed for the whole run.
+    `curve_data()` returns what is drawn.
     The x axis is the forward pass ("step"); a cached run's last step fills the cache without
     emitting a token.
     """
@@ -46,7 +43,7 @@ class WorkChart(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self._info: RunInfo | None = None
+        self._plan: RunPlan | None = None
         self._font_scale = 1.0
         self._x: list[int] = []
         self._with: list[int] = []
@@ -101,11 +98,11 @@ class WorkChart(QWidget):
         self._apply_fonts()
 
     # ----- public interface -----
-    def reset(self, info: RunInfo) -> None:
-        self._info = info
+    def reset(self, plan: RunPlan) -> None:
+        self._plan = plan
         self._x, self._with, self._without, self._ms, self._mib = [], [], [], [], []
-        self.without_curve.opts["name"] = "without cache" + ("" if info.use_cache else " (measured)")
-        self.with_curve.opts["name"] = "with cache" + (" (measured)" if info.use_cache else "")
+        self.without_curve.opts["name"] = "without cache" + ("" if plan.use_cache else " (measured)")
+        self.with_curve.opts["name"] = "with cache" + (" (measured)" if plan.use_cache else "")
         self.legend.clear()
         self.legend.addItem(self.without_curve, self.without_curve.opts["name"])
         self.legend.addItem(self.with_curve, self.with_curve.opts["name"])
@@ -114,22 +111,26 @@ class WorkChart(QWidget):
         last_x = self._last_x()
         for plot in (self.work_plot, self.ms_plot, self.mem_plot):
             plot.setXRange(0, last_x, padding=0.02)
-        self.work_plot.setYRange(0, max(1, kv_without_cache(info.prompt_tokens, info.budget)), padding=0.05)
-        self.mem_note.setText("" if info.use_cache else "no cache in this run")
+        top = max(1, plan.final_without_cache, plan.final_with_cache)  # with one new token, P + N is the larger
+        self.work_plot.setYRange(0, top, padding=0.05)
+        self.mem_note.setText("" if plan.use_cache else "no cache in this run")
         self.mem_note.setPos(last_x / 2, 0.5)
         self._cost_tops = None
         self._dirty_work = self._dirty_cost = True
         self.refresh()
 
-    def apply_record(self, record: StepRecord, redraw: bool = True) -> None:
-        self._x.append(record.step + 1)
-        self._with.append(record.with_cache_total)
-        self._without.append(record.without_cache_total)
-        self._ms.append(record.seconds * 1000.0)
-        self._mib.append(record.cache_bytes / 2**20)
-        self._dirty_work = self._dirty_cost = True
-        if redraw:
-            self.refresh()
+    def apply(self, records: Sequence[StepRecord]) -> None:
+        for record in records:
+            self._x.append(record.step + 1)
+            self._with.append(record.with_cache_total)
+            self._without.append(record.without_cache_total)
+            self._ms.append(record.seconds * 1000.0)
+            self._mib.append(record.cache_bytes / 2**20)
+        if records:
+            self._dirty_work = self._dirty_cost = True
+
+    def redraw_slices(self) -> list:
+        return [self.refresh_work, self.refresh_cost]
 
     def refresh(self) -> None:
         """Draw whatever changed since the last draw."""
@@ -155,10 +156,10 @@ class WorkChart(QWidget):
         x = np.asarray(self._x, dtype=np.int64)
         self.ms_curve.setData(x, np.asarray(self._ms, dtype=np.float64))
         self.mem_curve.setData(x, np.asarray(self._mib, dtype=np.float64))
-        info = self._info
-        if info is not None:
+        plan = self._plan
+        if plan is not None:
             top_ms = _nice_ceiling(max(self._ms, default=1.0))
-            top_mib = _nice_ceiling(max(self._mib, default=0.0)) if info.use_cache else 1.0
+            top_mib = _nice_ceiling(max(self._mib, default=0.0)) if plan.use_cache else 1.0
             if (top_ms, top_mib) != self._cost_tops:  # 1-2-2.5-5 steps: a rare change, and a repaint of the axes
                 self._cost_tops = (top_ms, top_mib)
                 for plot, top in ((self.ms_plot, top_ms), (self.mem_plot, top_mib)):
@@ -167,8 +168,7 @@ class WorkChart(QWidget):
                     plot.getAxis("left").setTicks([[(v, f"{v:g}") for v in (0.0, top / 2, top)], []])
 
     def _last_x(self) -> int:
-        info = self._info
-        return max(1, info.budget + (1 if info.use_cache else 0)) if info is not None else 1
+        return max(1, self._plan.passes) if self._plan is not None else 1
 
     def curve_data(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The drawn series as (x, y): x is the step number (forward pass, from 1).

@@ -1,0 +1,74 @@
+"""The window's actions and menus, written once as a table: name, menu, text, keys."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QMainWindow
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One action: `name` keys its slot; `menu` None keeps it out of the menus (it still has its keys)."""
+
+    name: str
+    menu: str | None
+    text: str
+    keys: tuple[str, ...] = ()
+    checkable: bool = False
+    application_wide: bool = False
+    separator_before: bool = False
+
+
+ACTIONS = (
+    ActionSpec("open_file", "&File", "&Open checkpoint file\u2026", ("Ctrl+O",)),
+    ActionSpec("open_folder", "&File", "Open checkpoint &folder\u2026", ("Ctrl+Shift+O",)),
+    ActionSpec("choose_model", "&File", "Choose &model", ("Ctrl+M",)),
+    ActionSpec("export", "&File", "&Export\u2026", ("Ctrl+E",), separator_before=True),
+    ActionSpec("quit", "&File", "&Quit", ("Ctrl+Q",), application_wide=True, separator_before=True),
+    ActionSpec("step", "&Run", "&Step (one new token)", ("Space", "Right", "PgDown")),
+    ActionSpec("play", "&Run", "&Play / pause", ("P",)),
+    ActionSpec("faster", "&Run", "Play &faster", ("]",)),
+    ActionSpec("slower", "&Run", "Play &slower", ("[",)),
+    ActionSpec("reset", "&Run", "&Reset run", ("R",)),
+    ActionSpec("toggle_cache", "&Run", "Toggle KV &cache", ("C",), separator_before=True),
+    ActionSpec("edit_prompt", "&Run", "Edit &prompt", ("Ctrl+L",)),
+    ActionSpec("escape", None, "Leave prompt field / presenter mode", ("Esc",)),
+    ActionSpec("presenter", "&View", "&Presenter mode", ("F11",), checkable=True),
+    ActionSpec("colour_blind", "&View", "&Colour-blind patterns", ("B",), checkable=True),
+    ActionSpec("zoom_in", "&View", "Zoom &in", ("Ctrl+=", "Ctrl++"), separator_before=True),
+    ActionSpec("zoom_out", "&View", "Zoom &out", ("Ctrl+-",)),
+    ActionSpec("zoom_reset", "&View", "&Actual size", ("Ctrl+0",)),
+    ActionSpec("shortcuts", "&Help", "&Keyboard shortcuts", ("F1", "Ctrl+/")),
+    ActionSpec("about", "&Help", "&About kvviz"),
+)
+
+
+def build_actions(window: QMainWindow, slots: Mapping[str, Callable]) -> dict[str, QAction]:
+    """Create every action of ACTIONS on `window` (so its keys work with the menu bar hidden too),
+    connect it to `slots[name]` (checkable ones get the new state), and fill the menu bar."""
+    actions: dict[str, QAction] = {}
+    menus: dict[str, object] = {}
+    for spec in ACTIONS:
+        action = QAction(spec.text, window)
+        action.setShortcuts([QKeySequence(k) for k in spec.keys])
+        action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut if spec.application_wide
+                                  else Qt.ShortcutContext.WindowShortcut)
+        action.setCheckable(spec.checkable)
+        slot = slots[spec.name]
+        if spec.checkable:
+            action.toggled.connect(slot)
+        else:
+            action.triggered.connect(lambda _checked=False, slot=slot: slot())
+        window.addAction(action)
+        actions[spec.name] = action
+        if spec.menu is not None:
+            if spec.menu not in menus:
+                menus[spec.menu] = window.menuBar().addMenu(spec.menu)
+            if spec.separator_before:
+                menus[spec.menu].addSeparator()
+            menus[spec.menu].addAction(action)
+    return actions

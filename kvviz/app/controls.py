@@ -1,0 +1,206 @@
+"""The run controls: prompt, Step / Play / Reset, autoplay speed, and the run's settings."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDoubleSpinBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from kvviz.app.settings import AppSettings
+from kvviz.records import RunRequest
+
+SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 0.0)  # tokens per second for autoplay; 0 = as fast as possible
+
+
+@contextlib.contextmanager
+def signals_blocked(*objects: QObject) -> Iterator[None]:
+    """Set widgets without their change signals firing (as superqt's `signals_blocked`)."""
+    previous = [o.blockSignals(True) for o in objects]
+    try:
+        yield
+    finally:
+        for o, was in zip(objects, previous, strict=True):
+            o.blockSignals(was)
+
+
+class RunControls(QWidget):
+    """Everything the lecturer sets before and during a run; `request()` turns it into a RunRequest.
+
+    Signals: `step_clicked`, `play_clicked`, `reset_clicked`, `prompt_entered` (Enter in the prompt),
+    `request_changed` (a run setting changed: the run restarts up to the same token) and
+    `speed_changed` (autoplay interval in ms, 0 = full speed).
+    """
+
+    step_clicked = Signal()
+    play_clicked = Signal()
+    reset_clicked = Signal()
+    prompt_entered = Signal()
+    request_changed = Signal()
+    speed_changed = Signal(int)
+
+    def __init__(self, model_picker: QWidget, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("controlsArea")
+        self.prompt_edit = QLineEdit()
+        self.prompt_edit.setPlaceholderText("Prompt (empty: start from <|endoftext|>); Enter starts a fresh run")
+        self.prompt_edit.setClearButtonEnabled(True)
+        self.prompt_edit.returnPressed.connect(self.prompt_entered)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Prompt"))
+        top.addWidget(self.prompt_edit, 1)
+        top.addWidget(QLabel("Model"))
+        top.addWidget(model_picker)
+
+        self.step_button = self._button("Step \u25b8", "Compute one new token (Space, Right, PageDown)",
+                                        self.step_clicked)
+        self.step_button.setObjectName("primary")
+        self.play_button = self._button("Play", "Play / pause (P)", self.play_clicked)
+        self.reset_button = self._button("Reset", "Start the run again from the prompt (R)", self.reset_clicked)
+        self.speed_slider = QSlider(Qt.Orientation.Horizontal)
+        self.speed_slider.setRange(0, len(SPEEDS) - 1)
+        self.speed_slider.setFixedWidth(110)
+        self.speed_slider.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.speed_slider.valueChanged.connect(self._on_speed_changed)
+        self.speed_label = QLabel()
+        self.speed_label.setMinimumWidth(70)
+
+        self.cache_check = QCheckBox("KV cache")
+        self.cache_check.setChecked(True)
+        self.cache_check.setToolTip("Use the KV cache (C); turning it off recomputes every K/V at every step")
+        self.max_new_spin = self._spin(QSpinBox(), 1, 4096)
+        self.temperature_spin = self._spin(QDoubleSpinBox(), 0.0, 5.0, "greedy")
+        self.temperature_spin.setSingleStep(0.1)
+        self.temperature_spin.setDecimals(2)
+        self.temperature_spin.setToolTip("Temperature; 0 means greedy decoding")
+        self.top_k_spin = self._spin(QSpinBox(), 0, 50257, "off")
+        self.seed_spin = self._spin(QSpinBox(), 0, 2**31 - 1)
+        self.cache_check.toggled.connect(self.request_changed)
+
+        controls = QHBoxLayout()
+        for widget in (self.step_button, self.play_button, QLabel("speed"), self.speed_slider, self.speed_label,
+                       self.reset_button):
+            controls.addWidget(widget)
+        controls.addSpacing(16)
+        self.settings_row = QWidget()
+        row = QHBoxLayout(self.settings_row)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.cache_check)
+        for text, widget in (("max new tokens", self.max_new_spin), ("temperature", self.temperature_spin),
+                             ("top-k", self.top_k_spin), ("seed", self.seed_spin)):
+            row.addSpacing(8)
+            label = QLabel(text)
+            label.setObjectName("muted")
+            label.setBuddy(widget)
+            row.addWidget(label)
+            row.addWidget(widget)
+        controls.addWidget(self.settings_row)
+        controls.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(top)
+        layout.addLayout(controls)
+
+    def _button(self, text: str, tip: str, clicked: Signal) -> QPushButton:
+        button = QPushButton(text)
+        button.setToolTip(tip)
+        button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        button.clicked.connect(clicked)
+        return button
+
+    def _spin(self, spin: QSpinBox | QDoubleSpinBox, low: float, high: float, special: str = ""):
+        spin.setRange(low, high)
+        spin.setKeyboardTracking(False)
+        if special:
+            spin.setSpecialValueText(special)
+        spin.valueChanged.connect(self.request_changed)
+        return spin
+
+    def _run_widgets(self) -> tuple[QObject, ...]:
+        return (self.prompt_edit, self.cache_check, self.max_new_spin, self.temperature_spin, self.top_k_spin,
+                self.seed_spin)
+
+    # ----- requests and settings -----
+    def request(self) -> RunRequest:
+        """The run these controls describe (run_id 0: the session numbers runs)."""
+        temperature = float(self.temperature_spin.value())
+        return RunRequest(
+            run_id=0,
+            prompt=self.prompt_edit.text(),
+            use_cache=self.cache_check.isChecked(),
+            max_new_tokens=int(self.max_new_spin.value()),
+            temperature=temperature,
+            top_k=int(self.top_k_spin.value()) or None,
+            seed=int(self.seed_spin.value()) if temperature > 0 else None,
+        )
+
+    def set_run_settings(self, use_cache: bool | None = None, max_new_tokens: int | None = None,
+                         temperature: float | None = None) -> None:
+        """Change run settings without restarting the run (the caller starts the next one)."""
+        with signals_blocked(*self._run_widgets()):
+            if use_cache is not None:
+                self.cache_check.setChecked(use_cache)
+            if max_new_tokens is not None:
+                self.max_new_spin.setValue(max_new_tokens)
+            if temperature is not None:
+                self.temperature_spin.setValue(temperature)
+
+    def restore(self, settings: AppSettings, prompt: str | None = None) -> None:
+        """Show `settings` (and `prompt`, when given, instead of the remembered one) without restarting."""
+        with signals_blocked(*self._run_widgets()):
+            self.prompt_edit.setText(settings.prompt if prompt is None else prompt)
+            self.cache_check.setChecked(settings.use_cache)
+            self.max_new_spin.setValue(settings.max_new_tokens)
+            self.temperature_spin.setValue(settings.temperature)
+            self.top_k_spin.setValue(settings.top_k)
+            self.seed_spin.setValue(settings.seed)
+        self.speed_slider.setValue(settings.speed_index)
+        self._on_speed_changed(self.speed_slider.value())
+
+    def store(self, settings: AppSettings) -> None:
+        settings.prompt = self.prompt_edit.text()
+        settings.use_cache = self.cache_check.isChecked()
+        settings.max_new_tokens = int(self.max_new_spin.value())
+        settings.temperature = float(self.temperature_spin.value())
+        settings.top_k = int(self.top_k_spin.value())
+        settings.seed = int(self.seed_spin.value())
+        settings.speed_index = int(self.speed_slider.value())
+
+    # ----- state -----
+    def set_state(self, can_step: bool, playing: bool, can_reset: bool) -> None:
+        self.step_button.setEnabled(can_step)
+        self.play_button.setEnabled(can_step or playing)
+        self.play_button.setText("Pause" if playing else "Play")
+        self.reset_button.setEnabled(can_reset)
+
+    def interval_ms(self) -> int:
+        """Autoplay's interval between tokens; 0 = as fast as possible."""
+        speed = SPEEDS[self.speed_slider.value()]
+        return 0 if speed == 0 else int(round(1000 / speed))
+
+    def set_speed_index(self, index: int) -> None:
+        self.speed_slider.setValue(index)
+
+    def change_speed(self, steps: int) -> None:
+        self.speed_slider.setValue(self.speed_slider.value() + steps)
+
+    def _on_speed_changed(self, index: int) -> None:
+        speed = SPEEDS[index]
+        self.speed_label.setText("max" if speed == 0 else f"{speed:g} tok/s")
+        self.speed_changed.emit(self.interval_ms())
+
+    def focus_prompt(self) -> None:
+        self.prompt_edit.setFocus()
+        self.prompt_edit.selectAll()

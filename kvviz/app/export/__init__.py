@@ -1,0 +1,53 @@
+"""Images of the views for slides (PNG, SVG, PDF, with a caption): the File > Export... dialog and `kvviz export`.
+
+- `caption`: the caption and the default file names;
+- `render`: the views painted into PNG, SVG and PDF bytes, `export_widget`;
+- `svg_repair`: Qt's SVG output made viewer-proof;
+- `files`: formats, targets, `parse_formats`, `ExportError`, atomic writes;
+- `dialog`: `ExportDialog` and its remembered `ExportSettings`;
+- `headless`: `run_export`, the `kvviz export` command.
+
+Importing this package loads Qt but never torch (the engine loads inside `run_export`).
+"""
+
+from kvviz.app.export.caption import default_file_name, make_caption, shorten_caption
+from kvviz.app.export.dialog import ExportDialog, ExportSettings
+from kvviz.app.export.files import (
+    DEFAULT_PNG_WIDTH,
+    FORMAT_FILTERS,
+    FORMAT_LABELS,
+    FORMATS,
+    MAX_PNG_WIDTH,
+    MIN_PNG_WIDTH,
+    TARGET_LABELS,
+    TARGETS,
+    ExportError,
+    export_format,
+    parse_formats,
+)
+from kvviz.app.export.headless import ensure_application, run_export
+from kvviz.app.export.render import export_widget, png_size, render_png
+
+__all__ = [
+    "DEFAULT_PNG_WIDTH",
+    "FORMATS",
+    "FORMAT_FILTERS",
+    "FORMAT_LABELS",
+    "MAX_PNG_WIDTH",
+    "MIN_PNG_WIDTH",
+    "TARGETS",
+    "TARGET_LABELS",
+    "ExportDialog",
+    "ExportError",
+    "ExportSettings",
+    "default_file_name",
+    "ensure_application",
+    "export_format",
+    "export_widget",
+    "make_caption",
+    "parse_formats",
+    "png_size",
+    "render_png",
+    "run_export",
+    "shorten_caption",
+]

@@ -1,0 +1,38 @@
+"""The caption drawn above an exported view, and the file names exports get. Qt-free."""
+
+from __future__ import annotations
+
+import re
+
+CAPTION_PROMPT_CHARS = 100  # longer prompts are elided in the caption
+CAPTION_MAX_CHARS = 300
+
+
+def _elide_prompt(prompt: str) -> str:
+    text = " ".join(prompt.split())
+    return text if len(text) <= CAPTION_PROMPT_CHARS else text[: CAPTION_PROMPT_CHARS - 1].rstrip() + "\u2026"
+
+
+def shorten_caption(caption: str) -> str:
+    """A caption that fits a few lines: the quoted prompt at its head elided, whitespace collapsed."""
+    match = re.match(r"^\u201c(.*)\u201d(.*)$", caption, re.DOTALL)
+    if match:
+        caption = f"\u201c{_elide_prompt(match.group(1))}\u201d{match.group(2)}"
+    caption = " ".join(caption.split())
+    return caption if len(caption) <= CAPTION_MAX_CHARS else caption[: CAPTION_MAX_CHARS - 1] + "\u2026"
+
+
+def make_caption(prompt: str, model: str, step: int | None, new_tokens: int | None = None,
+                 use_cache: bool | None = None) -> str:
+    """The caption of an exported view: “prompt” — model, step 13, 12 new tokens, with KV cache
+    (a long prompt elided); with `step` None: “prompt” — model, before the first step."""
+    parts = ["before the first step" if step is None else f"step {step}"]
+    if new_tokens is not None:
+        parts.append(f"{new_tokens} new token{'' if new_tokens == 1 else 's'}")
+    mode = "" if use_cache is None else (", with KV cache" if use_cache else ", without KV cache")
+    return f"\u201c{_elide_prompt(prompt)}\u201d \u2014 {model}, {', '.join(parts)}{mode}"
+
+
+def default_file_name(target: str, fmt: str, step: int | None) -> str:
+    """kvviz-chart-step12.png and the like; kvviz-chart.png without a step."""
+    return f"kvviz-{target}" + (f"-step{step}" if step is not None else "") + f".{fmt}"

@@ -1,0 +1,254 @@
+"""File > Export...: the dialog that picks a view, a format, the caption and a file, and remembers the choices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from kvviz.app import theme
+from kvviz.app.export.caption import default_file_name
+from kvviz.app.export.files import (
+    DEFAULT_PNG_WIDTH,
+    FORMAT_FILTERS,
+    FORMAT_LABELS,
+    FORMATS,
+    MAX_PNG_WIDTH,
+    MIN_PNG_WIDTH,
+    TARGET_LABELS,
+    TARGETS,
+    ExportError,
+)
+from kvviz.app.export.render import Page, export_widget, png_size
+from kvviz.app.settings import TypedSettings, app_settings, setting
+
+
+@dataclass
+class ExportSettings(TypedSettings):
+    """The export dialog's remembered choices: the last folder, view, format, PNG width and caption."""
+
+    folder: str = setting("export/folder", "")
+    target: str = setting("export/target", "chart")
+    image_format: str = setting("export/format", "png")
+    width: int = setting("export/width", DEFAULT_PNG_WIDTH, MIN_PNG_WIDTH, MAX_PNG_WIDTH)
+    caption: bool = setting("export/caption", True)
+
+
+class ExportDialog(QDialog):
+    """File > Export...: what to export (chart, grid, whole view), as PNG, SVG or PDF, with or
+    without the caption, and where. Remembers its choices and the last folder in QSettings.
+
+    `exec()` returns Accepted once a file was written; `written` is its path.
+    """
+
+    def __init__(
+        self,
+        targets: dict[str, QWidget],
+        caption: str,
+        parent: QWidget | None = None,
+        initial: str | None = None,
+        step: int | None = None,
+        settings: QSettings | None = None,
+    ) -> None:
+        super().__init__(parent)
+        if not targets:
+            raise ValueError("ExportDialog needs at least one view to export")
+        self.setWindowTitle("Export image")
+        # The app's theme colours text light but styles no dialog background and no list: give this
+        # dialog, and the message boxes and file dialog it opens, the theme whole.
+        self.setStyleSheet(theme.STYLESHEET)
+        self._targets = dict(targets)
+        self._caption = caption
+        self._step = step  # names the default file; the caption is only drawn, never read
+        self._store = settings if settings is not None else app_settings()
+        self._remembered = ExportSettings.load(self._store)
+        self._auto_name = True  # the file name follows the choices until the user types one
+        self._confirmed_overwrite: Path | None = None  # the file dialog already asked about replacing it
+        self.written: Path | None = None
+
+        self.target_box = QComboBox()
+        order = [k for k in TARGETS if k in targets] + [k for k in targets if k not in TARGETS]
+        for key in order:
+            self.target_box.addItem(TARGET_LABELS.get(key, key.capitalize()), key)
+        self.format_box = QComboBox()
+        for fmt in FORMATS:
+            self.format_box.addItem(f"{FORMAT_LABELS[fmt]} (.{fmt})", fmt)
+        self.width_box = QSpinBox()
+        self.width_box.setRange(MIN_PNG_WIDTH, MAX_PNG_WIDTH)
+        self.width_box.setSingleStep(160)
+        self.width_box.setSuffix(" px")
+        self.width_box.setAccelerated(True)
+        self.size_label = QLabel()
+        self.size_label.setObjectName("muted")
+        self.caption_box = QCheckBox("Add the &caption above the image")
+        self.caption_box.setToolTip(caption)
+        caption_preview = QLabel(caption)
+        caption_preview.setObjectName("muted")
+        caption_preview.setWordWrap(True)
+        self.path_edit = QLineEdit()
+        self.path_edit.setMinimumWidth(420)
+        self.browse_button = QPushButton("&Browse\u2026")
+        self.browse_button.setAutoDefault(False)
+
+        width_row = QHBoxLayout()
+        width_row.addWidget(self.width_box)
+        width_row.addWidget(self.size_label, 1)
+        path_row = QHBoxLayout()
+        path_row.addWidget(self.path_edit, 1)
+        path_row.addWidget(self.browse_button)
+        form = QFormLayout()
+        what_label, format_label, width_label, file_label = (
+            QLabel("&What:"), QLabel("&Format:"), QLabel("PNG &width:"), QLabel("&Save to:"))
+        what_label.setBuddy(self.target_box)
+        format_label.setBuddy(self.format_box)
+        width_label.setBuddy(self.width_box)
+        file_label.setBuddy(self.path_edit)
+        form.addRow(what_label, self.target_box)
+        form.addRow(format_label, self.format_box)
+        form.addRow(width_label, width_row)
+        form.addRow("", self.caption_box)
+        form.addRow("", caption_preview)
+        form.addRow(file_label, path_row)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
+        self.save_button = self.buttons.button(QDialogButtonBox.StandardButton.Save)
+        self.save_button.setText("&Export")
+        self.save_button.setDefault(True)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.buttons)
+
+        self._restore_settings(initial)
+        self.target_box.currentIndexChanged.connect(self._on_choice_changed)
+        self.format_box.currentIndexChanged.connect(self._on_choice_changed)
+        self.width_box.valueChanged.connect(self._update_size_label)
+        self.caption_box.toggled.connect(self._update_size_label)
+        self.path_edit.textEdited.connect(self._on_path_edited)
+        self.browse_button.clicked.connect(self._on_browse_clicked)
+        self.buttons.accepted.connect(self._on_export_clicked)
+        self.buttons.rejected.connect(self.reject)
+        self._on_choice_changed()
+        self.target_box.setFocus()
+
+    # ----- state -----
+    def target(self) -> str:
+        return self.target_box.currentData()
+
+    def image_format(self) -> str:
+        return self.format_box.currentData()
+
+    def path(self) -> Path:
+        return Path(self.path_edit.text().strip()).expanduser()
+
+    def _folder(self) -> Path:
+        if self.path_edit.text().strip():
+            return self.path().parent
+        saved = self._remembered.folder
+        return Path(saved) if saved and Path(saved).is_dir() else Path.home()
+
+    def _default_path(self) -> Path:
+        return self._folder() / default_file_name(self.target(), self.image_format(), self._step)
+
+    def _restore_settings(self, initial: str | None) -> None:
+        remembered = self._remembered
+        self.target_box.setCurrentIndex(max(0, self.target_box.findData(initial or remembered.target)))
+        self.format_box.setCurrentIndex(max(0, self.format_box.findData(remembered.image_format)))
+        self.width_box.setValue(remembered.width)
+        self.caption_box.setChecked(remembered.caption)
+        self.path_edit.setText(str(self._default_path()))
+
+    def _save_settings(self, path: Path) -> None:
+        self._remembered = ExportSettings(
+            folder=str(path.parent), target=self.target(), image_format=self.image_format(),
+            width=self.width_box.value(), caption=self.caption_box.isChecked())
+        self._remembered.save(self._store)
+
+    # ----- slots -----
+    def _on_choice_changed(self, *_args) -> None:
+        is_png = self.image_format() == "png"
+        self.width_box.setEnabled(is_png)
+        if self._auto_name:
+            self.path_edit.setText(str(self._default_path()))
+        else:
+            path = self.path()
+            if path.name and path.suffix.lower().lstrip(".") != self.image_format():
+                stem = path.stem if path.suffix.lower().lstrip(".") in FORMATS else path.name
+                self.path_edit.setText(str(path.with_name(f"{stem}.{self.image_format()}")))
+        self._update_size_label()
+
+    def _update_size_label(self, *_args) -> None:
+        widget = self._targets[self.target()]
+        caption = self._caption if self.caption_box.isChecked() else None
+        if self.image_format() == "png":
+            size = png_size(widget, self.width_box.value(), caption)
+            self.size_label.setText(f"\u2192 {size.width()} \u00d7 {size.height()} px")
+        else:
+            page = Page(widget, caption)
+            self.size_label.setText(f"vector, {round(page.width)} \u00d7 {round(page.height)} at the window's scale")
+
+    def _on_path_edited(self, _text: str) -> None:
+        self._auto_name = False
+
+    def _on_browse_clicked(self) -> None:
+        fmt = self.image_format()
+        chosen, _filter = QFileDialog.getSaveFileName(
+            self, "Export image", str(self.path()), FORMAT_FILTERS[fmt],
+            FORMAT_FILTERS[fmt],
+        )
+        if not chosen:
+            return
+        path = Path(chosen)
+        if not path.suffix:
+            path = path.with_suffix(f".{fmt}")
+        suffix = path.suffix.lower().lstrip(".")
+        if suffix in FORMATS and suffix != fmt:
+            self.format_box.setCurrentIndex(self.format_box.findData(suffix))
+        self._auto_name = False
+        self.path_edit.setText(str(path))
+        self._confirmed_overwrite = path
+
+    def _on_export_clicked(self) -> None:
+        path = self.path()
+        if not self.path_edit.text().strip():
+            self._fail("Choose a file name to export to.")
+            return
+        if not path.suffix:
+            path = path.with_suffix(f".{self.image_format()}")
+        suffix = path.suffix.lower().lstrip(".")
+        if suffix in FORMATS and suffix != self.image_format():  # a typed .pdf wins over the menu
+            self._auto_name = False
+            self.format_box.setCurrentIndex(self.format_box.findData(suffix))
+        if path.exists() and self._confirmed_overwrite != path:
+            answer = QMessageBox.question(
+                self, "Replace file?", f"{path.name} already exists in {path.parent}. Replace it?",
+                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.No)
+            if answer != QMessageBox.StandardButton.Yes:
+                return
+        caption = self._caption if self.caption_box.isChecked() else None
+        try:
+            export_widget(self._targets[self.target()], path, self.width_box.value(), caption)
+        except ExportError as exc:
+            self._fail(f"Could not export: {exc}.")
+            return
+        self.written = path
+        self._save_settings(path)
+        self.accept()
+
+    def _fail(self, sentence: str) -> None:
+        QMessageBox.warning(self, "Export failed", sentence)

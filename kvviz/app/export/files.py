@@ -1,0 +1,81 @@
+"""What an export can be (formats, targets, PNG widths), its one error type, and how its files are written.
+
+Qt-free. Every file goes through `kvviz.files.write_atomically`: written whole beside the target,
+then renamed over it, so a failure never leaves a half-written image or a temporary file, and the
+process umask is never read or changed (the worker thread may be creating files meanwhile).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvviz.errors import KvvizError
+from kvviz.files import write_atomically
+
+FORMATS = ("png", "svg", "pdf")
+FORMAT_LABELS = {"png": "PNG image", "svg": "SVG drawing", "pdf": "PDF document"}
+FORMAT_FILTERS = {fmt: f"{label} (*.{fmt})" for fmt, label in FORMAT_LABELS.items()}
+TARGETS = ("chart", "grid", "view")  # what can be exported, in menu order
+TARGET_LABELS = {"chart": "Chart", "grid": "K/V grid", "view": "Whole view"}
+DEFAULT_PNG_WIDTH = 1920
+MIN_PNG_WIDTH = 64
+MAX_PNG_WIDTH = 8192
+
+
+class ExportError(KvvizError):
+    """An image that cannot be written; the message is one line naming the file and the reason."""
+
+
+def export_format(path: Path | str) -> str:
+    """'png', 'svg' or 'pdf' from the file name's suffix; ExportError for anything else."""
+    path = Path(path)
+    suffix = path.suffix.lower().lstrip(".")
+    if not suffix:
+        raise ExportError(f"{path}: no file extension; name the file .png, .svg or .pdf")
+    if suffix not in FORMATS:
+        raise ExportError(f"{path}: unknown image type .{suffix}; use .png, .svg or .pdf")
+    return suffix
+
+
+def parse_formats(text: str | list[str] | tuple[str, ...]) -> list[str]:
+    """'png,svg' or ['png', 'svg'] -> ['png', 'svg'], checked, duplicates dropped."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    formats: list[str] = []
+    for item in items:
+        fmt = item.strip().lower().lstrip(".")
+        if not fmt:
+            continue
+        if fmt not in FORMATS:
+            raise ExportError(f"unknown format {item.strip()!r}; choose from {', '.join(FORMATS)}")
+        if fmt not in formats:
+            formats.append(fmt)
+    if not formats:
+        raise ExportError(f"no image format given; choose from {', '.join(FORMATS)}")
+    return formats
+
+
+def check_png_width(width: object, what: str = "PNG width") -> int:
+    """`width` when it is a whole number of pixels in range, else ExportError."""
+    if isinstance(width, bool) or not isinstance(width, int) or not MIN_PNG_WIDTH <= width <= MAX_PNG_WIDTH:
+        raise ExportError(f"{what} must be {MIN_PNG_WIDTH} to {MAX_PNG_WIDTH} pixels, got {width}")
+    return width
+
+
+def check_target_path(path: Path) -> None:
+    """ExportError, before anything is rendered, for a path no file can be written to."""
+    if path.is_dir():
+        raise ExportError(f"{path}: is a folder; give a file name")
+    folder = path.parent
+    if not folder.exists():
+        raise ExportError(f"{path}: the folder {folder} does not exist")
+    if not folder.is_dir():
+        raise ExportError(f"{path}: {folder} is not a folder")
+
+
+def write_export(path: Path, data: bytes) -> Path:
+    """Write `data` to `path` whole or not at all; ExportError naming the file and the reason."""
+    check_target_path(path)
+    try:
+        return write_atomically(path, data)
+    except OSError as exc:
+        raise ExportError(f"{path}: could not be written ({exc.strerror or exc})") from exc

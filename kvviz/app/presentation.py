@@ -1,0 +1,71 @@
+"""Zoom and presenter mode: font scale for every view, full screen with less chrome."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QMainWindow, QWidget
+
+from kvviz.app import theme
+from kvviz.app.views.base import RunViewProtocol
+
+ZOOM_STEPS = (0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.4, 1.6, 1.8, 2.0, 2.3)
+PRESENTER_ZOOM = 1.6
+
+
+class Presentation(QObject):
+    """Owns the zoom level and presenter mode of `window`: scales the views' fonts and the
+    controls' style sheet, and in presenter mode goes full screen and hides `chrome`."""
+
+    presenter_changed = Signal(bool)
+
+    def __init__(self, window: QMainWindow, views: Sequence[RunViewProtocol], chrome: Sequence[QWidget]) -> None:
+        super().__init__(window)
+        self._window = window
+        self._views = list(views)
+        self._chrome = list(chrome)
+        self._base_point_size = QFont(window.font()).pointSizeF()
+        self.zoom = 1.0
+        self.presenter = False
+        self._zoom_before_presenter = 1.0
+
+    @property
+    def remembered_zoom(self) -> float:
+        """The windowed zoom (presenter mode's own zoom is not remembered)."""
+        return self._zoom_before_presenter if self.presenter else self.zoom
+
+    def set_zoom(self, zoom: float) -> None:
+        self.zoom = min(max(zoom, ZOOM_STEPS[0]), ZOOM_STEPS[-1])
+        size = self._base_point_size * self.zoom
+        # Style sheets stop font propagation, so the controls get their size from the sheet.
+        scaled = f"QWidget#controlsArea QWidget, QLabel#banner {{ font-size: {size:.1f}pt; }}"
+        self._window.setStyleSheet(theme.STYLESHEET + scaled)
+        for view in self._views:
+            view.set_font_scale(self.zoom)
+
+    def step_zoom(self, direction: int) -> None:
+        """One zoom step in (direction > 0) or out."""
+        bigger = [z for z in ZOOM_STEPS if z > self.zoom + 1e-6]
+        smaller = [z for z in ZOOM_STEPS if z < self.zoom - 1e-6]
+        if direction > 0 and bigger:
+            self.set_zoom(bigger[0])
+        elif direction < 0 and smaller:
+            self.set_zoom(smaller[-1])
+
+    def set_presenter(self, enabled: bool) -> None:
+        """Full screen, larger fonts, no menu bar, status bar or sampling controls."""
+        if enabled == self.presenter:
+            return
+        self.presenter = enabled
+        if enabled:
+            self._zoom_before_presenter = self.zoom
+            self._window.showFullScreen()
+            self.set_zoom(max(self.zoom, PRESENTER_ZOOM))
+        else:
+            self._window.showNormal()
+            self.set_zoom(self._zoom_before_presenter)
+        for widget in self._chrome:
+            widget.setVisible(not enabled)
+        self.presenter_changed.emit(enabled)

@@ -1,0 +1,43 @@
+"""The protocol every view of a run follows, and text helpers the views share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from kvviz.records import RunPlan, StepRecord
+
+
+@runtime_checkable
+class RunViewProtocol(Protocol):
+    """A view of one run. It reads the plan and the records, and never re-derives them.
+
+    - `reset(plan)`: a new run is planned; show it before its first pass.
+    - `apply(records)`: take these records, in order; draw nothing yet.
+    - `refresh()`: draw what changed since the last draw (cheap when nothing did).
+    - `set_font_scale(scale)`: zoom and presenter mode.
+
+    A view whose drawing is costly may also offer `redraw_slices()`: its refresh in pieces, which
+    the redraw scheduler draws in separate passes of the event loop.
+    """
+
+    def reset(self, plan: RunPlan) -> None: ...
+
+    def apply(self, records: Sequence[StepRecord]) -> None: ...
+
+    def refresh(self) -> None: ...
+
+    def set_font_scale(self, scale: float) -> None: ...
+
+
+def redraw_slices(view: RunViewProtocol) -> list[Callable[[], None]]:
+    """The pieces `view` draws in, one pass of the event loop each."""
+    slices = getattr(view, "redraw_slices", None)
+    return list(slices()) if slices is not None else [view.refresh]
+
+
+def chip_text(label: str) -> str:
+    """A token label with its whitespace made visible, for chips, ticks and tooltips."""
+    if label == "":
+        return "\u2205"
+    return label.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u21e5").replace("\r", "\u240d")

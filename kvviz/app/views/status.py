@@ -1,0 +1,49 @@
+"""The status line: model, cache mode, sampling, progress and the latest step's measured time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from PySide6.QtWidgets import QLabel, QWidget
+
+from kvviz.records import RunPlan, StepRecord
+
+
+class StatusLine(QLabel):
+    """A view (views.base.RunViewProtocol) for the status bar. Between runs it shows what
+    `show_message` says (loading, a cancelled download...); a new plan replaces any message."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("No model", parent)
+        self._plan: RunPlan | None = None
+        self._record: StepRecord | None = None
+        self._dirty = False
+
+    def show_message(self, text: str) -> None:
+        """Say `text` until the next run is planned."""
+        self._plan, self._record, self._dirty = None, None, False
+        self.setText(text)
+
+    def reset(self, plan: RunPlan) -> None:
+        self._plan, self._record, self._dirty = plan, None, True
+        self.refresh()
+
+    def apply(self, records: Sequence[StepRecord]) -> None:
+        if records and self._plan is not None:
+            self._record, self._dirty = records[-1], True
+
+    def refresh(self) -> None:
+        if not self._dirty or self._plan is None:
+            return
+        self._dirty = False
+        plan, rec = self._plan, self._record
+        mode = "cache on" if plan.use_cache else "cache off"
+        text = f"{plan.model_name} \u00b7 {mode} \u00b7 {plan.sampling} \u00b7 "
+        if rec is None:
+            text += f"0/{plan.budget} tokens \u00b7 ready"
+        else:
+            text += f"{rec.new_tokens}/{plan.budget} tokens \u00b7 step {rec.step + 1} took {rec.seconds * 1000:.1f} ms"
+        self.setText(text)
+
+    def set_font_scale(self, scale: float) -> None:
+        pass  # the status bar keeps the system font: it is hidden in presenter mode

@@ -1,0 +1,122 @@
+"""The run session, the redraw scheduler, typed settings and the worker's process-wide side effects."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings
+
+from kvviz.app.main_window import MainWindow
+from kvviz.app.settings import AppSettings, app_settings
+
+
+def _tiny_checkpoint(folder: Path, n_layer: int, vocab_size: int = 50257) -> str:
+    import torch
+
+    from kvviz.model import GPT, GPTConfig
+    from kvviz.weights import save_checkpoint
+
+    model = GPT(GPTConfig(vocab_size=vocab_size, n_ctx=64, n_layer=n_layer, n_head=2, n_embd=32, name="tiny"))
+    model.init_weights(torch.Generator().manual_seed(n_layer))
+    folder.mkdir()
+    save_checkpoint(model, folder)
+    return str(folder)
+
+
+@pytest.fixture
+def open_window(qtbot):
+    windows = []
+
+    def make(model: str | None, prompt: str = "Time flies fast") -> MainWindow:
+        win = MainWindow(model, prompt, settings=app_settings())
+        qtbot.addWidget(win)
+        win.show()
+        windows.append(win)
+        return win
+
+    yield make
+    for win in windows:
+        win.close()
+
+
+def test_two_queued_loads_leave_the_window_on_the_last_one(qtbot, tmp_path, open_window, app_model):
+    """Ctrl+O during a load: the picker, the runs and the saved settings all follow the model really loaded."""
+    first = _tiny_checkpoint(tmp_path / "first", n_layer=2)
+    second = _tiny_checkpoint(tmp_path / "second", n_layer=3)
+    win = open_window(app_model)
+    session = win.session
+    qtbot.waitUntil(lambda: session.plan is not None, timeout=60_000)
+    win.load_model(first)
+    win.load_model(second)  # queued while the first is loading
+    assert session.loading and not win.controls.step_button.isEnabled()
+    qtbot.waitUntil(lambda: not session.loading and session.plan is not None and session.plan.n_layer == 3,
+                    timeout=60_000)
+    assert session.source == second and session.model_info.n_layer == 3
+    assert win.picker.currentData() == second and win.picker.isEnabled()
+    win.save_settings()
+    assert AppSettings.load(app_settings()).model_source == second
+
+
+def test_a_request_the_model_cannot_run_fails_before_the_views_reset(qtbot, tmp_path, open_window):
+    """The engine checks a request when the run is requested (its vocabulary here), not at the first step."""
+    small_vocab = _tiny_checkpoint(tmp_path / "small-vocab", n_layer=2, vocab_size=500)
+    win = open_window(small_vocab, prompt="!")  # "!" is token 0: inside the vocabulary
+    session = win.session
+    qtbot.waitUntil(lambda: session.plan is not None, timeout=60_000)
+    win.controls.prompt_edit.setText("Time flies")  # token 7575: outside a 500-token vocabulary
+    with qtbot.assertNotEmitted(session.run_started, wait=300), qtbot.waitSignal(session.run_failed) as failed:
+        win.reset_run()
+    assert "outside the model's vocabulary" in failed.args[0] and failed.args[0].startswith("Prompt token")
+    assert win.banner.isVisible() and "vocabulary" in win.banner.text()
+    assert not win.controls.step_button.isEnabled()
+
+
+def test_worker_restores_the_gil_switch_interval_when_it_stops(qtbot):
+    from kvviz.app.worker import GIL_SWITCH_INTERVAL_S, WorkerController
+
+    before = sys.getswitchinterval()
+    assert before > GIL_SWITCH_INTERVAL_S  # Python's default, 5 ms
+    controller = WorkerController()
+    assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)
+    assert controller.stop(5000)
+    assert sys.getswitchinterval() == pytest.approx(before)
+
+
+def test_chart_frame_holds_the_with_cache_point_of_a_one_token_run(qtbot, app_model):
+    """P = 3, N = 1: with the cache 4 K/V per layer (3 prefill + 1 cache fill), more than the 3 without."""
+    from kvviz.app.views.work_chart import WorkChart
+    from kvviz.engine import Engine
+    from kvviz.weights import load_model
+
+    engine = Engine(load_model(app_model).model)
+    plan = engine.plan(engine.encode_prompt("Time flies fast"), 1, use_cache=True)
+    chart = WorkChart()
+    qtbot.addWidget(chart)
+    chart.reset(plan)
+    chart.apply(list(engine.run(plan)))
+    chart.refresh()
+    _x, with_cache = chart.curve_data()["with_cache"]
+    assert with_cache.tolist() == [3, 4]
+    (_x_low, x_high), (_y_low, y_high) = chart.work_plot.getViewBox().viewRange()
+    assert y_high >= 4 and x_high >= 2
+
+
+def test_settings_clamp_absurd_values_and_ignore_what_does_not_parse(tmp_path):
+    path = tmp_path / "kvviz.ini"
+    path.write_text("[run]\nmax_new_tokens=99999999999\ntop_k=1e400\ntemperature=nan\nseed=-5\n"
+                    "use_cache=maybe\n[view]\nzoom=nan\nspeed_index=3\n", encoding="utf-8")
+    settings = AppSettings.load(QSettings(str(path), QSettings.Format.IniFormat))
+    assert settings.max_new_tokens == 4096 and settings.seed == 0 and settings.speed_index == 3
+    assert settings.top_k == 0 and settings.temperature == 0.0 and settings.zoom == 1.0
+    assert settings.use_cache is True
+
+
+def test_settings_round_trip(tmp_path):
+    store = QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat)
+    AppSettings(prompt="ROMEO:", use_cache=False, max_new_tokens=7, temperature=0.8, top_k=40, seed=3,
+                speed_index=6, colour_blind=True, zoom=1.4, model_source="random:gpt2").save(store)
+    again = AppSettings.load(QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat))
+    assert again == AppSettings(prompt="ROMEO:", use_cache=False, max_new_tokens=7, temperature=0.8, top_k=40,
+                                seed=3, speed_index=6, colour_blind=True, zoom=1.4, model_source="random:gpt2")
