@@ -49,11 +49,12 @@ def test_download_progress_and_cancel_keep_previous_model(qtbot, app_model, monk
     qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
     before = win.session.model_info
     win.picker.activated.emit(win.picker.findData("gpt2"))
-    qtbot.waitUntil(lambda: win.progress_bar.isVisible() and win.progress_bar.maximum() == 1000, timeout=30_000)
-    assert win.cancel_button.isVisible() and not win.controls.step_button.isEnabled()
+    bar = win.loading.progress_bar
+    qtbot.waitUntil(lambda: bar.isVisible() and bar.maximum() == 1000, timeout=30_000)
+    assert win.loading.cancel_button.isVisible() and not win.controls.step_button.isEnabled()
     assert win.banner.isVisible() and "Loading gpt2" in win.banner.text()
-    win.cancel_button.click()
-    qtbot.waitUntil(lambda: not win.progress_bar.isVisible(), timeout=10_000)
+    win.loading.cancel_button.click()
+    qtbot.waitUntil(lambda: not win.loading.progress_bar.isVisible(), timeout=10_000)
     assert "cancelled" in win.status.text()
     assert win.session.model_info == before and not errors
     assert win.picker.currentData() == win.session.source

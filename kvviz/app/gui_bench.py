@@ -83,7 +83,7 @@ def run_gui_bench(
 
         try:
             session = window.session
-            wait(lambda: session.model_info is not None or window.banner.property("alert") == "true", "the model")
+            wait(lambda: session.model_info is not None or window.banner.alert, "the model")
             if session.model_info is None:
                 raise GuiBenchError(window.banner.text())
             window.controls.set_speed_index(SPEEDS.index(0.0))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QSettings, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QShowEvent
-from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QProgressBar, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QMainWindow, QVBoxLayout, QWidget
 
 from kvviz.app.actions import build_actions
+from kvviz.app.banner import Banner
 from kvviz.app.controls import RunControls
 from kvviz.app.dialogs import AboutDialog, ShortcutsDialog, show_error
-from kvviz.app.model_picker import HUB_CHOICES, ModelPicker, source_label
+from kvviz.app.loading import LoadingIndicator
+from kvviz.app.model_picker import ModelPicker
 from kvviz.app.presentation import Presentation
 from kvviz.app.redraw import RedrawScheduler
 from kvviz.app.session import RunSession
@@ -44,10 +46,7 @@ class MainWindow(QMainWindow):
         self.session = RunSession(self, fall_back_to_embedded=not unattended)
         self.picker = ModelPicker()
         self.controls = RunControls(self.picker)
-        self.banner = QLabel()
-        self.banner.setObjectName("banner")
-        self.banner.setWordWrap(True)
-        self.banner.hide()
+        self.banner = Banner()
         self.run_view = RunView()  # everything a viewer looks at: exported as "view"
         self.token_strip, self.grid, self.chart, self.counter = self.run_view.views()
         central = QWidget()
@@ -59,14 +58,8 @@ class MainWindow(QMainWindow):
             layout.addWidget(widget, stretch)
         self.setCentralWidget(central)
         self.status = StatusLine()
-        self.progress_bar = QProgressBar()
-        self.progress_bar.setFixedWidth(220)
-        self.progress_bar.hide()
-        self.cancel_button = QPushButton("Cancel download")
-        self.cancel_button.hide()
         self.statusBar().addWidget(self.status, 1)
-        self.statusBar().addPermanentWidget(self.progress_bar)
-        self.statusBar().addPermanentWidget(self.cancel_button)
+        self.loading = LoadingIndicator(self.session, self.statusBar(), self.status, self.banner, self.picker)
         self.scheduler = RedrawScheduler([*self.run_view.views(), self.status], self._paint_now, self)
         self.presentation = Presentation(self, self.run_view.views(),
                                          (self.menuBar(), self.statusBar(), self.controls.settings_row))
@@ -96,15 +89,12 @@ class MainWindow(QMainWindow):
 
     def _wire(self) -> None:
         s, c = self.session, self.controls
-        s.model_loading.connect(self._on_model_loading)
-        s.download_progressed.connect(self._on_download_progressed)
         s.model_loaded.connect(self._on_model_loaded)
         s.model_load_failed.connect(self._on_model_load_failed)
-        s.model_load_cancelled.connect(self._on_model_load_cancelled)
         s.run_started.connect(self._on_run_started)
         s.record_computed.connect(self.scheduler.add)
         s.run_finished.connect(self._on_run_finished)
-        s.run_failed.connect(lambda message: self._set_banner(message, alert=True))
+        s.run_failed.connect(lambda message: self.banner.say(message, alert=True))
         s.playing_changed.connect(self._on_playing_changed)
         s.state_changed.connect(lambda: c.set_state(s.can_step, s.playing, s.can_reset))
         c.step_clicked.connect(s.step)
@@ -114,7 +104,6 @@ class MainWindow(QMainWindow):
         c.request_changed.connect(lambda: self.reset_run(replay_to=s.steps_done))
         c.speed_changed.connect(self._on_speed_changed)
         self.picker.model_chosen.connect(self.load_model)
-        self.cancel_button.clicked.connect(s.cancel_download)
         self.grid.export_requested.connect(self.export)
         self.chart.export_requested.connect(self.export)
         self.presentation.presenter_changed.connect(self.actions["presenter"].setChecked)
@@ -158,54 +147,17 @@ class MainWindow(QMainWindow):
         """Load `source` (a --model value; "" = the embedded default) on the worker thread."""
         self.session.load(source)
 
-    def _on_model_loading(self, source: str) -> None:
-        label = source_label(source)
-        self._set_banner(f"Loading {label}\u2026 (the window stays usable; the first load also imports torch)")
-        self.status.show_message(f"Loading {label}\u2026")
-        self.picker.setEnabled(False)
-        self.progress_bar.setRange(0, 0)
-        self.progress_bar.setVisible(source in HUB_CHOICES)
-        self.cancel_button.setVisible(source in HUB_CHOICES)
-
-    def _on_download_progressed(self, done: int, total: int) -> None:
-        if total > 0:
-            self.progress_bar.setRange(0, 1000)
-            self.progress_bar.setValue(int(1000 * done / total))
-            self.progress_bar.setFormat(f"{done / 2**20:,.0f} / {total / 2**20:,.0f} MiB")
-        self.progress_bar.show()
-        self.cancel_button.show()
-
-    def _end_loading(self) -> None:
-        if self.session.loading:
-            return  # another load is queued: it says so itself
-        self.progress_bar.hide()
-        self.cancel_button.hide()
-        self.picker.setEnabled(True)
-        self.picker.show_source(self.session.source)
-        self._set_banner("")
-        info = self.session.model_info
-        self.status.show_message("No model is loaded." if info is None else
-                                 f"{info.name}: {info.n_layer} layers, {info.num_parameters / 1e6:.1f} M "
-                                 f"parameters, context {info.n_ctx}")
-
     def _on_model_loaded(self, info: ModelInfo) -> None:
-        self._end_loading()
         self.setWindowTitle(f"kvviz \u2014 {info.name}")
         self.reset_run()
 
     def _on_model_load_failed(self, source: str, message: str) -> None:
-        self._end_loading()
         if self.unattended:
-            self._set_banner(message, alert=True)
+            self.banner.say(message, alert=True)
             return
         show_error(self, "Model not loaded", message)
         if self.session.model_info is None and not self.session.loading:
-            self._set_banner("No model is loaded: choose one in the Model list (Ctrl+M).", alert=True)
-
-    def _on_model_load_cancelled(self, source: str) -> None:
-        self._end_loading()
-        kept = self.session.model_info.name if self.session.model_info else "no model"
-        self.status.show_message(f"Download of {source} cancelled; kept {kept}")
+            self.banner.say("No model is loaded: choose one in the Model list (Ctrl+M).", alert=True)
 
     # ----- runs -----
     def reset_run(self, replay_to: int = 0) -> None:
@@ -216,14 +168,14 @@ class MainWindow(QMainWindow):
         self.session.toggle_play(self.controls.interval_ms())
 
     def _on_run_started(self, plan: RunPlan) -> None:
-        self._set_banner("")
+        self.banner.say("")
         self.scheduler.reset(plan)
         self.run_prepared.emit(plan)
 
     def _on_run_finished(self, record: StepRecord) -> None:
         plan = self.session.plan
         if record.stop_reason == "context_full" and plan is not None:
-            self._set_banner(f"Context full: the model holds {plan.n_ctx} positions, so the run stopped after "
+            self.banner.say(f"Context full: the model holds {plan.n_ctx} positions, so the run stopped after "
                              f"{record.new_tokens} new tokens. Shorten the prompt or lower max new tokens.",
                              alert=True)
         self.scheduler.flush()  # the final state at once, not after a full-speed redraw interval
@@ -247,13 +199,6 @@ class MainWindow(QMainWindow):
             self.presentation.set_presenter(False)
         else:
             self.grid.plot_widget.setFocus()
-
-    def _set_banner(self, text: str, alert: bool = False) -> None:
-        self.banner.setProperty("alert", "true" if alert else "false")
-        self.banner.style().unpolish(self.banner)
-        self.banner.style().polish(self.banner)
-        self.banner.setText(text)
-        self.banner.setVisible(bool(text))
 
     def redraw(self) -> None:
         """Draw every view's latest state now (tests, exports)."""
