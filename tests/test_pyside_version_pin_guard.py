@@ -1,4 +1,4 @@
-"""Guard the PySide6 pin: PySide6 6.12.0 on CPython 3.11 drops a reference to None on every
+"""The guard of pyproject's PySide6 version pin, not a test of kvviz: PySide6 6.12.0 on CPython 3.11 drops a reference to None on every
 void Qt call (QLabel.setText, QPainter.setPen, ...), until CPython aborts with
 "none_dealloc: deallocating None". pyproject.toml excludes it; this test fails if it comes back."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 
-def test_void_qt_calls_keep_references_to_none(qtbot):
+def test_pyside_pin_guard_void_qt_calls_keep_references_to_none(qtbot):
     from PySide6.QtWidgets import QLabel
 
     label = QLabel()
