@@ -109,8 +109,8 @@ def test_space_steps_match_engine(qtbot, window, app_model):
     assert (states[:, :14] == REUSED).all() and (states[:, 14] == COMPUTED).all()
     # run_finished follows the record
     qtbot.waitUntil(lambda: not window.controls.step_button.isEnabled(), timeout=5_000)
-    press(qtbot, window, Qt.Key.Key_Space)  # past the end: nothing happens
-    qtbot.wait(100)
+    with qtbot.assertNotEmitted(window.session.controller.worker.step_computed, wait=300):
+        press(qtbot, window, Qt.Key.Key_Space)  # past the end: the worker is not even asked
     assert window.session.last_record.step == N
 
 
@@ -192,9 +192,10 @@ def test_keys_typed_in_prompt_do_not_step(qtbot, window):
     window.controls.prompt_edit.setFocus()
     qtbot.waitUntil(window.controls.prompt_edit.hasFocus)
     window.controls.prompt_edit.clear()
-    qtbot.keyClicks(window.controls.prompt_edit, "Pp Rr Cc [] ")
-    qtbot.keyClick(window.controls.prompt_edit, Qt.Key.Key_Right)
-    qtbot.wait(200)
+    worker = window.session.controller.worker
+    with qtbot.assertNotEmitted(worker.step_computed, wait=300), qtbot.assertNotEmitted(worker.run_started):
+        qtbot.keyClicks(window.controls.prompt_edit, "Pp Rr Cc [] ")
+        qtbot.keyClick(window.controls.prompt_edit, Qt.Key.Key_Right)
     assert window.controls.prompt_edit.text() == "Pp Rr Cc [] "
     assert window.session.last_record is None and window.session.plan.use_cache
     window.controls.prompt_edit.setText("Time flies fast")

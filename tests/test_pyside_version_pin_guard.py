@@ -1,6 +1,6 @@
-"""The guard of pyproject's PySide6 version pin, not a test of kvviz: PySide6 6.12.0 on CPython 3.11 drops a reference to None on every
-void Qt call (QLabel.setText, QPainter.setPen, ...), until CPython aborts with
-"none_dealloc: deallocating None". pyproject.toml excludes it; this test fails if it comes back."""
+"""The guard of pyproject's PySide6 version pin, not a test of kvviz: PySide6 6.12.0 on CPython 3.11
+drops a reference to None on every void Qt call (QLabel.setText, QPainter.setPen, ...), until CPython
+aborts with "none_dealloc: deallocating None". pyproject.toml excludes it; this test fails if it comes back."""
 
 from __future__ import annotations
 

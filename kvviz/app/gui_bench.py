@@ -24,6 +24,7 @@ def run_gui_bench(
     timeout_s: float = 3600.0,
     launched_at: float | None = None,
     repeat: int = 1,
+    window_size: tuple[int, int] | None = None,
 ) -> dict:
     """Autoplay `new_tokens` tokens at full speed with the cache on in the real MainWindow (offscreen
     unless a display platform is already chosen), then run the same generation headless in this process.
@@ -34,6 +35,8 @@ def run_gui_bench(
     says whether torch had been imported by then. Token rates count new tokens over the wall time from
     the first step command to the final record (the cache-filling pass included), in both runs; the
     headless run makes the same records as the window's worker (five candidates a step).
+
+    `window_size` (width, height) sizes the window; by default it takes the screen's size up to 1600x1000.
 
     With `repeat` > 1 the GUI and headless runs alternate `repeat` times, with the window open; the
     rates are the best of each (as `timeit` takes the best), the stall figures the worst of all GUI runs.
@@ -51,8 +54,11 @@ def run_gui_bench(
     with tempfile.TemporaryDirectory(prefix="kvviz-bench-") as settings_dir:
         settings = QSettings(os.path.join(settings_dir, "bench.ini"), QSettings.Format.IniFormat)
         window = MainWindow(model, prompt, settings=settings, unattended=True)
+        if window_size is not None:
+            window.resize(*window_size)
         window.show()
         app.processEvents()
+        shown_size = [window.width(), window.height()]
         window_shown_seconds = time.perf_counter() - started
         torch_loaded_when_shown = "torch" in sys.modules and not torch_before
 
@@ -150,6 +156,7 @@ def run_gui_bench(
         "max_slice_ms": round(max(r["max_slice_ms"] for r in gui_runs), 2),
         "stalls_over_50ms": sum(r["stalls_over_50ms"] for r in gui_runs),
         "gui_thread_cpu_share": round(best_gui["gui_thread_cpu_seconds"] / best_gui["seconds"], 4),
+        "window_size": shown_size,
         "window_shown_seconds": round(window_shown_seconds, 4),
         "torch_loaded_when_shown": torch_loaded_when_shown,
         "identical": all(r["tokens"] == reference for r in gui_runs + headless_runs),

@@ -60,9 +60,9 @@ class MainWindow(QMainWindow):
         self.status = StatusLine()
         self.statusBar().addWidget(self.status, 1)
         self.loading = LoadingIndicator(self.session, self.statusBar(), self.status, self.banner, self.picker)
-        self.scheduler = RedrawScheduler([*self.run_view.views(), self.status], self._paint_now, self)
-        self.presentation = Presentation(self, self.run_view.views(),
-                                         (self.menuBar(), self.statusBar(), self.controls.settings_row))
+        views = (*self.run_view.views(), self.status)  # every view of the run: a new view joins here
+        self.scheduler = RedrawScheduler(views, self._paint_now, self)
+        self.presentation = Presentation(self, views, (self.menuBar(), self.statusBar(), self.controls.settings_row))
         self.actions = build_actions(self, self._action_slots())
         self._wire()
         self._restore(prompt)

@@ -46,6 +46,12 @@ class RedrawScheduler(QObject):
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.timeout.connect(self._start_sliced_redraw)
+        # The next slice waits on a zero timer, not a posted call: timers that fell due during a slice
+        # (input, autoplay, the GUI benchmark's stall probe) fire before it, instead of after the redraw.
+        self._slice_timer = QTimer(self)
+        self._slice_timer.setSingleShot(True)
+        self._slice_timer.setInterval(0)
+        self._slice_timer.timeout.connect(self._draw_next_slice)
 
     @property
     def pending(self) -> bool:
@@ -54,9 +60,8 @@ class RedrawScheduler(QObject):
 
     def reset(self, plan: RunPlan) -> None:
         """A new run: drop what is queued, reset every view, draw."""
-        self._timer.stop()
+        self.stop()
         self._pending = []
-        self._slices_left = []
         for view in self.views:
             view.reset(plan)
         self.flush()
@@ -77,11 +82,13 @@ class RedrawScheduler(QObject):
 
     def stop(self) -> None:
         self._timer.stop()
+        self._slice_timer.stop()
         self._slices_left = []
 
     def flush(self) -> None:
         """Draw the latest state of every view now, all at once."""
         self._timer.stop()
+        self._slice_timer.stop()
         started = time.perf_counter()
         self._slices_left = []
         for draw in self._slices():
@@ -118,7 +125,7 @@ class RedrawScheduler(QObject):
         self.max_slice_ms = max(self.max_slice_ms, spent * 1000)
         self._slices_seconds += spent
         if self._slices_left:
-            QTimer.singleShot(0, self, self._draw_next_slice)  # dropped if the scheduler goes first
+            self._slice_timer.start()
         else:
             self._account(self._slices_seconds)
             if self._pending:  # records arrived during the slices
