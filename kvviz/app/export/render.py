@@ -32,7 +32,7 @@ from PySide6.QtGui import (
     QRegion,
 )
 from PySide6.QtSvg import QSvgGenerator
-from PySide6.QtWidgets import QGraphicsView, QWidget
+from PySide6.QtWidgets import QGraphicsItem, QGraphicsView, QWidget
 
 from kvviz.app import theme
 from kvviz.app.export.caption import shorten_caption
@@ -122,13 +122,14 @@ def _upscaled_image(view: QGraphicsView, item, image: QImage) -> QImage | None:
 def _prepared_for_export(widget: QWidget, pen_scale: float = 1.0, vector: bool = False) -> Iterator[None]:
     """pyqtgraph views drawn as vectors for the duration of an export, then put back as they were.
 
-    The background cache of each QGraphicsView is switched off (it would embed a screen-sized
-    bitmap) and so is its viewport's fill in the default palette (it shows as a light seam
-    around the plot in SVG viewers); pyqtgraph items get their export mode (no hover buttons,
-    vector scatter symbols); curves are drawn as one path instead of separate segments; cosmetic
-    pens are scaled by `pen_scale`, so lines in a PNG wider than the window keep their weight
-    relative to the text. For `vector` output, images (the grid) are embedded enlarged with
-    nearest-neighbour sampling, so viewers that smooth images still show sharp cells.
+    The background cache of each QGraphicsView and the item caches (the views cache their axes)
+    are switched off (they would embed screen-sized bitmaps), and so is each viewport's fill in
+    the default palette (it shows as a light seam around the plot in SVG viewers). pyqtgraph
+    items get their export mode (no hover buttons, vector scatter symbols); curves are drawn as
+    one path instead of separate segments; cosmetic pens are scaled by `pen_scale`, so lines in a
+    PNG wider than the window keep their weight relative to the text. For `vector` output, images
+    (the grid) are embedded enlarged with nearest-neighbour sampling, so viewers that smooth
+    images still show sharp cells.
     """
     restore: list[Callable[[], None]] = []
     try:
@@ -149,6 +150,10 @@ def _prepared_for_export(widget: QWidget, pen_scale: float = 1.0, vector: bool =
             if scene is None:
                 continue
             for item in scene.items():
+                cache = item.cacheMode()
+                if cache != QGraphicsItem.CacheMode.NoCache:  # cached axes: a screen bitmap in a vector file
+                    item.setCacheMode(QGraphicsItem.CacheMode.NoCache)
+                    restore.append(lambda item=item, cache=cache: item.setCacheMode(cache))
                 if hasattr(item, "setExportMode"):
                     item.setExportMode(True, {"antialias": True})
                     restore.append(lambda item=item: item.setExportMode(False))

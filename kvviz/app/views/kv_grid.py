@@ -11,7 +11,7 @@ from PySide6.QtGui import QAction, QCursor, QFont, QImage, QPixmap
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from kvviz.app import theme
-from kvviz.app.views.base import chip_text
+from kvviz.app.views.base import cache_axes, chip_text
 from kvviz.records import RunPlan, StepRecord
 
 # Cell states, the values of `KVGridView.cell_states()`.
@@ -101,6 +101,7 @@ class KVGridView(QWidget):
         self.plot_item.setLabel("left", "layer")
         self.plot_item.setLabel("bottom", "token position")
         self.plot_item.showGrid(False, False)
+        cache_axes(self.plot_item)
         self._export_action = QAction("Export view\u2026", self)
         self._export_action.triggered.connect(self.export_requested.emit)
         self.plot_widget.scene().contextMenu = [self._export_action]

@@ -11,6 +11,7 @@ from PySide6.QtGui import QAction, QFont, QFontMetrics
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from kvviz.app import theme
+from kvviz.app.views.base import cache_axes
 from kvviz.records import RunPlan, StepRecord
 
 SERIES = ("without_cache", "with_cache", "ms_per_step", "cache_mib")
@@ -91,6 +92,8 @@ class WorkChart(QWidget):
         self._export_action.triggered.connect(self.export_requested.emit)
         self.layout_widget.scene().contextMenu = [self._export_action]
         self.work_plot.showGrid(x=False, y=True, alpha=0.15)  # grid lines are costly to paint: one set only
+        for plot in (self.work_plot, self.ms_plot, self.mem_plot):
+            cache_axes(plot)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
