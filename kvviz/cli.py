@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from kvviz import bench  # torch-free at import: the benchmarks load it when they run
+from kvviz.errors import KvvizError, first_line, is_out_of_memory
 
 PROCESS_STARTED = time.perf_counter()  # `kvviz` launch time, for the window-shown measurement
 
@@ -28,7 +29,7 @@ MODEL_HELP = (
 PROMPT_HELP = "text to continue; an empty prompt starts from <|endoftext|>"
 
 
-class UsageError(Exception):
+class UsageError(KvvizError):
     """Bad input from the user: printed as one line, exit status 2."""
 
 
@@ -261,11 +262,14 @@ def cmd_count(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.gui:
         try:
-            from kvviz.app.gui_bench import format_report, run_gui_bench
+            from kvviz.app.gui_bench import GuiBenchError, format_report, run_gui_bench
         except ImportError as exc:
             raise UsageError(f"the GUI benchmark needs PySide6 and pyqtgraph ({exc})") from exc
-        result = run_gui_bench(args.model, args.prompt, args.new_tokens, launched_at=PROCESS_STARTED,
-                               repeat=args.repeat or GUI_BENCH_REPEAT)
+        try:
+            result = run_gui_bench(args.model, args.prompt, args.new_tokens, launched_at=PROCESS_STARTED,
+                                   repeat=args.repeat or GUI_BENCH_REPEAT)
+        except GuiBenchError as exc:
+            raise UsageError(str(exc)) from exc
         print(json.dumps(result) if args.json else format_report(result))
         return 0
     _check_device(args.device)
@@ -287,15 +291,11 @@ def _print_result(result: dict, as_json: bool, title: str) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    formats = [f.strip().lower() for f in args.format.split(",") if f.strip()]
-    unknown = [f for f in formats if f not in ("png", "svg", "pdf")]
-    if not formats or unknown:
-        raise UsageError(f"--format takes png, svg and/or pdf, got {args.format!r}")
     try:
-        from kvviz.app.headless_export import run_export
+        from kvviz.app.export import run_export
     except ImportError as exc:
         raise UsageError(f"export needs PySide6 and pyqtgraph ({exc})") from exc
-    paths = run_export(args.model, args.prompt, args.new_tokens, args.out, formats,
+    paths = run_export(args.model, args.prompt, args.new_tokens, args.out, args.format,  # checked first thing
                        use_cache=not args.no_cache, width=args.width)
     for path in paths:
         print(path)
@@ -341,17 +341,6 @@ COMMANDS = {"generate": cmd_generate, "count": cmd_count, "bench": cmd_bench, "e
             "train": cmd_train}
 
 
-def _expected_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [UsageError]
-    for module, name in (("kvviz.weights", "ModelLoadError"), ("kvviz.engine", "GenerationError"),
-                         ("kvviz.train", "CorpusError"), ("kvviz.tokenizer", "TokenizerFilesError"),
-                         ("kvviz.app.export", "ExportError"), ("kvviz.app.gui_bench", "GuiBenchError")):
-        loaded = sys.modules.get(module)
-        if loaded is not None and hasattr(loaded, name):
-            errors.append(getattr(loaded, name))
-    return tuple(errors)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = COMMANDS.get(args.command, cmd_gui)
@@ -362,11 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except KvvizError as exc:
+        print(f"kvviz: {first_line(exc)}", file=sys.stderr)
+        return 2
     except Exception as exc:
-        if isinstance(exc, _expected_errors()):
-            print(f"kvviz: {exc}", file=sys.stderr)
-            return 2
-        if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
+        if is_out_of_memory(exc):
             print("kvviz: out of memory: try a smaller model", file=sys.stderr)
             return 1
         raise

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvviz.errors import KvvizError
+
 
 def kv_without_cache(prompt_tokens: int, new_tokens: int) -> int:
     """K/V rows per layer when each of N steps re-runs the whole sequence: N*P + N(N-1)/2."""
@@ -26,7 +28,7 @@ class WorkCount:
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "new_tokens", "layers"):
             if int(getattr(self, name)) <= 0:
-                raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+                raise KvvizError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
 
     @property
     def with_cache(self) -> int:

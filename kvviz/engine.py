@@ -176,6 +176,7 @@ class Engine:
             if self.kv_cache is cache:  # a later run may own the engine's cache by now
                 self.kv_cache = None
 
+    @torch.inference_mode()  # around each pass only: the caller is back in its own mode between records
     def _passes(
         self, plan: RunPlan, cache: KVCache | None, sampling: SamplingSettings, top_candidates: int
     ) -> Iterator[StepRecord]:
@@ -195,70 +196,69 @@ class Engine:
         decode_weights = model.decode_weights() if use_cache else None
         computed_total = reused_total = without_total = 0
         step = 0
-        with torch.inference_mode():
-            while True:
-                generated = len(tokens) - P
-                flush = use_cache and generated == budget
-                if generated == budget and not use_cache:
-                    return
-                if use_cache:
-                    fed_start = cache.length
-                else:
-                    fed_start = 0
-                fed_stop = len(tokens)
-                fed = tokens[fed_start:fed_stop]
-                reused = fed_start if use_cache else 0
-                before = model.kv_rows_projected()
-                started = time.perf_counter()
-                if use_cache and len(fed) == 1:
-                    logits = model.decode_one(fed[0], fed_start, cache, decode_weights)[0]  # (V,)
-                else:
-                    idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
-                    positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
-                    logits = model(idx, positions, cache, last_only=True)[0, -1]  # (V,)
-                if flush:
-                    token, candidates = None, ()
-                else:
-                    token, candidates = self._choose(logits, sampling, generator, top_candidates)
-                seconds = time.perf_counter() - started
-                after = model.kv_rows_projected()
-                computed = tuple(a - b for a, b in zip(after, before, strict=True))
-                if any(c != fed_stop - fed_start for c in computed):
-                    raise RuntimeError(f"layers projected {computed} K/V rows for {fed_stop - fed_start} fed positions")
-                computed_total += computed[0]
-                reused_total += reused
-                if token is not None:
-                    tokens.append(token)
-                    without_total += fed_stop
-                new_tokens = len(tokens) - P
-                final = flush or (not use_cache and new_tokens == budget)
-                yield StepRecord(
-                    step=step,
-                    use_cache=use_cache,
-                    prompt_tokens=P,
-                    fed_start=fed_start,
-                    fed_stop=fed_stop,
-                    fed_token_ids=tuple(fed),
-                    kv_computed=computed,
-                    kv_reused=(reused,) * n_layer,
-                    token_id=token,
-                    token_text="" if token is None else self.tokenizer.token_label(token),
-                    candidates=candidates,
-                    new_tokens=new_tokens,
-                    sequence_length=len(tokens),
-                    seconds=seconds,
-                    kv_computed_total=computed_total,
-                    kv_reused_total=reused_total,
-                    with_cache_total=computed_total if use_cache else len(tokens) - (0 if final else 1),
-                    without_cache_total=without_total if use_cache else computed_total,
-                    cache_bytes=cache.bytes_used if cache is not None else 0,
-                    n_layer=n_layer,
-                    final=final,
-                    stop_reason=stop_reason if final else "",
-                )
-                step += 1
-                if final:
-                    return
+        while True:
+            generated = len(tokens) - P
+            flush = use_cache and generated == budget
+            if generated == budget and not use_cache:
+                return
+            if use_cache:
+                fed_start = cache.length
+            else:
+                fed_start = 0
+            fed_stop = len(tokens)
+            fed = tokens[fed_start:fed_stop]
+            reused = fed_start if use_cache else 0
+            before = model.kv_rows_projected()
+            started = time.perf_counter()
+            if use_cache and len(fed) == 1:
+                logits = model.decode_one(fed[0], fed_start, cache, decode_weights)[0]  # (V,)
+            else:
+                idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
+                positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
+                logits = model(idx, positions, cache, last_only=True)[0, -1]  # (V,)
+            if flush:
+                token, candidates = None, ()
+            else:
+                token, candidates = self._choose(logits, sampling, generator, top_candidates)
+            seconds = time.perf_counter() - started
+            after = model.kv_rows_projected()
+            computed = tuple(a - b for a, b in zip(after, before, strict=True))
+            if any(c != fed_stop - fed_start for c in computed):
+                raise RuntimeError(f"layers projected {computed} K/V rows for {fed_stop - fed_start} fed positions")
+            computed_total += computed[0]
+            reused_total += reused
+            if token is not None:
+                tokens.append(token)
+                without_total += fed_stop
+            new_tokens = len(tokens) - P
+            final = flush or (not use_cache and new_tokens == budget)
+            yield StepRecord(
+                step=step,
+                use_cache=use_cache,
+                prompt_tokens=P,
+                fed_start=fed_start,
+                fed_stop=fed_stop,
+                fed_token_ids=tuple(fed),
+                kv_computed=computed,
+                kv_reused=(reused,) * n_layer,
+                token_id=token,
+                token_text="" if token is None else self.tokenizer.token_label(token),
+                candidates=candidates,
+                new_tokens=new_tokens,
+                sequence_length=len(tokens),
+                seconds=seconds,
+                kv_computed_total=computed_total,
+                kv_reused_total=reused_total,
+                with_cache_total=computed_total if use_cache else len(tokens) - (0 if final else 1),
+                without_cache_total=without_total if use_cache else computed_total,
+                cache_bytes=cache.bytes_used if cache is not None else 0,
+                n_layer=n_layer,
+                final=final,
+                stop_reason=stop_reason if final else "",
+            )
+            step += 1
+            if final:
+                return
 
 
 def generate_ids(

@@ -22,7 +22,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return True
     message = str(exc).lower()
-    return "out of memory" in message or "can't allocate memory" in message or "cannot allocate memory" in message
+    return any(words in message for words in ("out of memory", "not enough memory", "allocate memory"))
 
 
 def as_sentence(text: str) -> str:

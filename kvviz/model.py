@@ -51,6 +51,14 @@ PRESETS: dict[str, GPTConfig] = {
 }
 
 
+def column_major(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` (V, C) with the same values, stored column by column: its transpose is then a
+    contiguous (C, V) matrix without a copy. GPT keeps `wte` this way, so that the tied output
+    head, `x @ wte.T`, multiplies by a contiguous matrix (twice as fast on CPU as by the
+    transposed view) while sharing the embedding's memory."""
+    return weight.t().contiguous().t()
+
+
 class Conv1D(nn.Module):
     """Affine map whose weight is stored (in_features, out_features), as in GPT-2 checkpoints.
 
@@ -157,6 +165,8 @@ class GPT(nn.Module):
     """GPT-2: learned positions, pre-LayerNorm blocks, GELU (tanh), output head tied to `wte`.
 
     Module names follow the checkpoint keys (`wte`, `wpe`, `h`, `ln_f`, `c_attn`, `c_proj`).
+    `wte` is stored column-major (see `column_major`); loaders that assign a new `wte` should
+    lay it out the same way, or inference keeps a transposed copy of it for the head.
     """
 
     def __init__(self, config: GPTConfig) -> None:
@@ -168,7 +178,7 @@ class GPT(nn.Module):
             dict(
                 # Uninitialised, like Conv1D: loaders overwrite them and `init_weights` draws them.
                 # (Embedding's own init on the meta device would import torch._dynamo: seconds.)
-                wte=nn.Embedding(config.vocab_size, config.n_embd, _weight=torch.empty(V, C)),
+                wte=nn.Embedding(config.vocab_size, config.n_embd, _weight=torch.empty(C, V).t()),
                 wpe=nn.Embedding(config.n_ctx, config.n_embd, _weight=torch.empty(config.n_ctx, C)),
                 h=nn.ModuleList(Block(config, i, self._kv_rows) for i in range(config.n_layer)),
                 ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon),
@@ -189,11 +199,13 @@ class GPT(nn.Module):
                     p.zero_()
                 elif ".ln_" in name or name.startswith("transformer.ln_f"):
                     p.fill_(1.0)
-                elif name.endswith("c_proj.weight"):
-                    p.normal_(0.0, residual_std, generator=generator)
                 else:
-                    p.normal_(0.0, 0.02, generator=generator)
-        self._head_t = None
+                    # Drawn in logical order whatever the layout, so a seed gives the same weights as ever.
+                    drawn = p if p.is_contiguous() else torch.empty_like(p, memory_format=torch.contiguous_format)
+                    drawn.normal_(0.0, residual_std if name.endswith("c_proj.weight") else 0.02, generator=generator)
+                    if drawn is not p:
+                        p.copy_(drawn)
+        self.release_inference_buffers()
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -213,9 +225,19 @@ class GPT(nn.Module):
         """Every block's tensors for `decode_one`; take them again if the parameters are replaced."""
         return [block.decode_weights() for block in self.blocks]
 
+    def release_inference_buffers(self) -> None:
+        """Drop what inference keeps besides the parameters (a transposed copy of the head, made only
+        when `wte` is not column-major); call it when the model is being replaced."""
+        self._head_t = None
+        self._head_key = None
+
     def _output_head(self) -> torch.Tensor:
-        """The tied head as a (C, V) tensor for inference, refreshed when `wte` changes."""
+        """The tied head as a contiguous (C, V) tensor for inference: `wte`'s own memory when it is
+        column-major, else a copy kept until `wte` changes or `release_inference_buffers`."""
         w = self.transformer.wte.weight
+        head = w.detach().t()  # (C, V)
+        if head.is_contiguous():
+            return head
         key = (w.data_ptr(), w._version)
         if self._head_t is None or self._head_key != key or self._head_t.dtype != w.dtype:
             self._head_t = w.detach().t().contiguous()  # (C, V)

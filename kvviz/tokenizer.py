@@ -10,6 +10,8 @@ from pathlib import Path
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
+from kvviz.errors import KvvizError
+
 # The hashes tiktoken's own "gpt2" definition expects for these two files.
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
@@ -19,7 +21,7 @@ ENDOFTEXT_ID = 50256
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
 
-class TokenizerFilesError(RuntimeError):
+class TokenizerFilesError(KvvizError):
     """The GPT-2 BPE files are missing or do not match the hashes tiktoken expects."""
 
 

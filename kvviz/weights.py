@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
-import re
-from collections.abc import Callable
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from kvviz.model import GPT, PRESETS, GPTConfig
+from kvviz.errors import DownloadCancelled, KvvizError, first_line
+from kvviz.files import write_atomically
+from kvviz.model import GPT, PRESETS, GPTConfig, column_major
 from kvviz.resources import DEFAULT_MODEL_NAME, default_model_dir
 
 HUB_MODELS = {
@@ -25,17 +32,11 @@ RANDOM_SEED = 123
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 HEADS_BY_WIDTH = {768: 12, 1024: 16, 1280: 20, 1600: 25}
 
-ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
+ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total); may raise DownloadCancelled
 
 
-class ModelLoadError(ValueError):
-    """A model source that cannot be used; the message is one line that names the culprit."""
-
-
-def _first_line(exc: BaseException) -> str:
-    """An exception's message as one plain line (no terminal colour codes), or its type's name."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
-    return text.splitlines()[0].strip() if text else exc.__class__.__name__
+class ModelLoadError(KvvizError):
+    """A model source that cannot be used: one line that starts with the source as typed ("gpt2: ...")."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
                 f"{path}: refused: the file holds Python objects besides tensors, and kvviz loads .pth files "
                 "with weights_only=True (save a plain state dict, or convert it to .safetensors)"
             ) from exc
-        raise ModelLoadError(f"{path}: corrupt or truncated checkpoint ({_first_line(exc)})") from exc
+        raise ModelLoadError(f"{path}: corrupt or truncated checkpoint ({first_line(exc)})") from exc
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelLoadError(f"{path}: not a state dict (a dict of tensor names to tensors)")
     return state
@@ -194,7 +195,9 @@ def build_model(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, 
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
         raise ModelLoadError(f"{origin}: unexpected tensor {unexpected[0]} ({len(unexpected)} in all)")
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
+    state = {k: v.to(dtype) for k, v in state.items()}
+    state["transformer.wte.weight"] = column_major(state["transformer.wte.weight"])  # the head shares it
+    model.load_state_dict(state, assign=True)
     return model.eval()
 
 
@@ -218,27 +221,61 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32) -> GPT:
     return build_model(config.with_name(name), state, str(path), dtype)
 
 
+CHECKPOINT_FILES = ("model.safetensors", "config.json")
+
+
 def save_checkpoint(model: GPT, out_dir: Path, dtype: torch.dtype = torch.float32) -> Path:
-    """Write `config.json` and `model.safetensors` as transformers' save_pretrained does, atomically."""
+    """Write `config.json` and `model.safetensors` as transformers' save_pretrained does: both or neither.
+
+    Both files are written whole (and synced) into a temporary folder inside `out_dir` before
+    either is put in place, by two renames in a row; should the second rename fail, the first is
+    undone. A failed save (a full disk, an interrupt) leaves `out_dir` as it was, with no temporary
+    file behind. Other files in `out_dir` are left alone. Returns the weights' path.
+    """
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
-    weights = out_dir / "model.safetensors"
-    tmp_weights = out_dir / ".model.safetensors.tmp"
-    save_file(state, str(tmp_weights), metadata={"format": "pt"})
-    os.chmod(tmp_weights, 0o644)
-    os.replace(tmp_weights, weights)
-    tmp_config = out_dir / ".config.json.tmp"
-    tmp_config.write_text(json.dumps(config_to_json(model.config), indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp_config, out_dir / "config.json")
-    return weights
+    staging = Path(tempfile.mkdtemp(prefix=".kvviz-save-", suffix=".tmp", dir=out_dir))
+    try:
+        weights = staging / "model.safetensors"
+        save_file(state, str(weights), metadata={"format": "pt"})
+        with open(weights, "rb") as handle:
+            os.fsync(handle.fileno())
+        write_atomically(staging / "config.json", (json.dumps(config_to_json(model.config), indent=2) + "\n").encode())
+        _move_in_together(staging, out_dir, CHECKPOINT_FILES)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir / "model.safetensors"
+
+
+def _move_in_together(staging: Path, out_dir: Path, names: tuple[str, ...]) -> None:
+    """Rename `staging/name` onto `out_dir/name` for each name; if one rename fails, undo the earlier ones."""
+    done: list[tuple[Path, Path | None]] = []  # (target, its previous content kept in staging, or None)
+    try:
+        for name in names:
+            target, previous = out_dir / name, staging / f"previous-{name}"
+            if target.is_file():
+                try:
+                    os.link(target, previous)  # the old file stays where it is until the rename replaces it
+                except OSError:
+                    shutil.copy2(target, previous)  # file systems without hard links
+            os.replace(staging / name, target)
+            done.append((target, previous if previous.exists() else None))
+    except BaseException:
+        for target, previous in reversed(done):
+            with contextlib.suppress(OSError):
+                if previous is None:
+                    target.unlink()
+                else:
+                    os.replace(previous, target)
+        raise
 
 
 def random_model(preset: str, dtype: torch.dtype = torch.float32) -> GPT:
     """Untrained weights from a fixed seed, GPT-2's initialisation (the book's benchmark setup)."""
     if preset not in PRESETS:
-        raise ModelLoadError(f"unknown preset {preset!r} in random:{preset}; choose from {', '.join(PRESETS)}")
+        raise ModelLoadError(f"random:{preset}: unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     config = PRESETS[preset].with_name(f"random:{preset}")
     model = GPT(config)
     model.init_weights(torch.Generator().manual_seed(RANDOM_SEED))
@@ -265,13 +302,15 @@ def download_hub_model(name: str, progress: ProgressCallback | None = None,
 
     Downloaded once: a model already in the cache is used without asking the hub. huggingface_hub
     writes to a temporary file and renames it when complete, so an interrupted download leaves no
-    half-written weights; the next call starts over.
+    half-written weights; the next call starts over. With `progress`, the download reports to it
+    alone (no progress bar, no log lines on the terminal), and DownloadCancelled raised by it stops
+    the download and passes through unchanged.
     """
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     if name not in HUB_MODELS:
-        raise ModelLoadError(f"unknown hub model {name!r}; choose from {', '.join(HUB_MODELS)}")
+        raise ModelLoadError(f"{name}: unknown hub model; choose from {', '.join(HUB_MODELS)}")
     cached = cached_hub_model(name, cache_dir)
     if cached is not None:
         return cached
@@ -279,17 +318,22 @@ def download_hub_model(name: str, progress: ProgressCallback | None = None,
     kwargs: dict = {"repo_id": repo_id, "cache_dir": cache_dir}
     if endpoint is not None:
         kwargs["endpoint"] = endpoint
+    quiet = progress is not None
     try:
-        config_path = hf_hub_download(filename="config.json", **kwargs)
-        tqdm_class = _progress_tqdm(progress) if progress is not None else None
-        weights_path = hf_hub_download(filename="model.safetensors", tqdm_class=tqdm_class, **kwargs)
+        with _hub_logs_silenced() if quiet else contextlib.nullcontext():
+            config_path = hf_hub_download(filename="config.json", tqdm_class=_quiet_tqdm() if quiet else None,
+                                          **kwargs)
+            weights_path = hf_hub_download(filename="model.safetensors",
+                                           tqdm_class=_quiet_tqdm(progress) if quiet else None, **kwargs)
+    except DownloadCancelled:
+        raise
     except LocalEntryNotFoundError as exc:
         raise ModelLoadError(
             f"{name}: not downloaded yet and the Hugging Face hub cannot be reached; connect once to fetch {repo_id}"
         ) from exc
     except Exception as exc:  # HTTP errors, dropped connections, full disks: huggingface_hub raises many types
         raise ModelLoadError(
-            f"{name}: download of {repo_id} failed ({_first_line(exc)}); nothing partial was kept, try again"
+            f"{name}: download of {repo_id} failed ({first_line(exc)}); nothing partial was kept, try again"
         ) from exc
     folder = Path(weights_path).parent
     if Path(config_path).parent != folder:
@@ -297,16 +341,56 @@ def download_hub_model(name: str, progress: ProgressCallback | None = None,
     return folder
 
 
-def _progress_tqdm(progress: ProgressCallback):
-    from tqdm.auto import tqdm
+class _Discard(io.TextIOBase):
+    def write(self, text: str) -> int:
+        return len(text)
 
-    class CallbackTqdm(tqdm):
+
+def _quiet_tqdm(progress: ProgressCallback | None = None) -> type:
+    """A tqdm class for huggingface_hub that draws nothing and reports each update to `progress`."""
+    from tqdm import tqdm
+
+    class QuietTqdm(tqdm):
+        def __init__(self, *args, **kwargs) -> None:
+            kwargs.update(file=_Discard(), disable=False)  # counts bytes, as a bar would, but draws on nothing
+            super().__init__(*args, **kwargs)
+
         def update(self, n: float | None = 1) -> bool | None:
             result = super().update(n)
-            progress(int(self.n), int(self.total or 0))
+            if progress is not None:
+                progress(int(self.n), int(self.total or 0))
             return result
 
-    return CallbackTqdm
+    return QuietTqdm
+
+
+class _ThreadsFilter(logging.Filter):
+    """Drops log records made by the threads in `threads`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread not in self.threads
+
+
+_SILENCED = _ThreadsFilter()
+
+
+@contextlib.contextmanager
+def _hub_logs_silenced() -> Iterator[None]:
+    """No huggingface_hub log lines (retries, its Xet notice) from this thread meanwhile: they go to stderr."""
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.split(".")[0] == "huggingface_hub" and isinstance(logger, logging.Logger):
+            if _SILENCED not in logger.filters:
+                logger.addFilter(_SILENCED)
+    thread = threading.get_ident()
+    _SILENCED.threads.add(thread)
+    try:
+        yield
+    finally:
+        _SILENCED.threads.discard(thread)
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -314,15 +398,15 @@ def check_device(device: str | torch.device) -> torch.device:
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as exc:
-        raise ModelLoadError(f"unknown device {str(device)!r}; use cpu, cuda or mps") from exc
+        raise ModelLoadError(f"{device}: unknown device; use cpu, cuda or mps") from exc
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"device {str(device)!r} is not available here (no CUDA GPU, or torch built without CUDA)")
+        raise ModelLoadError(f"{device}: device not available here (no CUDA GPU, or torch built without CUDA)")
     if resolved.type == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
-            raise ModelLoadError(f"device {str(device)!r} is not available here (it needs Apple silicon)")
+            raise ModelLoadError(f"{device}: device not available here (it needs Apple silicon)")
     if resolved.type not in ("cpu", "cuda", "mps"):
-        raise ModelLoadError(f"unknown device {str(device)!r}; use cpu, cuda or mps")
+        raise ModelLoadError(f"{device}: unknown device; use cpu, cuda or mps")
     return resolved
 
 
@@ -337,7 +421,7 @@ def load_model(
     if source is None or source == "" or source == DEFAULT_MODEL_NAME:
         folder = default_model_dir()
         if not (folder / "model.safetensors").is_file():
-            raise ModelLoadError(f"the embedded model is missing from {folder}; reinstall kvviz")
+            raise ModelLoadError(f"{DEFAULT_MODEL_NAME}: the embedded model is missing from {folder}; reinstall kvviz")
         model = load_checkpoint(folder, dtype)
         name, origin = DEFAULT_MODEL_NAME, f"embedded in kvviz ({folder})"
     elif source.startswith("random:"):
@@ -352,7 +436,7 @@ def load_model(
     else:
         path = Path(source).expanduser()
         if not path.exists():
-            raise ModelLoadError(f"unknown model {source!r}: no such file or folder; use {describe_sources()}")
+            raise ModelLoadError(f"{source}: unknown model, and no such file or folder; use {describe_sources()}")
         model = load_checkpoint(path, dtype)
         name, origin = model.config.name, str(path.resolve())
     model = model.to(device)

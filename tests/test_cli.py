@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from kvviz.cli import main
-from kvviz.counting import kv_with_cache, kv_without_cache
 from kvviz.model import GPT, GPTConfig
 from kvviz.weights import save_checkpoint
 
@@ -42,8 +41,8 @@ def test_count_reproduces_the_lab_example(capsys):
 def test_count_multiplies_by_layers(capsys):
     assert main(["count", "--prompt-tokens", "4", "--new-tokens", "10", "--layers", "12", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["without_cache_all_layers"] == 12 * kv_without_cache(4, 10)
-    assert result["with_cache_all_layers"] == 12 * kv_with_cache(4, 10)
+    assert result["without_cache_all_layers"] == 12 * (4 + 5 + 6 + 7 + 8 + 9 + 10 + 11 + 12 + 13) == 1_020
+    assert result["with_cache_all_layers"] == 12 * (4 + 10) == 168
     assert main(["count", "--prompt-tokens", "3", "--new-tokens", "12"]) == 0
     text = capsys.readouterr().out
     assert "102" in text and "15" in text and "6.8x" in text
@@ -58,10 +57,10 @@ def test_generate_json_reports_measured_counts(tiny_checkpoint, capsys, no_cache
     for key in ("model", "prompt_ids", "output_ids", "text", "cache", "kv_computed_per_layer", "layers", "seconds",
                 "tokens_per_second"):
         assert key in result
-    P, N = len(result["prompt_ids"]), len(result["output_ids"])
-    assert N == 12 and result["layers"] == 3 and result["cache"] is (not no_cache)
-    expected = kv_without_cache(P, N) if no_cache else kv_with_cache(P, N)
-    assert result["kv_computed_per_layer"] == expected
+    assert len(result["prompt_ids"]) == 3 and len(result["output_ids"]) == 12  # "Time", " flies", " fast"
+    assert result["layers"] == 3 and result["cache"] is (not no_cache)
+    # With the cache: 3 prompt rows + 12 new ones. Without: passes over 3, 4, ..., 14 tokens.
+    assert result["kv_computed_per_layer"] == (102 if no_cache else 15)
 
 
 def test_generate_cached_and_uncached_print_the_same_text(tiny_checkpoint, capsys):
@@ -86,7 +85,7 @@ def test_generate_stops_at_the_context_length(tiny_checkpoint, capsys):
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["generate", "--model", "gpt5", "--prompt", "x"], "unknown model 'gpt5'"),
+        (["generate", "--model", "gpt5", "--prompt", "x"], "kvviz: gpt5: unknown model"),
         (["generate", "--model", "/no/such/dir", "--prompt", "x"], "no such file"),
         (["generate", "--model", "random:gpt9", "--prompt", "x"], "unknown preset"),
         (["generate", "--prompt", "x", "--max-new-tokens", "0"], "must be a positive integer"),
@@ -95,7 +94,7 @@ def test_generate_stops_at_the_context_length(tiny_checkpoint, capsys):
         (["count", "--prompt-tokens", "0", "--new-tokens", "3"], "must be a positive integer"),
         (["count", "--prompt-tokens", "3", "--new-tokens", "-2"], "must be a positive integer"),
         (["count", "--prompt-tokens", "x", "--new-tokens", "2"], "not a whole number"),
-        (["export", "--prompt", "x", "--out", "o", "--format", "gif"], "--format takes png, svg"),
+        (["export", "--prompt", "x", "--out", "o", "--format", "gif"], "unknown format 'gif'; choose from png, svg, pdf"),
     ],
 )
 def test_bad_input_gives_one_line_and_status_2(args, fragment):
@@ -146,11 +145,55 @@ def test_bench_reports_speed_and_identity(tiny_checkpoint, capsys):
     for key in ("cached_tokens_per_second", "uncached_tokens_per_second", "speedup", "identical", "cache_bytes"):
         assert key in result
     assert result["identical"] is True
-    assert result["cache_bytes"] == 2 * 3 * 32 * (result["prompt_tokens"] + 10) * 4
+    # "Hello, I am" is 4 tokens; 14 positions of K and V, 3 layers of width 32, float32: 14 * 2 * 3 * 32 * 4 bytes
+    assert result["prompt_tokens"] == 4 and result["cache_bytes"] == 10_752
     assert (result["cached_runs"], result["uncached_runs"]) == (3, 1)  # short runs take turns by default
     assert main(["bench", "--model", str(tiny_checkpoint), "--new-tokens", "5", "--repeat", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["cached_runs"], result["uncached_runs"]) == (2, 2)
+
+
+def test_bench_keeps_the_fastest_run_of_each_configuration(tiny_checkpoint, capsys, monkeypatch):
+    from kvviz import bench
+
+    seconds = iter([4.0, 1.0, 2.0, 8.0, 5.0])  # three cached runs, then two uncached ones (--repeat 3 for both)
+    real_timed = bench._timed
+
+    def scripted(engine, prompt_ids, new_tokens, use_cache):
+        ids, _, cache_bytes = real_timed(engine, prompt_ids, new_tokens, use_cache)
+        return ids, next(seconds), cache_bytes
+
+    monkeypatch.setattr(bench, "_timed", scripted)
+    monkeypatch.setattr(bench, "UNCACHED_REPEAT", 2)
+    assert main(["bench", "--model", str(tiny_checkpoint), "--new-tokens", "10", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["cached_tokens_per_second"] == 10 / 1.0
+    assert result["uncached_tokens_per_second"] == 10 / 5.0
+    assert result["speedup"] == 5.0
+
+
+def test_bench_peer_without_transformers_says_so_in_one_line(tiny_checkpoint, capsys, monkeypatch):
+    from kvviz import bench
+
+    def no_transformers(model):
+        raise ImportError("No module named 'transformers'")
+
+    monkeypatch.setattr(bench, "to_transformers", no_transformers)
+    assert main(["bench", "--model", str(tiny_checkpoint), "--new-tokens", "2", "--peer"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvviz: --peer needs transformers") and len(err.strip().splitlines()) == 1
+
+
+def test_out_of_memory_is_one_line_and_status_1(tiny_checkpoint, capsys, monkeypatch):
+    from kvviz.engine import Engine
+
+    def exhausted(self, *args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 1000000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(Engine, "generate", exhausted)
+    assert main(["generate", "--model", str(tiny_checkpoint), "--prompt", "x", "--json"]) == 1
+    assert capsys.readouterr().err == "kvviz: out of memory: try a smaller model\n"
 
 
 def test_bench_peer_matches_transformers(tiny_checkpoint, capsys):

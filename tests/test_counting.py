@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvviz.counting import WorkCount, kv_with_cache, kv_without_cache
+from kvviz.errors import KvvizError
 
 
 def _simulate_without_cache(P: int, N: int) -> int:
@@ -60,7 +61,7 @@ def test_a_single_new_token_costs_one_more_with_the_cache():
     ("layers", dict(prompt_tokens=3, new_tokens=3, layers=-1)),
 ])
 def test_counts_must_be_positive(field, kwargs):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(KvvizError, match=field):  # the CLI and the app report KvvizError as one line
         WorkCount(**kwargs)
 
 

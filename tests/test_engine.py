@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 
-import numpy as np
 import pytest
 import torch
 from helpers_checkpoints import EOT_ID, HELLO_IDS, embedded_or_tiny_folder, tiny_kvviz_model
@@ -26,23 +26,33 @@ def _ids(engine: Engine, prompt: list[int], n: int, use_cache: bool, sampling: S
 # ----- cached == uncached -----
 
 
-def test_random_gpt2_cached_equals_uncached_for_200_greedy_tokens():
-    """The book's benchmark setup: untrained GPT-2 124M from a fixed seed, "Hello, I am", 200 tokens."""
-    engine = Engine(load_model("random:gpt2").model)
-    cached, cached_records = _ids(engine, HELLO_IDS, 200, use_cache=True)
-    uncached, uncached_records = _ids(engine, HELLO_IDS, 200, use_cache=False)
-    assert cached.shape == (200,)
-    assert torch.equal(cached, uncached)
-    P, N = len(HELLO_IDS), 200
-    assert cached_records[-1].kv_computed_total == kv_with_cache(P, N) == 204
-    assert uncached_records[-1].kv_computed_total == kv_without_cache(P, N) == 20_700
-    assert cached_records[-1].stop_reason == uncached_records[-1].stop_reason == "max_new_tokens"
+def test_200_tokens_cached_equal_uncached_greedy_and_sampled():
+    """The book's benchmark length, "Hello, I am" and 200 tokens, greedy and seeded sampling, on a model
+    small enough for the uncached run's 20,700 K/V rows per layer to take a second, not a minute."""
+    engine = Engine(tiny_kvviz_model(n_layer=2, n_head=4, n_embd=64, n_ctx=256, seed=3, std=0.3))
+    runs = {}
+    for sampling in (SamplingSettings(), SamplingSettings(temperature=1.0, top_k=40, seed=123)):
+        cached, cached_records = _ids(engine, HELLO_IDS, 200, True, sampling)
+        uncached, uncached_records = _ids(engine, HELLO_IDS, 200, False, sampling)
+        assert cached.shape == (200,)
+        assert torch.equal(cached, uncached), sampling
+        assert cached_records[-1].kv_computed_total == 204  # 4 prompt tokens + 200 new ones
+        assert uncached_records[-1].kv_computed_total == 20_700  # 4 + 5 + ... + 203
+        assert cached_records[-1].stop_reason == uncached_records[-1].stop_reason == "max_new_tokens"
+        runs[sampling.greedy] = cached
+    assert len(set(runs[True].tolist())) > 10, "weights this flat would not test much"
+    assert len(set(runs[False].tolist())) > 10 and not torch.equal(runs[True], runs[False])
 
-    # Seeded sampling on the same model (fewer tokens: the uncached run is the slow part).
+
+def test_random_gpt2_cached_equals_uncached():
+    """The book's benchmark setup itself: untrained GPT-2 124M from a fixed seed, "Hello, I am"
+    (fewer tokens than 200: without the cache, GPT-2 124M is the slow part of the suite)."""
+    engine = Engine(load_model("random:gpt2").model)
+    greedy, _ = _ids(engine, HELLO_IDS, 40, use_cache=True)
+    assert torch.equal(greedy, _ids(engine, HELLO_IDS, 40, use_cache=False)[0])
     sampling = SamplingSettings(temperature=1.0, top_k=40, seed=123)
-    sampled, _ = _ids(engine, HELLO_IDS, 50, use_cache=True, sampling=sampling)
-    sampled_uncached, _ = _ids(engine, HELLO_IDS, 50, use_cache=False, sampling=sampling)
-    assert torch.equal(sampled, sampled_uncached)
+    sampled, _ = _ids(engine, HELLO_IDS, 25, True, sampling)
+    assert torch.equal(sampled, _ids(engine, HELLO_IDS, 25, False, sampling)[0])
     assert len(set(sampled.tolist())) > 10, "sampling should wander off the greedy loop"
 
 
@@ -159,14 +169,22 @@ def test_measured_counts_equal_the_formula(P, N):
     assert cached[-1].kv_reused_total == sum(range(P, P + N))
     assert uncached[-1].kv_reused_total == 0
 
-    # Running totals, record by record.
-    running = 0
-    for record in cached:
-        running += record.kv_computed[0]
-        assert record.kv_computed_total == running
-        assert record.without_cache_total == kv_without_cache(P, record.new_tokens)
-    for record in uncached:
-        assert record.kv_computed_total == kv_without_cache(P, record.new_tokens)
+
+def test_running_totals_record_by_record():
+    """P=3, N=4, counted by hand. Cached: passes feed 3, 1, 1, 1, 1 positions; an uncached run would have fed
+    3, 4, 5, 6 for the four passes that chose a token. Uncached: passes feed 3, 4, 5, 6; a cached run would
+    have computed one row per token so far, but the newest, and all 7 once finished."""
+    engine = Engine(tiny_kvviz_model(2, 2, 32, 64, std=0.3))
+    cached = list(engine.generate(HELLO_IDS[:3], 4, use_cache=True))
+    uncached = list(engine.generate(HELLO_IDS[:3], 4, use_cache=False))
+    assert [r.kv_computed_total for r in cached] == [3, 4, 5, 6, 7]
+    assert [r.kv_reused_total for r in cached] == [0, 3, 7, 12, 18]
+    assert [r.with_cache_total for r in cached] == [3, 4, 5, 6, 7]
+    assert [r.without_cache_total for r in cached] == [3, 7, 12, 18, 18]
+    assert [r.kv_computed_total for r in uncached] == [3, 7, 12, 18]
+    assert [r.without_cache_total for r in uncached] == [3, 7, 12, 18]
+    assert [r.with_cache_total for r in uncached] == [3, 4, 5, 7]
+    assert [r.avoided_total for r in (cached[-1], uncached[-1])] == [11, 11]
 
 
 def test_the_lesson_numbers():
@@ -228,36 +246,78 @@ def test_record_fields_follow_the_run(engine):
             assert all(c.text == tok.token_label(c.token_id) for c in record.candidates)
 
 
-def test_masks(engine):
-    P = len(PROMPT)
+def test_computed_and_reused_positions(engine):
+    P = len(PROMPT)  # 10
     cached = list(engine.generate(PROMPT, 5, use_cache=True))
+    assert [r.computed_positions() for r in cached] == [slice(0, 10)] + [slice(p, p + 1) for p in range(10, 15)]
+    assert [r.reused_positions() for r in cached] == [slice(0, 0)] + [slice(0, p) for p in range(10, 15)]
     for record in cached:
-        computed, reused = record.computed_mask(), record.reused_mask()
-        assert computed.shape == reused.shape == (3, record.fed_stop)
-        assert computed.dtype == np.bool_
-        assert not (computed & reused).any()
-        assert (computed | reused).all(), "with the cache, every position is either computed or reused"
-        assert computed.sum(axis=1).tolist() == list(record.kv_computed)
-        assert reused.sum(axis=1).tolist() == list(record.kv_reused)
-        wide = record.computed_mask(P + 5)
-        assert wide.shape == (3, P + 5) and not wide[:, record.fed_stop:].any()
-        assert (wide[:, record.fed_start:record.fed_stop]).all()
-        narrow = record.reused_mask(2)
-        assert narrow.shape == (3, 2)
-    assert cached[0].computed_mask().all() and not cached[0].reused_mask().any()
+        computed, reused = record.computed_positions(), record.reused_positions()
+        assert (computed.stop - computed.start,) * 3 == record.kv_computed
+        assert (reused.stop - reused.start,) * 3 == record.kv_reused
+    assert cached[3].computed_positions(P + 5) == slice(12, 13)
+    assert cached[3].computed_positions(12) == slice(12, 12)  # past the width: nothing shown
+    assert cached[3].reused_positions(2) == slice(0, 2)
 
-    for record in engine.generate(PROMPT, 5, use_cache=False):
-        assert record.computed_mask().all()
-        assert not record.reused_mask().any()
+    uncached = list(engine.generate(PROMPT, 5, use_cache=False))
+    assert [r.computed_positions() for r in uncached] == [slice(0, p) for p in range(10, 15)]
+    for record in uncached:
+        assert record.reused_positions() == slice(0, 0)
         assert record.kv_reused == (0, 0, 0)
         assert record.cache_bytes == 0
 
 
 def test_cache_bytes_in_records(engine):
-    cfg = engine.model.config
+    """3 layers, 2 heads of 16 dimensions, float32: a position's key and value take 2 * 3 * 2 * 16 * 4 = 768
+    bytes. The 10-token prompt fills 7,680; each pass after it adds one position."""
+    lengths = []
+    bytes_used = []
     for record in engine.generate(PROMPT, 5, use_cache=True):
-        assert record.cache_bytes == 2 * cfg.n_layer * cfg.n_head * record.fed_stop * cfg.head_dim * 4
-    assert engine.kv_cache is not None and engine.kv_cache.length == len(PROMPT) + 5
+        bytes_used.append(record.cache_bytes)
+        if not record.final:  # the cache is released when the run ends: read it while the run is going
+            lengths.append(engine.kv_cache.length)
+    assert bytes_used == [7_680, 8_448, 9_216, 9_984, 10_752, 11_520]
+    assert lengths == [10, 11, 12, 13, 14]
+
+
+def test_the_cache_is_released_when_a_run_ends(engine):
+    run = engine.generate(PROMPT, 3)
+    next(run)
+    assert engine.kv_cache is not None
+    list(run)
+    assert engine.kv_cache is None, "finished"
+    run = engine.generate(PROMPT, 3)
+    next(run)
+    run.close()
+    assert engine.kv_cache is None, "abandoned"
+
+
+def test_an_old_run_collected_late_leaves_the_new_runs_cache_alone(engine):
+    with torch.inference_mode(False):  # see the next test: interleaved runs leave the mode switched
+        old = engine.generate(PROMPT, 5)
+        next(old)
+        new = engine.generate(PROMPT, 5)
+        next(new)
+        cache = engine.kv_cache
+        assert cache is not None
+        del old
+        gc.collect()  # the old generator's clean-up runs now, after the new run took the engine's cache
+        assert engine.kv_cache is cache
+        new.close()
+        assert engine.kv_cache is None
+
+
+def test_a_run_goes_on_after_an_older_run_is_collected(engine):
+    expected = [r.token_id for r in engine.generate(PROMPT, 5)]
+    with torch.inference_mode(False):  # as a fresh thread starts, whatever runs earlier tests left suspended
+        old = engine.generate(PROMPT, 5)
+        next(old)
+        new = engine.generate(PROMPT, 5)
+        first = next(new)
+        assert not torch.is_inference_mode_enabled()  # between records the caller is in its own mode
+        del old
+        gc.collect()
+        assert [first.token_id] + [r.token_id for r in new] == expected
 
 
 # ----- limits and bad requests -----
@@ -307,6 +367,16 @@ def test_empty_prompt_starts_from_endoftext(engine):
         list(engine.generate([], 4))
 
 
+@pytest.mark.parametrize(("prompt", "new_tokens", "fragment"), [
+    (PROMPT, 0, "positive"),
+    (list(range(64)), 3, "context"),  # 64 tokens in a 64-position context
+    ([15496, 50257], 3, "50257"),
+])
+def test_a_bad_request_fails_at_the_call_not_at_the_first_record(engine, prompt, new_tokens, fragment):
+    with pytest.raises(GenerationError, match=fragment):
+        engine.generate(prompt, new_tokens)  # never iterated
+
+
 @pytest.mark.parametrize("bad", [0, -3])
 def test_new_tokens_must_be_positive(engine, bad):
     with pytest.raises(GenerationError, match="positive"):
@@ -353,30 +423,39 @@ def test_abandoned_run_does_not_spoil_the_next():
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
-def test_before_block_can_stop_any_pass(use_cache):
-    """The model calls `before_block` before each block, in the decode step and in full passes alike."""
-    model = tiny_kvviz_model(3, 2, 32, 64, std=0.3)
+def test_before_block_stops_a_pass_midway(use_cache):
+    """An abort flag set during the fourth pass (a decode step with the cache, a full pass without), at its
+    layer 2, stops that pass there: layers 0 and 1 project their K/V rows, layers 2 and 3 never run."""
+    model = tiny_kvviz_model(4, 2, 32, 64, std=0.3)
     engine = Engine(model)
-    seen: list[int] = []
+    passes = 0
+    abort = False
 
     class Stop(Exception):
         pass
 
     def before_block(layer: int) -> None:
-        seen.append(layer)
-        if len(seen) == 3 * 3 + 3:  # the fourth pass (a decode step with the cache), in its third block
+        nonlocal passes, abort
+        if layer == 0:
+            passes += 1
+        if passes == 4 and layer == 2:
+            abort = True  # as closing the window does, from another thread
+        if abort:
             raise Stop()
 
     model.before_block = before_block
     run = engine.generate(PROMPT, 10, use_cache)
     for _ in range(3):
         next(run)
+    before = model.kv_rows_projected()
     with pytest.raises(Stop):
         next(run)
-    assert seen == [0, 1, 2] * 3 + [0, 1, 2]
+    fed = 1 if use_cache else len(PROMPT) + 3  # the fourth pass feeds one token, or the whole 13-token sequence
+    assert [a - b for a, b in zip(model.kv_rows_projected(), before, strict=True)] == [fed, fed, 0, 0]
+    assert engine.kv_cache is None, "the interrupted run let go of its cache"
     model.before_block = None
     again, _ = _ids(engine, PROMPT, 10, use_cache)  # a new run after the interrupted one is whole
-    assert len(again) == 10
+    assert torch.equal(again, _ids(Engine(tiny_kvviz_model(4, 2, 32, 64, std=0.3)), PROMPT, 10, use_cache)[0])
 
 
 # ----- the cache object -----

@@ -15,7 +15,15 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, save_kvviz_folder
 
-from kvviz.weights import HUB_MODELS, ModelLoadError, download_hub_model, load_checkpoint, load_model
+from kvviz.errors import as_sentence
+from kvviz.weights import (
+    HUB_MODELS,
+    DownloadCancelled,
+    ModelLoadError,
+    download_hub_model,
+    load_checkpoint,
+    load_model,
+)
 
 COMMIT = "607a30d783dfa663caf39e06633721c8d4cfcd7e"  # any 40-hex commit id
 
@@ -147,12 +155,17 @@ def served(hub) -> Iterator[FakeHub]:
 
 @pytest.fixture(autouse=True)
 def hf_cache(tmp_path, monkeypatch) -> Path:
-    """huggingface_hub caches under tmp_path, never in the user's cache, and retries without sleeping."""
+    """huggingface_hub caches under tmp_path, never in the user's cache, and retries without sleeping.
+
+    Online whatever HF_HUB_OFFLINE says in the environment: the hub here is the loopback server."""
     from huggingface_hub import constants, file_download
     from huggingface_hub.utils import _http
 
     cache = tmp_path / "hf-cache"
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
     no_sleep = types.SimpleNamespace(sleep=lambda seconds: None)
     for module in (file_download, _http):  # both back off with time.sleep between retries
         if hasattr(module, "time"):
@@ -224,12 +237,16 @@ def test_explicit_cache_dir(served, tmp_path, hf_cache):
     assert download_hub_model("gpt2", None, endpoint=_dead_endpoint(), cache_dir=elsewhere) == folder
 
 
-def test_load_model_by_name_through_the_hub(served, checkpoint, monkeypatch):
-    """`--model gpt2` end to end, with HF_ENDPOINT pointing at the loopback hub."""
+def _point_the_hub_at(hub: FakeHub, monkeypatch) -> None:
     from huggingface_hub import constants
 
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        served.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    template = hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+
+
+def test_load_model_by_name_through_the_hub(served, checkpoint, monkeypatch):
+    """`--model gpt2` end to end, with the hub's URL pointing at the loopback hub."""
+    _point_the_hub_at(served, monkeypatch)
     seen: list[tuple[int, int]] = []
     loaded = load_model("gpt2", progress=lambda done, total: seen.append((done, total)))
     assert loaded.name == "gpt2" and loaded.config.name == "gpt2"
@@ -238,15 +255,43 @@ def test_load_model_by_name_through_the_hub(served, checkpoint, monkeypatch):
     assert torch.equal(_logits(loaded.model), _logits(load_checkpoint(checkpoint)))
 
 
+def test_cancelling_from_the_progress_callback_stops_the_load_cleanly(served, checkpoint, hf_cache, monkeypatch):
+    """The app's Cancel raises DownloadCancelled in the progress callback: that is no failure to report."""
+    _point_the_hub_at(served, monkeypatch)
+    size = (checkpoint / "model.safetensors").stat().st_size
+    calls: list[tuple[int, int]] = []
+
+    def cancel(done: int, total: int) -> None:
+        calls.append((done, total))
+        raise DownloadCancelled()
+
+    with pytest.raises(DownloadCancelled):
+        load_model("gpt2", progress=cancel)
+    assert len(calls) == 1 and calls[0][1] == size, "the download stopped at the first report"
+    _assert_no_complete_weights(hf_cache, size)
+
+    loaded = load_model("gpt2")  # nothing half-done in the way of the next load
+    assert torch.equal(_logits(loaded.model), _logits(load_checkpoint(checkpoint)))
+
+
+def test_a_download_with_a_progress_callback_prints_nothing(served, capfd):
+    """The app shows the progress itself: no tqdm bar on the terminal behind the window."""
+    seen: list[tuple[int, int]] = []
+    download_hub_model("gpt2", lambda done, total: seen.append((done, total)), endpoint=served.endpoint)
+    assert seen
+    assert capfd.readouterr() == ("", "")
+
+
 def test_never_downloaded_and_offline_says_so(hf_cache):
     with pytest.raises(ModelLoadError) as info:
         download_hub_model("gpt2", None, endpoint=_dead_endpoint())
     message = str(info.value)
     assert "\n" not in message
-    assert "gpt2" in message and "openai-community/gpt2" in message
+    assert message.startswith("gpt2: ") and as_sentence(message).startswith("gpt2: ")
+    assert "openai-community/gpt2" in message
 
 
-def test_interrupted_download_leaves_nothing_and_says_why(hub, hf_cache, checkpoint):
+def test_interrupted_download_leaves_nothing_and_says_why(hub, hf_cache, checkpoint, capfd, caplog):
     repo = HUB_MODELS["gpt2"]
     hub.interrupt.add(f"{repo}/model.safetensors")
     server, thread = _start(hub)
@@ -256,7 +301,10 @@ def test_interrupted_download_leaves_nothing_and_says_why(hub, hf_cache, checkpo
             download_hub_model("gpt2", lambda done, total: seen.append((done, total)), endpoint=hub.endpoint)
         message = str(info.value)
         assert "\n" not in message
-        assert "gpt2" in message and "download" in message
+        assert message.startswith("gpt2: ") and "download" in message
+        # With a progress callback (the app's), neither a bar nor the retries' warnings reach the terminal.
+        assert capfd.readouterr() == ("", "")
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("huggingface_hub")] == []
         _assert_no_complete_weights(hf_cache, (checkpoint / "model.safetensors").stat().st_size)
 
         # The network is back: the next call fetches the whole file.
@@ -284,4 +332,4 @@ def test_missing_file_on_the_hub(hub, hf_cache):
     finally:
         _stop(server, thread)
     message = str(info.value)
-    assert "\n" not in message and "gpt2" in message
+    assert "\n" not in message and message.startswith("gpt2: ")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import pytest
 import torch
-from helpers_checkpoints import HELLO_IDS, gpt2_config, save_hub_file, save_transformers_folder
+from helpers_checkpoints import HELLO_IDS, gpt2_config, save_hub_file, save_transformers_folder, tiny_kvviz_model
 
 from kvviz.engine import Engine, generate_ids
 from kvviz.kv_cache import KVCache
@@ -114,6 +116,68 @@ def test_decode_one_equals_forward_and_transformers(tmp_path):
     assert through_decode.length == len(PROMPT_IDS)
     # Each decode step projected one K/V row per layer; so did each forward step.
     assert model.kv_rows_projected() == [2 * (len(PROMPT_IDS) - prefill)] * cfg.n_layer
+
+
+def _transformers_keys_values(hf_model, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """transformers' cached keys and values, (1, nh, T, hs) each, per layer, after a pass over `ids`."""
+    with torch.no_grad():
+        out = hf_model(torch.tensor([ids]), use_cache=True)
+    cache = out["cache"] if "cache" in out else out["past_key_values"]  # renamed in transformers 5
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return [(cache[i][0], cache[i][1]) for i in range(hf_model.config.n_layer)]
+
+
+def test_engine_cache_holds_transformers_keys_and_values(tmp_path):
+    """After every pass of a run, the engine's KV cache holds the keys and values transformers caches
+    for the same tokens: the prompt's after the prefill, then one more position per decode step."""
+    hf_model = save_transformers_folder(tmp_path / "ckpt", gpt2_config(n_layer=3, n_head=4, n_embd=64), seed=10)
+    engine = Engine(load_model(str(tmp_path / "ckpt")).model)
+    sequence: list[int] = []
+    checked = 0
+    for record in engine.generate(PROMPT_IDS, 6):
+        sequence += record.fed_token_ids
+        if record.final:
+            break  # the run releases its cache with the last record
+        cache = engine.kv_cache
+        assert cache.length == len(sequence) == record.fed_stop
+        for layer, (keys, values) in enumerate(_transformers_keys_values(hf_model, sequence)):
+            assert keys.shape == (1, 4, len(sequence), 16)
+            assert (cache.keys[layer, :, :, : len(sequence)] - keys).abs().max().item() <= TOLERANCE
+            assert (cache.values[layer, :, :, : len(sequence)] - values).abs().max().item() <= TOLERANCE
+            assert keys.abs().max().item() > 0.5, "weights this weak would hide a mismatch"
+        checked += 1
+    assert checked == 6
+
+
+def test_output_head_shares_the_embeddings_memory(tmp_path):
+    """The tied head is `wte` itself, laid out for a fast product: no transposed copy is kept (320 MB for gpt2-xl)."""
+    hf_model = save_transformers_folder(tmp_path / "ckpt", gpt2_config(n_layer=2, n_head=2, n_embd=32), seed=2)
+    for model in (load_model(str(tmp_path / "ckpt")).model, load_model("random:kvviz-shakespeare").model):
+        with torch.inference_mode():
+            model(torch.tensor([HELLO_IDS]))
+        head, wte = model._output_head(), model.transformer.wte.weight
+        assert head.is_contiguous() and head.shape == (wte.shape[1], wte.shape[0])
+        assert head.data_ptr() == wte.data_ptr()
+        assert model._head_t is None
+    _assert_parity(hf_model, load_model(str(tmp_path / "ckpt")).model)
+
+
+def test_release_inference_buffers_lets_the_transposed_copy_go():
+    """A `wte` assigned row-major (not as kvviz loads it) makes inference keep a transposed copy of the head;
+    `release_inference_buffers`, which the app calls when it replaces a model, drops it."""
+    model = tiny_kvviz_model(2, 2, 32, 64, std=0.3)
+    model.transformer.wte.weight = torch.nn.Parameter(model.transformer.wte.weight.detach().contiguous())
+    ids = torch.tensor([HELLO_IDS])
+    with torch.inference_mode():
+        expected = model(ids)
+    copy = weakref.ref(model._head_t)
+    assert copy() is not None and copy().data_ptr() != model.transformer.wte.weight.data_ptr()
+    model.release_inference_buffers()
+    gc.collect()
+    assert model._head_t is None and copy() is None
+    with torch.inference_mode():
+        assert torch.equal(model(ids), expected)
 
 
 def test_hub_layout_file_and_folder(tmp_path):

@@ -143,6 +143,20 @@ def test_tampered_file_is_refused(tmp_path, monkeypatch, fresh_build, name):
     assert name in message and "sha256" in message
 
 
+def test_the_cli_reports_tampered_files_in_one_line(tmp_path, monkeypatch, fresh_build, capsys):
+    from helpers_checkpoints import save_kvviz_folder
+
+    from kvviz.cli import main
+
+    model = save_kvviz_folder(tmp_path / "model")
+    data = _copy_files_to(tmp_path)
+    (data / "vocab.bpe").write_bytes(b"#version: 0.2\n")
+    _point_lookup_at(monkeypatch, data.parent)
+    assert main(["generate", "--model", str(model), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvviz: GPT-2 BPE file ") and "sha256" in err and len(err.strip().splitlines()) == 1
+
+
 def test_missing_file_is_refused(tmp_path, monkeypatch, fresh_build):
     data = _copy_files_to(tmp_path)
     (data / "encoder.json").unlink()

@@ -68,6 +68,25 @@ def test_a_short_training_run_learns_and_writes_a_loadable_model(tmp_path):
     assert load_model(str(out)).config.n_layer == 6
 
 
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--block-size", "300"], "block-size 300 is longer than the kvviz-shakespeare context of 256 tokens"),
+    (["--block-size", "200"], "too few for block-size 200"),  # the tiny corpus holds fewer tokens
+    (["--corpus", "no-such-corpus"], "no-such-corpus is neither a folder nor a .tar.gz archive"),
+])
+def test_bad_training_input_is_one_line_and_status_2(tmp_path, capsys, monkeypatch, args, fragment):
+    from kvviz.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "romeo_and_juliet_gut.txt").write_text("ROMEO.\nBut soft.\n\n", encoding="utf-8")
+    for name in HELD_OUT_PLAYS:
+        (tmp_path / "texts" / f"{name}_gut.txt").write_text("JULIET.\nAy me.\n\n", encoding="utf-8")
+    assert main(["train", "--corpus", "texts", "--steps", "1", "--out", "model", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and fragment in err, err
+    assert not (tmp_path / "model").exists()
+
+
 def test_train_help_states_the_real_defaults(capsys):
     from kvviz.cli import main
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, embedded_or_tiny_folder, save_kvviz_folder
 
+from kvviz.errors import KvvizError, as_sentence
 from kvviz.model import PRESETS
 from kvviz.weights import (
     HUB_MODELS,
@@ -138,7 +139,7 @@ def test_pth_that_is_not_a_state_dict(tmp_path):
 
 def test_unknown_model_name():
     message = _load_error("gpt3")
-    assert "'gpt3'" in message
+    assert message.startswith("gpt3: unknown model")
     for name in HUB_MODELS:
         assert name in message, "the message lists what would work"
 
@@ -288,22 +289,94 @@ def test_unavailable_device(folder, monkeypatch):
     assert "cuda" in message and "not available" in message
 
 
+def test_messages_start_with_the_source_as_typed(folder, tmp_path, monkeypatch):
+    """The app turns messages into sentences with errors.as_sentence: "gpt3: ..." must not become "Gpt3: ..."."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 64)
+    for source, kwargs in [("gpt3", {}), ("random:gpt5", {}), ("nowhere/model.safetensors", {}), ("empty", {}),
+                           ("junk.safetensors", {}), ("tpu", {"device": "tpu"})]:
+        with pytest.raises(ModelLoadError) as info:
+            load_model(str(folder) if "device" in kwargs else source, **kwargs)
+        assert isinstance(info.value, KvvizError)
+        message = str(info.value)
+        assert message.startswith(f"{source}: "), message
+        assert as_sentence(message).startswith(f"{source}: "), message
+
+
 def test_describe_sources_lists_every_kind():
     text = describe_sources()
     for name in (*HUB_MODELS, "random:", "safetensors"):
         assert name in text
 
 
-def test_save_checkpoint_is_atomic_on_failure(tmp_path, monkeypatch):
-    """A save that fails midway leaves no model.safetensors behind."""
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, hidden ones and those in subfolders included, with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def published(folder) -> Path:
+    """A saved checkpoint with a file of its own beside it, as `kvviz train` leaves one."""
+    (folder / "MODEL_CARD.md").write_text("# tiny\n")
+    return folder
+
+
+def _other_model():
+    from helpers_checkpoints import tiny_kvviz_model
+
+    return tiny_kvviz_model(n_layer=3, n_head=2, n_embd=32, n_ctx=64, seed=5)
+
+
+def test_save_checkpoint_replaces_both_files_and_keeps_the_rest(published):
+    model = _other_model()
+    before = _snapshot(published)
+    save_checkpoint(model, published)
+    after = _snapshot(published)
+    assert sorted(after) == ["MODEL_CARD.md", "config.json", "model.safetensors"], "no temporary file left"
+    assert after["MODEL_CARD.md"] == before["MODEL_CARD.md"]
+    assert after["config.json"] != before["config.json"] and after["model.safetensors"] != before["model.safetensors"]
+    assert json.loads(after["config.json"])["n_layer"] == 3
+    assert torch.equal(_logits(load_model(str(published)).model), _logits(model))
+
+
+def test_save_checkpoint_failing_mid_write_leaves_the_old_checkpoint(published, monkeypatch):
+    """The weights' writer dies halfway through (a full disk): the old pair is intact, nothing else is left."""
     import safetensors.torch
 
-    model = random_model("kvviz-shakespeare")
+    real_save_file = safetensors.torch.save_file
 
-    def fail(*args, **kwargs):
-        raise OSError("disk full")
+    def half_then_fail(tensors, filename, metadata=None):
+        real_save_file(tensors, filename, metadata=metadata)
+        data = Path(filename).read_bytes()
+        Path(filename).write_bytes(data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", fail)
-    with pytest.raises(OSError):
-        save_checkpoint(model, tmp_path / "out")
-    assert not (tmp_path / "out" / "model.safetensors").exists()
+    monkeypatch.setattr(safetensors.torch, "save_file", half_then_fail)
+    before = _snapshot(published)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(_other_model(), published)
+    assert _snapshot(published) == before
+    assert load_model(str(published)).config.n_layer == 2
+
+
+def test_save_checkpoint_undoes_the_first_rename_if_the_second_fails(published, monkeypatch):
+    """Both files land or neither: a failure putting the second in place puts the first one back."""
+    import os
+
+    real_replace = os.replace
+    landed: list[str] = []
+
+    def replace(src, dst, *args, **kwargs):
+        if Path(dst).parent == published:
+            landed.append(Path(dst).name)
+            if len(landed) == 2:
+                raise PermissionError(13, "Permission denied")
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    before = _snapshot(published)
+    with pytest.raises(PermissionError):
+        save_checkpoint(_other_model(), published)
+    assert sorted(landed[:2]) == ["config.json", "model.safetensors"]
+    assert _snapshot(published) == before
