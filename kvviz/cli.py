@@ -50,6 +50,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def window_size(text: str) -> tuple[int, int]:
+    """'1920x1080' -> (1920, 1080)."""
+    width, _, height = text.lower().partition("x")
+    try:
+        size = (int(width), int(height))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give the size as WIDTHxHEIGHT, e.g. 1920x1080, got {text!r}") from None
+    if not all(200 <= side <= 8192 for side in size):
+        raise argparse.ArgumentTypeError(f"each side must be 200 to 8192 pixels, got {text!r}")
+    return size
+
+
 def non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -124,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "ones)")
     p.add_argument("--gui", action="store_true",
                    help="run the real app window offscreen, autoplaying, and compare its speed with headless")
+    p.add_argument("--window-size", type=window_size, default=None, metavar="WxH",
+                   help="with --gui: the window's size, e.g. 1920x1080 (default: the screen's, up to 1600x1000)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = commands.add_parser("export", help="render the chart and grid of a run to image files",
@@ -267,7 +281,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"the GUI benchmark needs PySide6 and pyqtgraph ({exc})") from exc
         try:
             result = run_gui_bench(args.model, args.prompt, args.new_tokens, launched_at=PROCESS_STARTED,
-                                   repeat=args.repeat or GUI_BENCH_REPEAT)
+                                   repeat=args.repeat or GUI_BENCH_REPEAT, window_size=args.window_size)
         except GuiBenchError as exc:
             raise UsageError(str(exc)) from exc
         print(json.dumps(result) if args.json else format_report(result))

@@ -129,6 +129,7 @@ class Engine:
                 f"prompt token {outside[0]} is outside the model's vocabulary of {vocab_size} tokens"
             )
         budget = min(max_new_tokens, self.n_ctx - P)
+        cfg = self.model.config
         return RunPlan(
             prompt=self.tokenizer.decode(list(prompt_ids)) if prompt is None else prompt,
             prompt_ids=tuple(prompt_ids),
@@ -143,6 +144,8 @@ class Engine:
             width=P + budget,
             final_with_cache=kv_with_cache(P, budget),
             final_without_cache=kv_without_cache(P, budget),
+            cache_bytes_per_position=KVCache.bytes_per_position(
+                cfg.n_layer, cfg.n_head, cfg.head_dim, self.model.transformer.wte.weight.dtype) if use_cache else 0,
             stop_reason="max_new_tokens" if budget == max_new_tokens else "context_full",
             sampling=describe_sampling(sampling.temperature, sampling.top_k, sampling.seed),
             run_id=run_id,

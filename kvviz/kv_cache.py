@@ -72,6 +72,11 @@ class KVCache:
         cached.narrow(3, position, 1).copy_(kv)
         return cached
 
+    @staticmethod
+    def bytes_per_position(n_layer: int, n_head: int, head_dim: int, dtype: torch.dtype, batch_size: int = 1) -> int:
+        """Bytes one position's keys and values take over all layers: 2 * L * nh * hs * element size * B."""
+        return 2 * n_layer * n_head * head_dim * torch.empty((), dtype=dtype).element_size() * batch_size
+
     @property
     def bytes_used(self) -> int:
         """Bytes of the K and V rows actually filled, over all layers."""

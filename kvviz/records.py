@@ -79,6 +79,7 @@ class RunPlan:
     width: int  # positions the run reaches: P + budget
     final_with_cache: int  # K/V per layer a cached run has computed at the end: P + N
     final_without_cache: int  # K/V per layer an uncached run has computed at the end: N*P + N(N-1)/2
+    cache_bytes_per_position: int  # keys and values of one position over all layers; 0 without a cache
     stop_reason: str  # why the run will end: "max_new_tokens" or "context_full"
     sampling: str  # describe_sampling(...)
     run_id: int = 0
@@ -86,6 +87,11 @@ class RunPlan:
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def final_cache_bytes(self) -> int:
+        """The KV cache's filled bytes once every position of the run is in it."""
+        return self.cache_bytes_per_position * self.width
 
     def pass_follows_in_step(self, record: StepRecord) -> bool:
         """True when the pass after `record` belongs to the same user step: the cache-filling

@@ -103,6 +103,23 @@ def test_chart_frame_holds_the_with_cache_point_of_a_one_token_run(qtbot, app_mo
     assert y_high >= 4 and x_high >= 2
 
 
+def test_plan_frames_the_memory_plot_with_the_final_cache_size(qtbot):
+    """gpt2's cache: 2 (K and V) x 12 layers x 768 (12 heads x 64) x 4 bytes = 73,728 bytes a position;
+    "Hello, I am" (4 tokens) + 200 new tokens fill 204 positions: 14.34 MiB, in a frame that ends at 20."""
+    from kvviz.app.views.work_chart import WorkChart
+    from kvviz.engine import Engine
+    from kvviz.weights import load_model
+
+    engine = Engine(load_model("random:gpt2").model)
+    plan = engine.plan(engine.encode_prompt("Hello, I am"), 200)
+    assert plan.cache_bytes_per_position == 73_728 and plan.final_cache_bytes == 73_728 * 204
+    chart = WorkChart()
+    qtbot.addWidget(chart)
+    chart.reset(plan)
+    (_x, _), (_low, top) = chart.mem_plot.getViewBox().viewRange()
+    assert 20 <= top <= 21  # the frame is 0..20 MiB, with 5% padding
+
+
 def test_settings_clamp_absurd_values_and_ignore_what_does_not_parse(tmp_path):
     path = tmp_path / "kvviz.ini"
     path.write_text("[run]\nmax_new_tokens=99999999999\ntop_k=1e400\ntemperature=nan\nseed=-5\n"

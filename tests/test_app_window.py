@@ -342,7 +342,7 @@ def test_grid_view_handles_gpt2_xl_size(qtbot):
     plan = RunPlan(prompt="x", prompt_ids=(1,) * 24, prompt_labels=("x",) * 24, model_name="random:gpt2-xl",
                    n_layer=48, n_ctx=1024, use_cache=True, max_new_tokens=1000, budget=1000, passes=1001,
                    width=1024, final_with_cache=1024, final_without_cache=1000 * 24 + 1000 * 999 // 2,
-                   stop_reason="context_full", sampling="greedy")
+                   cache_bytes_per_position=2 * 48 * 1600 * 4, stop_reason="context_full", sampling="greedy")
     grid.reset(plan)
     for step in range(40):
         start = 0 if step == 0 else 23 + step

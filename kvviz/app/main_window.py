@@ -178,8 +178,9 @@ class MainWindow(QMainWindow):
             self.banner.say(f"Context full: the model holds {plan.n_ctx} positions, so the run stopped after "
                              f"{record.new_tokens} new tokens. Shorten the prompt or lower max new tokens.",
                              alert=True)
-        self.scheduler.flush()  # the final state at once, not after a full-speed redraw interval
-        self.run_done.emit(record)
+        # the final state now, not after a full-speed redraw interval; in slices, so no pass of the
+        # event loop blocks for a whole redraw
+        self.scheduler.redraw_soon(then=lambda: self.run_done.emit(record))
 
     def _on_playing_changed(self, playing: bool) -> None:
         self.scheduler.full_speed = playing and self.controls.interval_ms() == 0

@@ -52,6 +52,7 @@ class RedrawScheduler(QObject):
         self._slice_timer.setSingleShot(True)
         self._slice_timer.setInterval(0)
         self._slice_timer.timeout.connect(self._draw_next_slice)
+        self._when_drawn: list[Callable[[], None]] = []
 
     @property
     def pending(self) -> bool:
@@ -75,6 +76,14 @@ class RedrawScheduler(QObject):
             since = (time.perf_counter() - self._last_redraw) * 1000
             self._timer.start(max(0, int(self._interval_ms - since)))
 
+    def redraw_soon(self, then: Callable[[], None] | None = None) -> None:
+        """Start a sliced redraw now (the end of a run); call `then` once everything queued is drawn."""
+        if then is not None:
+            self._when_drawn.append(then)
+        if not self._slices_left:
+            self._timer.stop()
+            self._start_sliced_redraw()
+
     def catch_up(self) -> None:
         """Draw the queued records soon (autoplay paused), not after a full-speed interval."""
         if self._pending and not self._slices_left:
@@ -84,6 +93,7 @@ class RedrawScheduler(QObject):
         self._timer.stop()
         self._slice_timer.stop()
         self._slices_left = []
+        self._when_drawn = []
 
     def flush(self) -> None:
         """Draw the latest state of every view now, all at once."""
@@ -97,6 +107,7 @@ class RedrawScheduler(QObject):
         spent = time.perf_counter() - started
         self.max_slice_ms = max(self.max_slice_ms, spent * 1000)  # one pass of the event loop, all of it
         self._account(spent)
+        self._call_when_drawn()
 
     def _apply_pending(self) -> None:
         records, self._pending = self._pending, []
@@ -128,8 +139,17 @@ class RedrawScheduler(QObject):
             self._slice_timer.start()
         else:
             self._account(self._slices_seconds)
-            if self._pending:  # records arrived during the slices
+            if self._pending and self._when_drawn:  # the end of a run arrived during the slices: go on now
+                self._timer.start(0)
+            elif self._pending:  # records arrived during the slices
                 self._schedule()
+            else:
+                self._call_when_drawn()
+
+    def _call_when_drawn(self) -> None:
+        callbacks, self._when_drawn = self._when_drawn, []
+        for callback in callbacks:
+            callback()
 
     def _account(self, cost_seconds: float) -> None:
         """Space the next redraws so that drawing takes at most the budgeted share of the time."""

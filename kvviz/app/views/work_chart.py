@@ -33,8 +33,9 @@ class WorkChart(QWidget):
     """Cumulative K/V computations per layer (amber without cache, teal with), growing live,
     and below them the measured milliseconds per step and the KV-cache memory.
 
-    A view (views.base.RunViewProtocol), drawn in two slices (`redraw_slices`): the work plot,
-    then the two small plots. The frames come from the plan, fixed for the whole run.
+    A view (views.base.RunViewProtocol), drawn in three slices (`redraw_slices`): the work plot,
+    the time plot, the memory plot. The frames come from the plan, fixed for the whole run (the
+    time plot's height follows the measured times, in 1-2-2.5-5 steps).
     `curve_data()` returns what is drawn.
     The x axis is the forward pass ("step"); a cached run's last step fills the cache without
     emitting a token.
@@ -51,8 +52,8 @@ class WorkChart(QWidget):
         self._without: list[int] = []
         self._ms: list[float] = []
         self._mib: list[float] = []
-        self._dirty_work = self._dirty_cost = False
-        self._cost_tops: tuple[float, float] | None = None
+        self._dirty_work = self._dirty_time = self._dirty_memory = False
+        self._ms_top: float | None = None
 
         self.layout_widget = pg.GraphicsLayoutWidget()
         self.layout_widget.setBackground(theme.BACKGROUND)
@@ -116,10 +117,12 @@ class WorkChart(QWidget):
             plot.setXRange(0, last_x, padding=0.02)
         top = max(1, plan.final_without_cache, plan.final_with_cache)  # with one new token, P + N is the larger
         self.work_plot.setYRange(0, top, padding=0.05)
+        mem_top = _nice_ceiling(plan.final_cache_bytes / 2**20) if plan.use_cache else 1.0
+        self._frame_small_plot(self.mem_plot, mem_top)
         self.mem_note.setText("" if plan.use_cache else "no cache in this run")
-        self.mem_note.setPos(last_x / 2, 0.5)
-        self._cost_tops = None
-        self._dirty_work = self._dirty_cost = True
+        self.mem_note.setPos(last_x / 2, mem_top / 2)
+        self._ms_top = None
+        self._dirty_work = self._dirty_time = self._dirty_memory = True
         self.refresh()
 
     def apply(self, records: Sequence[StepRecord]) -> None:
@@ -130,15 +133,15 @@ class WorkChart(QWidget):
             self._ms.append(record.seconds * 1000.0)
             self._mib.append(record.cache_bytes / 2**20)
         if records:
-            self._dirty_work = self._dirty_cost = True
+            self._dirty_work = self._dirty_time = self._dirty_memory = True
 
     def redraw_slices(self) -> list:
-        return [self.refresh_work, self.refresh_cost]
+        return [self.refresh_work, self.refresh_time, self.refresh_memory]
 
     def refresh(self) -> None:
         """Draw whatever changed since the last draw."""
-        self.refresh_work()
-        self.refresh_cost()
+        for draw in self.redraw_slices():
+            draw()
 
     def refresh_work(self) -> None:
         """Update the cumulative work plot (the main one) if it changed since the last draw."""
@@ -151,24 +154,29 @@ class WorkChart(QWidget):
             curve.setSymbol(symbols)
             curve.setData(*data[key])
 
-    def refresh_cost(self) -> None:
-        """Update the two small plots (ms per step, cache memory) if they changed since the last draw."""
-        if not self._dirty_cost:
+    def refresh_time(self) -> None:
+        """Update the measured-time plot if it changed since the last draw."""
+        if not self._dirty_time:
             return
-        self._dirty_cost = False
-        x = np.asarray(self._x, dtype=np.int64)
-        self.ms_curve.setData(x, np.asarray(self._ms, dtype=np.float64))
-        self.mem_curve.setData(x, np.asarray(self._mib, dtype=np.float64))
-        plan = self._plan
-        if plan is not None:
-            top_ms = _nice_ceiling(max(self._ms, default=1.0))
-            top_mib = _nice_ceiling(max(self._mib, default=0.0)) if plan.use_cache else 1.0
-            if (top_ms, top_mib) != self._cost_tops:  # 1-2-2.5-5 steps: a rare change, and a repaint of the axes
-                self._cost_tops = (top_ms, top_mib)
-                for plot, top in ((self.ms_plot, top_ms), (self.mem_plot, top_mib)):
-                    plot.setYRange(0, top, padding=0.05)
-                    # three labels: these plots are short, and large fonts (presenter mode) crowd more
-                    plot.getAxis("left").setTicks([[(v, f"{v:g}") for v in (0.0, top / 2, top)], []])
+        self._dirty_time = False
+        self.ms_curve.setData(np.asarray(self._x, dtype=np.int64), np.asarray(self._ms, dtype=np.float64))
+        top = _nice_ceiling(max(self._ms, default=1.0))
+        if top != self._ms_top:  # 1-2-2.5-5 steps: a rare change, and a repaint of the axis
+            self._ms_top = top
+            self._frame_small_plot(self.ms_plot, top)
+
+    def refresh_memory(self) -> None:
+        """Update the cache-memory plot (framed by the plan's final cache size) if it changed."""
+        if not self._dirty_memory:
+            return
+        self._dirty_memory = False
+        self.mem_curve.setData(np.asarray(self._x, dtype=np.int64), np.asarray(self._mib, dtype=np.float64))
+
+    @staticmethod
+    def _frame_small_plot(plot: pg.PlotItem, top: float) -> None:
+        plot.setYRange(0, top, padding=0.05)
+        # three labels: these plots are short, and large fonts (presenter mode) crowd more
+        plot.getAxis("left").setTicks([[(v, f"{v:g}") for v in (0.0, top / 2, top)], []])
 
     def _last_x(self) -> int:
         return max(1, self._plan.passes) if self._plan is not None else 1
