@@ -11,6 +11,10 @@ class KvvizError(ValueError):
     """Bad input or an impossible request: the CLI prints its first line and exits with 2, the app shows it."""
 
 
+class ModelLoadError(KvvizError):
+    """A model source that cannot be used: one line that starts with the source as typed ("gpt2: ...")."""
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's message as one plain line (no terminal colour codes), or its type's name."""
     text = _ANSI_COLOUR.sub("", str(exc)).strip()
