@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvviz.app.flow_layout import FlowLayout
 from kvviz.app.settings import AppSettings
 from kvviz.records import RunRequest
 
@@ -89,29 +90,32 @@ class RunControls(QWidget):
         self.seed_spin = self._spin(QSpinBox(), 0, 2**31 - 1)
         self.cache_check.toggled.connect(self.request_changed)
 
-        controls = QHBoxLayout()
+        buttons = QWidget()  # Step, Play, speed and Reset stay together on one line
+        button_row = QHBoxLayout(buttons)
+        button_row.setContentsMargins(0, 0, 0, 0)
         for widget in (self.step_button, self.play_button, QLabel("speed"), self.speed_slider, self.speed_label,
                        self.reset_button):
-            controls.addWidget(widget)
-        controls.addSpacing(16)
-        self.settings_row = QWidget()
-        row = QHBoxLayout(self.settings_row)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(self.cache_check)
+            button_row.addWidget(widget)
+        settings: list[QWidget] = [self.cache_check]
         for text, widget in (("max new tokens", self.max_new_spin), ("temperature", self.temperature_spin),
                              ("top-k", self.top_k_spin), ("seed", self.seed_spin)):
-            row.addSpacing(8)
+            pair = QWidget()
+            pair_row = QHBoxLayout(pair)
+            pair_row.setContentsMargins(0, 0, 0, 0)
             label = QLabel(text)
             label.setObjectName("muted")
             label.setBuddy(widget)
-            row.addWidget(label)
-            row.addWidget(widget)
-        controls.addWidget(self.settings_row)
-        controls.addStretch(1)
+            pair_row.addWidget(label)
+            pair_row.addWidget(widget)
+            settings.append(pair)
+        self.settings_widgets = tuple(settings)  # hidden in presenter mode
+        flow = FlowLayout(spacing=14)  # on a narrow screen the settings wrap onto a second line
+        for widget in (buttons, *settings):
+            flow.addWidget(widget)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(top)
-        layout.addLayout(controls)
+        layout.addLayout(flow)
 
     def _button(self, text: str, tip: str, clicked: Signal) -> QPushButton:
         button = QPushButton(text)

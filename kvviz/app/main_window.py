@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QSettings, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QShowEvent
-from PySide6.QtWidgets import QApplication, QMainWindow, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QFrame, QMainWindow, QScrollArea, QVBoxLayout, QWidget
 
 from kvviz.app.actions import build_actions
 from kvviz.app.banner import Banner
@@ -12,7 +12,7 @@ from kvviz.app.controls import RunControls
 from kvviz.app.dialogs import AboutDialog, ShortcutsDialog, show_error
 from kvviz.app.loading import LoadingIndicator
 from kvviz.app.model_picker import ModelPicker
-from kvviz.app.presentation import Presentation
+from kvviz.app.presentation import Presentation, fit_to_screen
 from kvviz.app.redraw import RedrawScheduler
 from kvviz.app.session import RunSession
 from kvviz.app.settings import AppSettings, app_settings, load_geometry, save_geometry
@@ -54,7 +54,12 @@ class MainWindow(QMainWindow):
         layout = QVBoxLayout(central)
         layout.setContentsMargins(8, 6, 8, 4)
         layout.setSpacing(6)
-        for widget, stretch in ((self.controls, 0), (self.banner, 0), (self.run_view, 1)):
+        scroll = QScrollArea()  # on a screen too small for every panel's useful size, the panels scroll
+        scroll.setWidget(self.run_view)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setObjectName("runScroll")
+        for widget, stretch in ((self.controls, 0), (self.banner, 0), (scroll, 1)):
             layout.addWidget(widget, stretch)
         self.setCentralWidget(central)
         self.status = StatusLine()
@@ -62,7 +67,8 @@ class MainWindow(QMainWindow):
         self.loading = LoadingIndicator(self.session, self.statusBar(), self.status, self.banner, self.picker)
         views = (*self.run_view.views(), self.status)  # every view of the run: a new view joins here
         self.scheduler = RedrawScheduler(views, self._paint_now, self)
-        self.presentation = Presentation(self, views, (self.menuBar(), self.statusBar(), self.controls.settings_row))
+        chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
+        self.presentation = Presentation(self, views, chrome)
         self.actions = build_actions(self, self._action_slots())
         self._wire()
         self._restore(prompt)
@@ -121,6 +127,7 @@ class MainWindow(QMainWindow):
             screen = self.screen().availableGeometry()
             self.resize(min(1600, screen.width()), min(1000, screen.height()))
             self.move(screen.topLeft())
+        fit_to_screen(self)  # the geometry may come from a larger screen than this one
 
     def save_settings(self) -> None:
         self.controls.store(self.settings)
@@ -135,6 +142,7 @@ class MainWindow(QMainWindow):
     # ----- models -----
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
+        QTimer.singleShot(250, lambda: fit_to_screen(self))  # once the window manager has framed it
         if self._initial_source is not None:
             QTimer.singleShot(INITIAL_LOAD_DELAY_MS, self._start_initial_load)
 

@@ -12,7 +12,31 @@ from kvviz.app import theme
 from kvviz.app.views.base import RunViewProtocol
 
 ZOOM_STEPS = (0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.4, 1.6, 1.8, 2.0, 2.3)
-PRESENTER_ZOOM = 1.6
+PRESENTER_ZOOM = 1.6  # on a 1080-line screen; smaller screens get less (fonts in proportion to the screen)
+PRESENTER_ZOOM_LINES = 675  # screen lines per unit of presenter zoom
+
+
+def presenter_zoom(screen_height: int) -> float:
+    """The presenter-mode zoom for a screen `screen_height` pixels high: 1.6 at 1080, 1.14 at 768, 1.07 at 720."""
+    return min(PRESENTER_ZOOM, max(1.0, screen_height / PRESENTER_ZOOM_LINES))
+
+
+def fit_to_screen(window: QWidget) -> None:
+    """Shrink and move `window` so that all of it is on its screen (a projector's 1024x768, a larger zoom)."""
+    if window.isFullScreen() or window.isMaximized():
+        return
+    available = window.screen().availableGeometry()
+    frame = window.frameGeometry()
+    extra_w, extra_h = frame.width() - window.width(), frame.height() - window.height()  # title bar, borders
+    width = min(window.width(), available.width() - extra_w)
+    height = min(window.height(), available.height() - extra_h)
+    if (width, height) != (window.width(), window.height()):
+        window.resize(width, height)
+    frame = window.frameGeometry()
+    x = min(max(frame.x(), available.left()), available.right() + 1 - frame.width())
+    y = min(max(frame.y(), available.top()), available.bottom() + 1 - frame.height())
+    if (x, y) != (frame.x(), frame.y()):
+        window.move(x, y)
 
 
 class Presentation(QObject):
@@ -44,6 +68,8 @@ class Presentation(QObject):
         self._window.setStyleSheet(theme.STYLESHEET + scaled)
         for view in self._views:
             view.set_font_scale(self.zoom)
+        if not self.presenter:
+            fit_to_screen(self._window)
 
     def step_zoom(self, direction: int) -> None:
         """One zoom step in (direction > 0) or out."""
@@ -62,7 +88,7 @@ class Presentation(QObject):
         if enabled:
             self._zoom_before_presenter = self.zoom
             self._window.showFullScreen()
-            self.set_zoom(max(self.zoom, PRESENTER_ZOOM))
+            self.set_zoom(max(self.zoom, presenter_zoom(self._window.screen().geometry().height())))
         else:
             self._window.showNormal()
             self.set_zoom(self._zoom_before_presenter)

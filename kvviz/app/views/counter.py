@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QFont
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QFont, QResizeEvent
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
 
 from kvviz.app import theme
@@ -20,7 +20,6 @@ ROW_TITLES = {
 }
 ROW_COLOURS = {"with_cache": theme.TEAL, "without_cache": theme.AMBER, "avoided": theme.FOREGROUND,
                "ratio": theme.FOREGROUND}
-MIN_WIDTH = 340
 STOP_REASONS = {
     "max_new_tokens": "done: max new tokens reached",
     "context_full": "context full: the model's {n_ctx} positions are used up",
@@ -50,15 +49,15 @@ class CounterPanel(QFrame):
         self._font_scale = 1.0
 
         self.heading = QLabel("K/V computations")
-        self.unit = QLabel("lab unit: one key+value row, per layer, per token position")
-        self.unit.setObjectName("muted")
-        self.unit.setWordWrap(True)
+        unit = "The unit of the lab: one key and value row, for one layer and one token position."
+        self.heading.setToolTip(unit)
         grid = QGridLayout()
         grid.setHorizontalSpacing(18)
         grid.setVerticalSpacing(4)
         self.per_layer_header = QLabel("per layer")
         self.all_layers_header = QLabel("all layers")
         for col, header in ((1, self.per_layer_header), (2, self.all_layers_header)):
+            header.setToolTip(unit)
             header.setObjectName("muted")
             header.setAlignment(Qt.AlignmentFlag.AlignRight)
             grid.addWidget(header, 0, col)
@@ -90,14 +89,12 @@ class CounterPanel(QFrame):
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
         layout.addWidget(self.heading)
-        layout.addWidget(self.unit)
         layout.addLayout(grid)
         layout.addWidget(self.measured_note)
         layout.addWidget(self.progress)
         layout.addWidget(self.stop)
         layout.addStretch(1)
         self._apply_fonts()
-        self.setMinimumWidth(MIN_WIDTH)
 
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
@@ -166,10 +163,20 @@ class CounterPanel(QFrame):
         else:
             self.stop.hide()
 
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        """Tall enough for every line at the current width (wrapped notes included): the splitter and
+        the scroll area around the views then keep the numbers whole instead of squeezing them."""
+        hint = super().minimumSizeHint()
+        layout = self.layout()
+        return QSize(hint.width(), max(hint.height(), layout.totalHeightForWidth(max(self.width(), hint.width()))))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self.updateGeometry()  # the wrapped notes need another height at another width
+
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
-        self.setMinimumWidth(int(MIN_WIDTH * scale))
 
     def _apply_fonts(self) -> None:
         base = QFont(self.font())
@@ -182,7 +189,7 @@ class CounterPanel(QFrame):
         heading.setPointSizeF(12.0 * self._font_scale)
         heading.setBold(True)
         self.heading.setFont(heading)
-        for label in (self.unit, self.measured_note, self.progress, self.stop, self.per_layer_header,
+        for label in (self.measured_note, self.progress, self.stop, self.per_layer_header,
                       self.all_layers_header):
             label.setFont(normal)
         for key in ROWS:

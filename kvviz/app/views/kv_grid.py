@@ -7,10 +7,11 @@ from collections.abc import Sequence
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QAction, QCursor, QFont, QImage, QPixmap
+from PySide6.QtGui import QAction, QCursor, QFont, QFontMetrics, QImage, QPixmap, QResizeEvent
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from kvviz.app import theme
+from kvviz.app.flow_layout import FlowLayout
 from kvviz.app.views.base import cache_axes, chip_text
 from kvviz.records import RunPlan, StepRecord
 
@@ -28,6 +29,7 @@ STATE_NAMES = {
     REUSED: "K/V reused from the cache",
 }
 MAX_IMAGE_PIXELS = 1800  # upsampled image size limit per axis, so a redraw stays cheap
+PLOT_MIN_HEIGHT = 80  # pixels at zoom 1: the grid never collapses into a strip
 TICK_LABEL_LIMIT = 40  # label columns with their tokens up to this many positions
 
 
@@ -89,6 +91,7 @@ class KVGridView(QWidget):
         self.plot_widget = pg.PlotWidget(background=theme.BACKGROUND)
         self.plot_widget.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.plot_widget.setMouseTracking(True)
+        self.plot_widget.setMinimumHeight(PLOT_MIN_HEIGHT)
         self.plot_item = self.plot_widget.getPlotItem()
         self.plot_item.setMenuEnabled(False)
         self.plot_item.hideButtons()
@@ -110,16 +113,19 @@ class KVGridView(QWidget):
 
         self.title = QLabel("K/V cache: no run yet")
         self.title.setTextFormat(Qt.TextFormat.RichText)
-        self.legend_row = QHBoxLayout()
-        self.legend_row.setSpacing(14)
+        self.title.setWordWrap(True)  # a narrow screen wraps it instead of widening the window
+        self.legend_row = FlowLayout(spacing=14)  # wraps on a narrow screen, one swatch and its words together
         self._legend_labels: list[tuple[QLabel, QLabel, int]] = []
         for state in (COMPUTED, REUSED, PENDING, EMPTY):
             swatch, text = QLabel(), QLabel(STATE_NAMES[state])
             text.setObjectName("muted")
-            self.legend_row.addWidget(swatch)
-            self.legend_row.addWidget(text)
+            entry = QWidget()
+            entry_row = QHBoxLayout(entry)
+            entry_row.setContentsMargins(0, 0, 0, 0)
+            entry_row.addWidget(swatch)
+            entry_row.addWidget(text)
+            self.legend_row.addWidget(entry)
             self._legend_labels.append((swatch, text, state))
-        self.legend_row.addStretch(1)
 
         self.setObjectName("kvGrid")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
@@ -200,6 +206,7 @@ class KVGridView(QWidget):
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
+        self.plot_widget.setMinimumHeight(int(PLOT_MIN_HEIGHT * scale))
         self._dirty = True
         self.refresh()
 
@@ -260,7 +267,10 @@ class KVGridView(QWidget):
 
     def _update_ticks(self) -> None:
         layers, width = self._states.shape
-        step = max(1, int(np.ceil(layers / 16)))
+        # a layer label every `step` rows, so that labels never overlap however short the grid is
+        line = QFontMetrics(self._tick_font).height()
+        label_rows = max(1, int((self.plot_widget.height() - 3 * line) / (1.5 * line)))  # less the bottom axis
+        step = max(1, int(np.ceil(layers / min(16, label_rows))))
         left = [(i + 0.5, str(i)) for i in range(0, layers, step)]
         if width <= TICK_LABEL_LIMIT:
             bottom = []
@@ -304,6 +314,7 @@ class KVGridView(QWidget):
     def _apply_fonts(self) -> None:
         font = QFont(self.font())
         font.setPointSizeF(max(6.0, 9.0 * self._font_scale))
+        self._tick_font = font
         for name in ("left", "bottom"):
             axis = self.plot_item.getAxis(name)
             axis.setStyle(tickFont=font)
@@ -313,6 +324,11 @@ class KVGridView(QWidget):
         self.title.setFont(title_font)
         for _swatch, text, _state in self._legend_labels:
             text.setFont(font)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        if self._plan is not None:
+            self._update_ticks()  # how many layer labels fit depends on the height
 
     # ----- hover -----
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal
-from PySide6.QtGui import QAction, QFont, QFontMetrics
+from PySide6.QtGui import QAction, QFont, QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from kvviz.app import theme
@@ -16,6 +16,8 @@ from kvviz.records import RunPlan, StepRecord
 
 SERIES = ("without_cache", "with_cache", "ms_per_step", "cache_mib")
 SYMBOL_LIMIT = 40  # draw point markers while the run is this short
+WORK_PLOT_MIN_HEIGHT = 180  # pixels at zoom 1: the cumulative-work plot never gets smaller
+SMALL_PLOTS_MIN_HEIGHT = 420  # below this height (at zoom 1) the two small plots give their room to the work plot
 
 
 def _nice_ceiling(value: float) -> float:
@@ -99,6 +101,7 @@ class WorkChart(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.layout_widget)
+        self._small_plots_shown = True
         self._apply_fonts()
 
     # ----- public interface -----
@@ -198,8 +201,32 @@ class WorkChart(QWidget):
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
+        self._fit_small_plots()
+
+    @property
+    def small_plots_shown(self) -> bool:
+        """Whether the time and memory plots are on screen (a short chart gives their room to the work plot)."""
+        return self._small_plots_shown
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._fit_small_plots()
+
+    def _fit_small_plots(self) -> None:
+        show = self.height() >= SMALL_PLOTS_MIN_HEIGHT * self._font_scale
+        if show == self._small_plots_shown:
+            return
+        self._small_plots_shown = show
+        grid = self.layout_widget.ci
+        for col, plot in enumerate((self.ms_plot, self.mem_plot)):
+            if show:
+                grid.addItem(plot, row=1, col=col)
+            else:
+                grid.removeItem(plot)
+            plot.setVisible(show)
 
     def _apply_fonts(self) -> None:
+        self.setMinimumHeight(int(WORK_PLOT_MIN_HEIGHT * self._font_scale))
         font = QFont(self.font())
         font.setPointSizeF(max(6.0, 9.0 * self._font_scale))
         for plot in (self.work_plot, self.ms_plot, self.mem_plot):

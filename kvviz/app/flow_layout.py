@@ -1,0 +1,87 @@
+"""A layout that places widgets left to right and wraps them onto the next line when the width runs out."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QMargins, QPoint, QRect, QSize, Qt
+from PySide6.QtWidgets import QLayout, QLayoutItem, QWidget
+
+
+class FlowLayout(QLayout):
+    """Qt's flow layout example: items keep their size hints and wrap like words; hidden items take no room.
+
+    Used for the run controls, so that a narrow window (a 1024-pixel projector, a large zoom) puts
+    the settings on a second line instead of growing past the screen.
+    """
+
+    def __init__(self, parent: QWidget | None = None, spacing: int = 8) -> None:
+        super().__init__(parent)
+        self._items: list[QLayoutItem] = []
+        self.setSpacing(spacing)
+        self.setContentsMargins(QMargins(0, 0, 0, 0))
+
+    def addItem(self, item: QLayoutItem) -> None:  # noqa: N802 (Qt's name)
+        self._items.append(item)
+
+    def count(self) -> int:
+        return len(self._items)
+
+    def itemAt(self, index: int) -> QLayoutItem | None:  # noqa: N802
+        return self._items[index] if 0 <= index < len(self._items) else None
+
+    def takeAt(self, index: int) -> QLayoutItem | None:  # noqa: N802
+        return self._items.pop(index) if 0 <= index < len(self._items) else None
+
+    def expandingDirections(self) -> Qt.Orientation:  # noqa: N802
+        return Qt.Orientation(0)
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802
+        return True
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802
+        return self._arrange(QRect(0, 0, width, 0), move=False)
+
+    def setGeometry(self, rect: QRect) -> None:  # noqa: N802
+        super().setGeometry(rect)
+        self._arrange(rect, move=True)
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return self.minimumSize()
+
+    def minimumSize(self) -> QSize:  # noqa: N802
+        size = QSize()
+        for item in self._visible():
+            size = size.expandedTo(item.minimumSize())
+        margins = self.contentsMargins()
+        return size + QSize(margins.left() + margins.right(), margins.top() + margins.bottom())
+
+    def _visible(self) -> list[QLayoutItem]:
+        return [item for item in self._items if not (item.widget() is not None and item.widget().isHidden())]
+
+    def _arrange(self, rect: QRect, move: bool) -> int:
+        margins = self.contentsMargins()
+        area = rect.adjusted(margins.left(), margins.top(), -margins.right(), -margins.bottom())
+        x, y, line_height = area.x(), area.y(), 0
+        spacing = self.spacing()
+        line: list[tuple[QLayoutItem, QSize]] = []
+
+        def place_line() -> None:
+            for item, size in line:  # centred vertically in their line
+                top = line_y + (line_height - size.height()) // 2
+                item.setGeometry(QRect(QPoint(item_x[id(item)], top), size))
+
+        item_x: dict[int, int] = {}
+        line_y = y
+        for item in self._visible():
+            size = item.sizeHint().boundedTo(QSize(area.width(), 1 << 16)).expandedTo(item.minimumSize())
+            if line and x + size.width() > area.right() + 1:
+                if move:
+                    place_line()
+                x, y = area.x(), y + line_height + spacing
+                line_y, line_height, line = y, 0, []
+            item_x[id(item)] = x
+            line.append((item, size))
+            x += size.width() + spacing
+            line_height = max(line_height, size.height())
+        if move:
+            place_line()
+        return y + line_height - rect.y() + margins.bottom()
