@@ -224,6 +224,8 @@ class WorkChart(QWidget):
             else:
                 grid.removeItem(plot)
             plot.setVisible(show)
+        grid.layout.setRowStretchFactor(1, 2 if show else 0)
+        grid.layout.setRowMaximumHeight(1, 1e6 if show else 0)  # an empty row takes no room
 
     def _apply_fonts(self) -> None:
         self.setMinimumHeight(int(WORK_PLOT_MIN_HEIGHT * self._font_scale))
