@@ -69,9 +69,9 @@ def test_zooming_never_grows_the_window_past_its_screen(qtbot, window, zoom):
 
 def test_a_short_chart_gives_the_small_plots_room_to_the_work_plot(qtbot, window):
     window.resize(1400, 1000)
-    qtbot.waitUntil(lambda: window.chart.height() >= 420, timeout=5_000)
+    qtbot.waitUntil(lambda: window.chart.height() >= 290, timeout=5_000)
     assert window.chart.small_plots_shown
-    window.resize(1024, 700)
-    qtbot.waitUntil(lambda: window.chart.height() < 420, timeout=5_000)
+    window.resize(1024, 600)
+    qtbot.waitUntil(lambda: window.chart.height() < 290, timeout=5_000)
     assert not window.chart.small_plots_shown
     qtbot.waitUntil(lambda: window.chart.work_plot.height() > 0.8 * window.chart.height(), timeout=5_000)

@@ -17,7 +17,7 @@ from kvviz.records import RunPlan, StepRecord
 SERIES = ("without_cache", "with_cache", "ms_per_step", "cache_mib")
 SYMBOL_LIMIT = 40  # draw point markers while the run is this short
 WORK_PLOT_MIN_HEIGHT = 180  # pixels at zoom 1: the cumulative-work plot never gets smaller
-SMALL_PLOTS_MIN_HEIGHT = 420  # below this height (at zoom 1) the two small plots give their room to the work plot
+SMALL_PLOTS_MIN_HEIGHT = 290  # below this height (at zoom 1) the two small plots give their room to the work plot
 
 
 def _nice_ceiling(value: float) -> float:
