@@ -2,16 +2,125 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import sys
+from collections.abc import Callable, Mapping
+
+NO_DISPLAY = "no display to show the window on; set DISPLAY, or QT_QPA_PLATFORM=offscreen for a window nobody sees"
+
+
+def missing_display(environ: Mapping[str, str] = os.environ, platform: str = sys.platform) -> str | None:
+    """Why Qt would find no display to open the window on (an X11 or Wayland system with neither),
+    in one line; None when there may be one. Qt itself would abort the process with seven lines."""
+    if platform in ("win32", "darwin") or platform.startswith(("ios", "android", "emscripten", "wasi")):
+        return None
+    names = [p.split(":", 1)[0].strip() for p in environ.get("QT_QPA_PLATFORM", "").split(";") if p.strip()]
+    has_x, has_wayland = bool(environ.get("DISPLAY")), bool(environ.get("WAYLAND_DISPLAY"))
+    if not names:  # Qt's choice: Wayland or X11, whichever is there
+        return None if has_x or has_wayland else NO_DISPLAY
+    if all(name == "xcb" for name in names) and not has_x:
+        return NO_DISPLAY
+    return None
+
+
+def _one_line_platform_errors() -> Callable[[], None]:
+    """Until the returned function is called, Qt's platform messages are held back, and a fatal one
+    (no platform plugin could start: Qt would abort with several lines, some misleading) ends the
+    process with one line and status 2. The function lets the held messages out and restores Qt's handler."""
+    from PySide6.QtCore import QtMsgType, qInstallMessageHandler
+
+    held: list[str] = []
+
+    def handler(mode: QtMsgType, context, message: str) -> None:
+        category = getattr(context, "category", None) or ""
+        if mode == QtMsgType.QtFatalMsg:
+            reasons = [m for m in held if "connect to display" in m] or held or [message.splitlines()[0]]
+            reason = reasons[0].split(": ", 1)[-1].strip().rstrip(".")
+            hint = "check DISPLAY, or set" if "display" in reason.lower() else "set"
+            sys.stderr.write(f"kvviz: the window cannot open ({reason}); {hint} "
+                             "QT_QPA_PLATFORM=offscreen for a window nobody sees\n")
+            sys.stderr.flush()
+            os._exit(2)
+        text = f"{category}: {message}" if category and category != "default" else message
+        if category.startswith("qt.qpa"):
+            held.append(text)
+        else:
+            sys.stderr.write(text + "\n")
+
+    previous = qInstallMessageHandler(handler)
+
+    def release() -> None:
+        qInstallMessageHandler(previous)
+        for text in held:
+            sys.stderr.write(text + "\n")
+
+    return release
+
+
+def _close_on_interrupt(close: Callable[[], None]) -> Callable[[], None]:
+    """Ctrl+C in the terminal (SIGINT) calls `close` from the event loop, as Ctrl+Q does; a second
+    Ctrl+C ends the process at once. Python runs its signal handlers only between bytecodes, so the
+    signal also writes to a socket that Qt's event loop watches: that wakes it even when idle.
+    Returns the function that puts everything back."""
+    from PySide6.QtCore import QSocketNotifier, QTimer
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return lambda: None  # ignored (a background job) or someone else's handler: leave it alone
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    try:
+        previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # not the main thread
+        reader.close()
+        writer.close()
+        return lambda: None
+    notifier = QSocketNotifier(reader.fileno(), QSocketNotifier.Type.Read)
+
+    def drain() -> None:
+        try:
+            while reader.recv(256):
+                pass
+        except OSError:
+            pass
+
+    notifier.activated.connect(drain)
+
+    def interrupted(_signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        QTimer.singleShot(0, close)
+
+    signal.signal(signal.SIGINT, interrupted)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.set_wakeup_fd(previous_fd)
+        notifier.setEnabled(False)
+        notifier.deleteLater()
+        reader.close()
+        writer.close()
+
+    return restore
 
 
 def launch(model: str | None = None, prompt: str | None = None) -> int:
-    """Show the main window at once, load the model in the background, run the event loop."""
+    """Show the main window at once, load the model in the background, run the event loop.
+    Without a display, say so in one line and return 2."""
+    no_display = missing_display()
+    if no_display is not None:
+        print(f"kvviz: {no_display}", file=sys.stderr)
+        return 2
     from PySide6.QtWidgets import QApplication
 
     from kvviz.app.settings import APPLICATION, ORGANIZATION
 
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app = QApplication.instance()
+    if app is None:
+        release_messages = _one_line_platform_errors()
+        app = QApplication(sys.argv[:1])
+        release_messages()
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
     app.setApplicationDisplayName("kvviz")
@@ -24,7 +133,11 @@ def launch(model: str | None = None, prompt: str | None = None) -> int:
 
     window = MainWindow(model, prompt)
     window.show()
-    code = app.exec()
+    restore_interrupt = _close_on_interrupt(QApplication.closeAllWindows)
+    try:
+        code = app.exec()
+    finally:
+        restore_interrupt()
     # Delete the window while Qt is still alive; left to interpreter teardown, it can segfault.
     window.deleteLater()
     app.processEvents()
@@ -32,4 +145,4 @@ def launch(model: str | None = None, prompt: str | None = None) -> int:
     return code
 
 
-__all__ = ["launch"]
+__all__ = ["launch", "missing_display"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from html import escape
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
@@ -65,12 +66,13 @@ class ShortcutsDialog(QDialog):
 
 
 def about_text(model: ModelInfo | None) -> str:
+    """Help > About's rich text; the model's name and source are shown as typed, never as markup."""
     lines = [f"<h3>kvviz {__version__}</h3>", "<p>See the KV cache of a GPT at work, token by token.</p>"]
     if model is None:
         lines.append("<p>No model is loaded.</p>")
     else:
         lines.append(
-            f"<p><b>Model:</b> {model.name}<br><b>Source:</b> {model.source}<br>"
+            f"<p><b>Model:</b> {escape(model.name)}<br><b>Source:</b> {escape(model.source)}<br>"
             f"<b>Parameters:</b> {model.num_parameters:,} ({model.num_parameters / 1e6:.1f} M)<br>"
             f"<b>Shape:</b> {model.n_layer} layers, {model.n_head} heads, width {model.n_embd}, "
             f"context {model.n_ctx} tokens</p>"

@@ -14,7 +14,8 @@ from kvviz.app.views.status import StatusLine
 class LoadingIndicator(QObject):
     """Follows the session's model loads: says what is loading, shows a hub download's progress
     with a Cancel button, keeps the picker disabled until the last queued load has ended, and then
-    shows the model really loaded."""
+    shows the model really loaded (in the picker, by its name) and the run still going, if any. A
+    run that cannot start leaves the status line on the model, not on the run it replaced."""
 
     def __init__(self, session: RunSession, status_bar: QStatusBar, status: StatusLine, banner: Banner,
                  picker: ModelPicker) -> None:
@@ -33,6 +34,7 @@ class LoadingIndicator(QObject):
         session.model_loaded.connect(self._end)
         session.model_load_failed.connect(self._end)
         session.model_load_cancelled.connect(self._on_cancelled)
+        session.run_failed.connect(self._on_run_failed)
 
     def _on_model_loading(self, source: str) -> None:
         label = source_label(source)
@@ -57,15 +59,27 @@ class LoadingIndicator(QObject):
         self.progress_bar.hide()
         self.cancel_button.hide()
         self._picker.setEnabled(True)
-        self._picker.show_source(self._session.source)
-        self._banner.say("")
         info = self._session.model_info
-        self._status.show_message("No model is loaded." if info is None else
-                                  f"{info.name}: {info.n_layer} layers, {info.num_parameters / 1e6:.1f} M "
-                                  f"parameters, context {info.n_ctx}")
+        self._picker.show_source(self._session.source, info.name if info is not None else None)
+        self._banner.say("")
+        if info is not None and self._session.plan is not None:
+            self._status.show_run()  # a load failed or was cancelled: the run goes on
+        else:
+            self._status.show_message(self._model_line())
+
+    def _model_line(self) -> str:
+        info = self._session.model_info
+        if info is None:
+            return "No model is loaded."
+        return (f"{info.name}: {info.n_layer} layers, {info.num_parameters / 1e6:.1f} M parameters, "
+                f"context {info.n_ctx}")
 
     def _on_cancelled(self, source: str) -> None:
         self._end()
         if not self._session.loading:
             kept = self._session.model_info.name if self._session.model_info else "no model"
-            self._status.show_message(f"Download of {source} cancelled; kept {kept}")
+            self._status.show_message(f"Download of {source} cancelled; kept {kept}", sticky=False)
+
+    def _on_run_failed(self, _message: str) -> None:
+        if not self._session.loading:  # the banner says why; the progress of the run replaced is gone
+            self._status.show_message(self._model_line())

@@ -142,7 +142,7 @@ class MainWindow(QMainWindow):
     # ----- models -----
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
-        QTimer.singleShot(250, lambda: fit_to_screen(self))  # once the window manager has framed it
+        QTimer.singleShot(250, self, lambda: fit_to_screen(self))  # once the window manager has framed it
         if self._initial_source is not None:
             QTimer.singleShot(INITIAL_LOAD_DELAY_MS, self._start_initial_load)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QWidget
 
@@ -32,6 +34,7 @@ class ModelPicker(QComboBox):
         self.setMinimumContentsLength(22)
         self.setToolTip("Model: the embedded default, GPT-2 from the hub, random weights, or a checkpoint")
         self._shown: str | None = None
+        self._paths: set[str] = set()  # sources with an entry added for them (checkpoints)
         self.addItem(f"{source_label(EMBEDDED)} (embedded)", EMBEDDED)
         self.insertSeparator(self.count())
         for name in HUB_CHOICES:
@@ -44,16 +47,21 @@ class ModelPicker(QComboBox):
         self.addItem("Open checkpoint folder\u2026", OPEN_FOLDER)
         self.activated.connect(self._on_activated)
 
-    def show_source(self, source: str | None) -> None:
-        """Select `source` (the loaded model's), adding an entry for a checkpoint path."""
+    def show_source(self, source: str | None, name: str | None = None) -> None:
+        """Select `source` (the loaded model's; None: no model), adding an entry for a checkpoint
+        path, named `name` (the model's name) or else by the path's last part."""
         self._shown = source
         if source is None:
+            self.setCurrentIndex(-1)
             return
         index = self.findData(source)
         if index < 0:
             index = self.count() - 2  # before the two "Open checkpoint" entries
-            self.insertItem(index, source.rsplit("/", 1)[-1] or source, source)
+            self.insertItem(index, "", source)
             self.setItemData(index, source, Qt.ItemDataRole.ToolTipRole)
+            self._paths.add(source)
+        if source in self._paths:
+            self.setItemText(index, name or self.itemText(index) or Path(source.rstrip("/\\")).name or source)
         self.setCurrentIndex(index)
 
     def open_checkpoint(self, folder: bool) -> None:

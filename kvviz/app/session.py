@@ -17,7 +17,9 @@ class RunSession(QObject):
 
     It has no widgets. It sends commands to the worker thread and passes on what comes back for
     the current run only (records of a replaced run are dropped here). Loads are queued in order;
-    `source` is the source of the model really loaded, whatever is still queued.
+    `source` is the source of the model really loaded, whatever is still queued. A run asked for
+    while a model loads (a setting changed, Enter in the prompt) starts if the load fails or is
+    cancelled; a load that succeeds starts its own.
     """
 
     model_loading = Signal(str)  # source
@@ -47,6 +49,7 @@ class RunSession(QObject):
         self._run_id = 0
         self._replay_target = 0
         self._steps_requested = 0
+        self._deferred_run: tuple[RunRequest, int] | None = None  # asked for while loading
         w = self.controller.worker
         w.model_loading.connect(self.model_loading)
         w.download_progressed.connect(self.download_progressed)
@@ -94,6 +97,7 @@ class RunSession(QObject):
 
     def _on_model_loaded(self, source: str, info: ModelInfo) -> None:
         self._take_pending(source)
+        self._deferred_run = None
         self.source, self.model_info = source, info
         self.plan, self.last_record = None, None
         self.model_loaded.emit(info)
@@ -107,17 +111,29 @@ class RunSession(QObject):
             self._fallback_tried = True
             self.load(EMBEDDED)
         self.state_changed.emit()
+        self._start_deferred_run()
 
     def _on_model_load_cancelled(self, source: str) -> None:
         self._take_pending(source)
         self.model_load_cancelled.emit(source)
         self.state_changed.emit()
+        self._start_deferred_run()
+
+    def _start_deferred_run(self) -> None:
+        if self._deferred_run is not None and not self.loading:
+            (request, replay_to), self._deferred_run = self._deferred_run, None
+            self.start_run(request, replay_to)
 
     # ----- runs -----
     def start_run(self, request: RunRequest, replay_to: int = 0) -> None:
-        """Start a fresh run of `request` (its run_id is replaced); with `replay_to`, compute that many tokens."""
-        if self.model_info is None or self.loading:
+        """Start a fresh run of `request` (its run_id is replaced); with `replay_to`, compute that many
+        tokens. While a model loads, the run waits for the load's end (see the class)."""
+        if self.model_info is None:
             return
+        if self.loading:
+            self._deferred_run = (request, replay_to)
+            return
+        self._deferred_run = None
         self.pause()
         self._run_id += 1
         self._replay_target = replay_to

@@ -86,14 +86,14 @@ def describe_load_error(source: str, exc: BaseException) -> str:
         return as_sentence(first_line(exc))
     if is_out_of_memory(exc):
         return f"Not enough memory to load {label}; choose a smaller model."
-    return f"Could not load {label}: {first_line(exc)}."
+    return as_sentence(f"Could not load {label}: {first_line(exc)}")
 
 
 def describe_run_error(model_name: str, exc: BaseException) -> str:
     """One sentence for a generation step that failed."""
     if is_out_of_memory(exc):
         return f"Not enough memory to continue with {model_name}; lower max new tokens or choose a smaller model."
-    return f"Generation with {model_name} stopped: {first_line(exc)}."
+    return as_sentence(f"Generation with {model_name} stopped: {first_line(exc)}")
 
 
 class GenerationWorker(QObject):

@@ -10,22 +10,32 @@ from kvviz.records import RunPlan, StepRecord
 
 
 class StatusLine(QLabel):
-    """A view (views.base.RunViewProtocol) for the status bar. Between runs it shows what
-    `show_message` says (loading, a cancelled download...); a new plan replaces any message."""
+    """A view (views.base.RunViewProtocol) for the status bar: the run's line, or a message.
+
+    `show_message` says something else (loading, a cancelled download...): a sticky message stays
+    until the next plan (`reset`) or `show_run`; any other gives way to the run's next record.
+    """
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("No model", parent)
         self._plan: RunPlan | None = None
         self._record: StepRecord | None = None
         self._dirty = False
+        self._sticky = False
 
-    def show_message(self, text: str) -> None:
-        """Say `text` until the next run is planned."""
-        self._plan, self._record, self._dirty = None, None, False
+    def show_message(self, text: str, sticky: bool = True) -> None:
+        """Say `text` instead of the run's line (see the class)."""
+        self._dirty, self._sticky = False, sticky
         self.setText(text)
 
+    def show_run(self) -> None:
+        """The run's line again, after a message; nothing changes when no run is planned."""
+        self._sticky = False
+        self._dirty = self._plan is not None
+        self.refresh()
+
     def reset(self, plan: RunPlan) -> None:
-        self._plan, self._record, self._dirty = plan, None, True
+        self._plan, self._record, self._dirty, self._sticky = plan, None, True, False
         self.refresh()
 
     def apply(self, records: Sequence[StepRecord]) -> None:
@@ -33,7 +43,7 @@ class StatusLine(QLabel):
             self._record, self._dirty = records[-1], True
 
     def refresh(self) -> None:
-        if not self._dirty or self._plan is None:
+        if not self._dirty or self._plan is None or self._sticky:
             return
         self._dirty = False
         plan, rec = self._plan, self._record

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPaintEvent, QPen
@@ -14,6 +15,56 @@ from kvviz.records import RunPlan, StepRecord
 
 PAD_X, PAD_Y, GAP = 5.0, 3.0, 8.0
 MAX_ROWS = 2
+
+
+@dataclass(frozen=True)
+class StripLayout:
+    """Where the chips go: (token index, rect) for each chip shown, and the "+N earlier" label's
+    rect (None when every token is shown), N being `hidden`."""
+
+    chips: list[tuple[int, QRectF]]
+    label: QRectF | None
+    hidden: int
+
+
+def layout_strip(widths: Sequence[float], width: float, chip_height: float, row_height: float,
+                 label_width: Callable[[int], float], max_rows: int = MAX_ROWS) -> StripLayout:
+    """Chips of `widths` wrapped into rows `width` wide; the newest `max_rows` rows are shown.
+
+    When earlier rows are cut, the rows start after a left margin that holds the label "+N
+    earlier" (`label_width(n)` is its width), so the label never covers a chip. The margin fits
+    any N of as many digits (three at least), so the chips do not move at every new token.
+    """
+    def wrap(left: float) -> list[list[int]]:
+        rows: list[list[int]] = [[]]
+        x = left
+        for i, w in enumerate(widths):
+            if rows[-1] and x + w > width - GAP:
+                rows.append([])
+                x = left
+            rows[-1].append(i)
+            x += w + GAP
+        return rows
+
+    left, label_w, rows = GAP, 0.0, wrap(GAP)
+    digits = 3
+    while len(rows) > max_rows:
+        label_w = max(label_width(int(d * digits)) for d in "0123456789")
+        left = GAP + label_w + GAP
+        rows = wrap(left)
+        hidden = sum(len(r) for r in rows[:-max_rows])
+        if len(str(hidden)) <= digits:
+            break
+        digits = len(str(hidden))
+    hidden = sum(len(r) for r in rows[:-max_rows]) if len(rows) > max_rows else 0
+    chips = []
+    for r, row in enumerate(rows[-max_rows:]):
+        x, y = left, GAP / 2 + r * row_height
+        for i in row:
+            chips.append((i, QRectF(x, y, widths[i], chip_height)))
+            x += widths[i] + GAP
+    label = QRectF(GAP, GAP / 2, label_w, chip_height) if hidden else None
+    return StripLayout(chips, label, hidden)
 
 
 class TokenStrip(QWidget):
@@ -92,16 +143,11 @@ class TokenStrip(QWidget):
     def minimumSizeHint(self) -> QSize:
         return QSize(100, int(self._row_height() * MAX_ROWS + GAP + 2))
 
-    def _layout_rows(self, width: float) -> list[list[int]]:
-        rows: list[list[int]] = [[]]
-        x = GAP
-        for i, w in enumerate(self._widths):
-            if rows[-1] and x + w > width - GAP:
-                rows.append([])
-                x = GAP
-            rows[-1].append(i)
-            x += w + GAP
-        return rows
+    def chip_layout(self) -> StripLayout:
+        """Where the chips and the "+N earlier" label go at the strip's current width."""
+        row_h = self._row_height()
+        return layout_strip(self._widths, self.width(), row_h - GAP, row_h,
+                            lambda n: self._metrics.horizontalAdvance(earlier_label(n)))
 
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
@@ -114,38 +160,33 @@ class TokenStrip(QWidget):
             painter.drawText(self.rect().adjusted(6, 0, 0, 0), align, "Tokens appear here once the model is loaded.")
             painter.end()
             return
-        rows = self._layout_rows(self.width())
-        visible = rows[-MAX_ROWS:]
-        hidden = sum(len(r) for r in rows[:-MAX_ROWS])
+        layout = self.chip_layout()
         newest = self.newest_index
         fed_start, fed_stop = self._fed
-        row_h = self._row_height()
-        chip_h = row_h - GAP
-        for r, row in enumerate(visible):
-            x = GAP
-            y = GAP / 2 + r * row_h
-            for i in row:
-                w = self._widths[i]
-                rect = QRectF(x, y, w, chip_h)
-                generated = i >= self._prompt_tokens
-                if i == newest:
-                    fill, edge, ink = QColor(theme.AMBER), QColor(theme.AMBER), QColor("#1B1E24")
-                elif generated:
-                    fill, edge, ink = QColor("#2E3440"), QColor(theme.AMBER), QColor(theme.FOREGROUND)
-                else:
-                    fill, edge, ink = QColor("#3A404C"), QColor("#6A7282"), QColor(theme.FOREGROUND)
-                painter.setPen(QPen(edge, 1.2))
-                painter.setBrush(fill)
-                painter.drawRoundedRect(rect, 4, 4)
-                painter.setPen(ink)
-                painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, self._labels[i])
-                if fed_start <= i < fed_stop:
-                    painter.setPen(QPen(QColor(theme.AMBER), 3.0))
-                    painter.drawLine(QPointF(rect.left() + 3, rect.bottom() + 4.0),
-                                     QPointF(rect.right() - 3, rect.bottom() + 4.0))
-                x += w + GAP
-        if hidden:
+        for i, rect in layout.chips:
+            generated = i >= self._prompt_tokens
+            if i == newest:
+                fill, edge, ink = QColor(theme.AMBER), QColor(theme.AMBER), QColor("#1B1E24")
+            elif generated:
+                fill, edge, ink = QColor("#2E3440"), QColor(theme.AMBER), QColor(theme.FOREGROUND)
+            else:
+                fill, edge, ink = QColor("#3A404C"), QColor("#6A7282"), QColor(theme.FOREGROUND)
+            painter.setPen(QPen(edge, 1.2))
+            painter.setBrush(fill)
+            painter.drawRoundedRect(rect, 4, 4)
+            painter.setPen(ink)
+            painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, self._labels[i])
+            if fed_start <= i < fed_stop:
+                painter.setPen(QPen(QColor(theme.AMBER), 3.0))
+                painter.drawLine(QPointF(rect.left() + 3, rect.bottom() + 4.0),
+                                 QPointF(rect.right() - 3, rect.bottom() + 4.0))
+        if layout.label is not None:
             painter.setPen(QColor(theme.MUTED))
-            painter.drawText(self.rect().adjusted(0, 0, -4, 0), Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignTop,
-                             f"+{hidden} earlier")
+            painter.drawText(layout.label, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                             earlier_label(layout.hidden))
         painter.end()
+
+
+def earlier_label(hidden: int) -> str:
+    """The label for `hidden` tokens that no longer fit the strip."""
+    return f"+{hidden} earlier"
