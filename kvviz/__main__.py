@@ -1,3 +1,13 @@
-from kvviz.cli import main
+"""`python -m kvviz`: the command line (see kvviz.cli); Ctrl+C exits with status 130 however early it comes."""
 
-raise SystemExit(main())
+import sys
+
+try:
+    from kvviz.cli import main
+
+    status = main()
+except KeyboardInterrupt:  # before kvviz.cli took Ctrl+C over
+    if sys.stderr is not None:
+        sys.stderr.write("kvviz: interrupted\n")
+    status = 130
+raise SystemExit(status)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # torch loads with the first benchmark, not with this module 
     from kvviz.model import GPT
 
 WARMUP_TOKENS = 8
+MAX_REPEAT = 100  # turns per configuration: more would only wait longer for the same fastest run
 
 
 def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bool) -> tuple[list[int], float, int]:
@@ -74,8 +75,8 @@ def best_of(
     use_cache: bool,
 ) -> tuple[Timing, Timing | None]:
     """Time kvviz `repeat` times (and the peer, if any, right after each run); keep the fastest of each."""
-    if repeat < 1:
-        raise KvvizError(f"repeat must be a positive integer, got {repeat}")
+    if not 1 <= repeat <= MAX_REPEAT:
+        raise KvvizError(f"repeat must be a whole number from 1 to {MAX_REPEAT}, got {repeat}")
     ours = theirs = None
     for _ in range(repeat):
         run = Timing(*_timed(engine, prompt_ids, new_tokens, use_cache))

