@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -39,3 +40,23 @@ def write_atomically(path: Path | str, data: bytes) -> Path:
     with atomic_writer(path) as handle:
         handle.write(data)
     return Path(path)
+
+
+def folder_problem(out_dir: Path) -> str | None:
+    """Why no file can be created in `out_dir` (or in it once made), as a clause; None when one can.
+
+    A scratch folder is made and removed in `out_dir`, or in its nearest existing parent: permission
+    bits alone would pass root, a read-only file system or /proc. Nothing is left behind.
+    """
+    try:
+        folder = out_dir.absolute()
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if folder == out_dir.absolute() and not folder.is_dir():
+            return "exists and is not a folder"
+        if not folder.is_dir():
+            return f"cannot be made a folder: {folder} is not a folder"
+        os.rmdir(tempfile.mkdtemp(prefix=".kvviz-check-", dir=folder))
+    except OSError as exc:
+        return f"no file can be written there ({exc.strerror or str(exc).splitlines()[0]})"
+    return None

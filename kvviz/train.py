@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from kvviz.counting import plural
 from kvviz.errors import KvvizError, first_line
-from kvviz.files import write_atomically
+from kvviz.files import folder_problem, write_atomically
 from kvviz.model import GPT, PRESETS, GPTConfig
 from kvviz.tokenizer import get_tokenizer
 
@@ -368,23 +368,10 @@ def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: s
 
 
 def check_out_dir(out_dir: Path) -> None:
-    """TrainOutputError unless `out_dir` is a folder that a file can be created in, or can be made one.
-
-    The check creates and removes a scratch folder (in `out_dir`, or in its nearest existing parent):
-    it leaves nothing behind, and sees what permission bits do not (root, read-only file systems, /proc).
-    """
-    try:
-        folder = out_dir.absolute()
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        if folder == out_dir.absolute() and not folder.is_dir():
-            raise TrainOutputError(f"{out_dir}: exists and is not a folder")
-        if not folder.is_dir():
-            raise TrainOutputError(f"{out_dir}: cannot be made a folder, {folder} is not one")
-        os.rmdir(tempfile.mkdtemp(prefix=".kvviz-check-", dir=folder))
-    except OSError as exc:
-        reason = exc.strerror or first_line(exc)
-        raise TrainOutputError(f"{out_dir}: the model could not be saved there ({reason})") from exc
+    """TrainOutputError unless a file can be created in `out_dir` (made if needed), checked before training."""
+    problem = folder_problem(out_dir)
+    if problem is not None:
+        raise TrainOutputError(f"{out_dir}: {problem}")
 
 
 def evaluate(model_dir: Path, corpus: Path | None, block_size: int = 256) -> dict:

@@ -98,7 +98,7 @@ CASES = [
     case(*EXPORT, "--out", "{read_only}/x", fragment="Permission denied", locked=True, id="export-out-read-only"),
     case(*TRAIN, "--out", "/dev/full", fragment="/dev/full: exists and is not a folder", id="train-out-dev-full"),
     case(*TRAIN, "--out", "", fragment="--out: is empty", id="train-out-empty"),
-    case(*TRAIN, "--out", "{read_only}/m", fragment="could not be saved there", locked=True, id="train-out-read-only"),
+    case(*TRAIN, "--out", "{read_only}/m", fragment="no file can be written", locked=True, id="train-out-read-only"),
     case(*TRAIN, "--out", "{tmp}/m", "--corpus", "{truncated}", fragment="cannot be read", id="train-corpus-truncated"),
     case(*TRAIN, "--out", "{tmp}/m", "--corpus", "{fifo}", fragment="neither a folder", id="train-corpus-fifo"),
     case(*TRAIN, "--out", "{tmp}/m", "--corpus", "c" * 300, fragment="File name too long",

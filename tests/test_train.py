@@ -120,7 +120,7 @@ def test_an_output_that_cannot_take_the_model_is_refused_before_the_corpus_loads
     assert _run_cli(tmp_path, monkeypatch, "--out", "a-file") == 2
     assert capsys.readouterr().err == "kvviz: a-file: exists and is not a folder\n"
     assert _run_cli(tmp_path, monkeypatch, "--out", "a-file/model") == 2
-    assert capsys.readouterr().err.startswith("kvviz: a-file/model: cannot be made a folder, ")
+    assert capsys.readouterr().err.startswith("kvviz: a-file/model: cannot be made a folder: ")
 
 
 @pytest.mark.parametrize(("target", "message"), [

@@ -8,12 +8,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvviz.app.export.caption import default_file_name, make_caption
 from kvviz.app.export.files import DEFAULT_PNG_WIDTH, TARGETS, ExportError, check_png_width, parse_formats
+from kvviz.files import folder_problem
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication
@@ -28,22 +28,10 @@ VIEW_SIZE = (1600, 1000)
 
 
 def _check_out_dir(out_dir: Path) -> None:
-    """ExportError now, not after the run, for a folder that cannot hold the images.
-
-    A scratch folder is made and removed in `out_dir`, or in its nearest existing parent: permission
-    bits alone would pass root, a read-only file system or /proc.
-    """
-    try:
-        folder = out_dir.absolute()
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        if folder == out_dir.absolute() and not folder.is_dir():
-            raise ExportError(f"{out_dir}: exists and is not a folder")
-        if not folder.is_dir():
-            raise ExportError(f"{out_dir}: cannot create the folder, {folder} is not a folder")
-        os.rmdir(tempfile.mkdtemp(prefix=".kvviz-check-", dir=folder))
-    except OSError as exc:
-        raise ExportError(f"{out_dir}: the images cannot be written there ({exc.strerror or exc})") from exc
+    """ExportError now, not after the run, for a folder that cannot hold the images."""
+    problem = folder_problem(out_dir)
+    if problem is not None:
+        raise ExportError(f"{out_dir}: {problem}")
 
 
 @contextlib.contextmanager
