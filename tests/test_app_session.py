@@ -74,7 +74,8 @@ def test_a_request_the_model_cannot_run_fails_before_the_views_reset(qtbot, tmp_
 
 
 def test_worker_restores_the_gil_switch_interval_when_it_stops(qtbot):
-    from kvviz.app.worker import GIL_SWITCH_INTERVAL_S, WorkerController
+    from kvviz.app.shared_interpreter import GIL_SWITCH_INTERVAL_S
+    from kvviz.app.worker import WorkerController
 
     before = sys.getswitchinterval()
     assert before > GIL_SWITCH_INTERVAL_S  # Python's default, 5 ms
@@ -137,3 +138,41 @@ def test_settings_round_trip(tmp_path):
     again = AppSettings.load(QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat))
     assert again == AppSettings(prompt="ROMEO:", use_cache=False, max_new_tokens=7, temperature=0.8, top_k=40,
                                 seed=3, speed_index=6, colour_blind=True, zoom=1.4, model_source="random:gpt2")
+
+
+def test_garbage_is_collected_on_the_gui_thread_while_a_worker_exists(qtbot):
+    """A Qt object in a reference cycle must never be destroyed by the worker: Python's automatic
+    collector runs on whichever thread allocates, so while a worker exists only the GUI thread collects
+    (a closed window collected on the worker thread aborted or froze the test suite)."""
+    import gc
+    import threading
+    import weakref
+
+    from kvviz.app.worker import WorkerController
+
+    controller = WorkerController()
+    try:
+        destroyed_on: list[threading.Thread] = []
+
+        class Cycle:
+            pass
+
+        gc.collect()  # counts at zero: the main thread allocates too little below to trigger a collection
+        cycle = Cycle()
+        cycle.itself = cycle
+        weakref.finalize(cycle, lambda: destroyed_on.append(threading.current_thread()))
+        del cycle
+
+        def allocate_like_a_model_load():
+            junk = [[index] for index in range(300_000)]  # far past every generation's threshold
+            del junk
+
+        worker = threading.Thread(target=allocate_like_a_model_load)
+        worker.start()
+        worker.join()
+        assert destroyed_on == []
+        qtbot.waitUntil(lambda: bool(destroyed_on), timeout=10_000)
+        assert destroyed_on == [threading.main_thread()]
+    finally:
+        assert controller.stop(5000)
+    assert gc.isenabled()

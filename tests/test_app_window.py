@@ -183,7 +183,7 @@ def test_worker_runs_below_the_gui_priority(window):
 
 
 def test_gui_and_worker_hand_the_gil_over_quickly(window):
-    from kvviz.app.worker import GIL_SWITCH_INTERVAL_S
+    from kvviz.app.shared_interpreter import GIL_SWITCH_INTERVAL_S
 
     assert sys.getswitchinterval() <= GIL_SWITCH_INTERVAL_S < 0.005  # Python's default is 5 ms
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
+from kvviz.app.shared_interpreter import worker_thread_guards
 from kvviz.errors import DownloadCancelled, as_sentence, first_line, is_out_of_memory
 from kvviz.records import ModelInfo, RunPlan, RunRequest, StepRecord
 
@@ -24,35 +25,8 @@ if TYPE_CHECKING:
     from kvviz.engine import Engine
 
 WORKER_NICENESS = 10  # the model runs this far below the GUI's scheduling priority (Linux)
-# The worker takes the GIL back between torch ops, the GUI thread between paints; Python's default
-# 5 ms hand-over made each wait for the other (longer GUI stalls, slower tokens at full speed).
-GIL_SWITCH_INTERVAL_S = 0.001
 
 _THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
-
-
-class _FastGilHandover:
-    """Python's GIL switch interval at GIL_SWITCH_INTERVAL_S while any worker thread exists,
-    and back to what it was once the last one has ended."""
-
-    def __init__(self) -> None:
-        self._holders = 0
-        self._before = sys.getswitchinterval()
-
-    def acquire(self) -> bool:
-        if self._holders == 0:
-            self._before = sys.getswitchinterval()
-            sys.setswitchinterval(min(self._before, GIL_SWITCH_INTERVAL_S))
-        self._holders += 1
-        return True
-
-    def release(self) -> None:
-        self._holders -= 1
-        if self._holders == 0:
-            sys.setswitchinterval(self._before)
-
-
-_fast_gil_handover = _FastGilHandover()
 
 
 def running_threads() -> list[QThread]:
@@ -302,7 +276,8 @@ class WorkerController(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._holds_switch_interval = _fast_gil_handover.acquire()
+        worker_thread_guards.acquire()
+        self._holds_guards = True
         self.thread = QThread()
         self.thread.setObjectName("kvviz-worker")
         self.worker = GenerationWorker()
@@ -344,7 +319,7 @@ class WorkerController(QObject):
     def stop(self, timeout_ms: int = 1000) -> bool:
         """Abort the current pass, finish the thread and wait for it; True when it has ended."""
         if not self.thread.isRunning():
-            self._restore_switch_interval()
+            self._release_guards()
             return True
         self.worker.abort.set()
         self.worker.cancel_download.set()
@@ -352,15 +327,15 @@ class WorkerController(QObject):
         self.thread.quit()
         ended = self.thread.wait(timeout_ms)
         if ended:
-            self._restore_switch_interval()
+            self._release_guards()
         return ended
 
     def wait(self) -> None:
         """Block until the thread has ended (after `stop` ran out of time during an uninterruptible load)."""
         self.thread.wait()
-        self._restore_switch_interval()
+        self._release_guards()
 
-    def _restore_switch_interval(self) -> None:
-        if self._holds_switch_interval:
-            self._holds_switch_interval = False
-            _fast_gil_handover.release()
+    def _release_guards(self) -> None:
+        if self._holds_guards:
+            self._holds_guards = False
+            worker_thread_guards.release()

@@ -1,0 +1,82 @@
+"""What the GUI thread and a worker thread need while they share one Python interpreter.
+
+- The GIL changes hands every GIL_SWITCH_INTERVAL_S instead of Python's 5 ms, so neither thread waits
+  long for the other (GUI stalls, slower tokens).
+- Python's automatic garbage collection is off and the GUI thread collects on a timer instead. The
+  automatic collector runs on whichever thread happens to allocate; when that is the worker, it
+  destroys Qt widgets caught in reference cycles (a closed window, a chart built for an export) on
+  the wrong thread, and Qt aborts or deadlocks. pyqtgraph's GarbageCollector does the same for the
+  same reason.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+from PySide6.QtCore import QCoreApplication, QTimer
+
+GIL_SWITCH_INTERVAL_S = 0.001
+GUI_COLLECT_INTERVAL_MS = 500
+
+
+class WorkerThreadGuards:
+    """Both settings above while any worker thread exists, and Python's own once the last has ended.
+    Create and release it on the GUI thread."""
+
+    def __init__(self) -> None:
+        self._holders = 0
+        self._switch_interval_before = sys.getswitchinterval()
+        self._gc_was_enabled = gc.isenabled()
+        self._timer: QTimer | None = None
+        self._collector: GuiThreadCollector | None = None
+
+    def acquire(self) -> None:
+        if self._holders == 0:
+            self._switch_interval_before = sys.getswitchinterval()
+            sys.setswitchinterval(min(self._switch_interval_before, GIL_SWITCH_INTERVAL_S))
+            self._gc_was_enabled = gc.isenabled()
+            gc.disable()
+            self._collector = GuiThreadCollector()
+            self._timer = QTimer(QCoreApplication.instance())
+            self._timer.setInterval(GUI_COLLECT_INTERVAL_MS)
+            self._timer.timeout.connect(self._collector.collect)
+            self._timer.start()
+        self._holders += 1
+
+    def release(self) -> None:
+        if self._holders == 0:
+            return
+        self._holders -= 1
+        if self._holders == 0:
+            sys.setswitchinterval(self._switch_interval_before)
+            if self._timer is not None:
+                self._timer.stop()
+                self._timer.deleteLater()
+                self._timer, self._collector = None, None
+            if self._gc_was_enabled:
+                gc.enable()
+
+
+class GuiThreadCollector:
+    """Python's generational collection, run from a timer on the GUI thread: the youngest generation
+    on every tick that has new objects, an older one once the one below has been collected past its
+    threshold, and everything only once a quarter more objects have become long-lived (CPython's rules)."""
+
+    def __init__(self) -> None:
+        self._long_lived_total = len(gc.get_objects(generation=2))
+
+    def collect(self) -> int:
+        """Collect what Python would have by now; returns the number of unreachable objects found."""
+        counts, thresholds = gc.get_count(), gc.get_threshold()
+        if counts[1] > thresholds[1] and counts[2] > thresholds[2]:
+            long_lived = len(gc.get_objects(generation=2))
+            if long_lived - self._long_lived_total > self._long_lived_total // 4:
+                found = gc.collect(2)
+                self._long_lived_total = len(gc.get_objects(generation=2))
+                return found
+        if counts[1] > thresholds[1]:
+            return gc.collect(1)
+        return gc.collect(0) if counts[0] > 0 else 0
+
+worker_thread_guards = WorkerThreadGuards()
