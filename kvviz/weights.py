@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -52,30 +53,54 @@ def config_from_json(path: Path) -> GPTConfig:
     """A GPTConfig from a transformers GPT-2 `config.json`."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ModelLoadError(f"{path}: not a readable JSON config ({exc.__class__.__name__})") from exc
     if not isinstance(raw, dict):
         raise ModelLoadError(f"{path}: the config is not a JSON object")
     model_type = raw.get("model_type")
     if model_type != "gpt2":
-        raise ModelLoadError(f"{path}: model_type is {model_type!r}, but kvviz runs GPT-2 checkpoints only")
+        raise ModelLoadError(f"{path}: model_type is {_shown(model_type)}, but kvviz runs GPT-2 checkpoints only")
     activation = raw.get("activation_function", "gelu_new")
     if activation not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ModelLoadError(f"{path}: activation_function {activation!r} is not GPT-2's tanh GELU")
-    if raw.get("n_inner") not in (None, 4 * raw.get("n_embd", 768)):
-        raise ModelLoadError(f"{path}: n_inner={raw['n_inner']} is not 4 * n_embd, which kvviz requires")
+        raise ModelLoadError(f"{path}: activation_function {_shown(activation)} is not GPT-2's tanh GELU")
+    n_embd = _positive_whole(raw, path, 768, "n_embd")
+    if raw.get("n_inner") is not None and raw.get("n_inner") != 4 * n_embd:
+        raise ModelLoadError(f"{path}: n_inner={_shown(raw['n_inner'])} is not 4 * n_embd, which kvviz requires")
     try:
         return GPTConfig(
-            vocab_size=int(raw.get("vocab_size", 50257)),
-            n_ctx=int(raw.get("n_positions", raw.get("n_ctx", 1024))),
-            n_layer=int(raw.get("n_layer", 12)),
-            n_head=int(raw.get("n_head", 12)),
-            n_embd=int(raw.get("n_embd", 768)),
-            layer_norm_epsilon=float(raw.get("layer_norm_epsilon", 1e-5)),
+            vocab_size=_positive_whole(raw, path, 50257, "vocab_size"),
+            n_ctx=_positive_whole(raw, path, 1024, "n_positions", "n_ctx"),
+            n_layer=_positive_whole(raw, path, 12, "n_layer"),
+            n_head=_positive_whole(raw, path, 12, "n_head"),
+            n_embd=n_embd,
+            layer_norm_epsilon=_layer_norm_epsilon(raw, path),
             name=path.parent.name,
         )
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:  # GPTConfig's own checks (heads that do not divide the width)
         raise ModelLoadError(f"{path}: {exc}") from exc
+
+
+def _positive_whole(raw: dict, path: Path, default: int, *keys: str) -> int:
+    """The first of `keys` in a config as a positive whole number (1e3 and 1000.0 count as 1000)."""
+    key = next((k for k in keys if k in raw), keys[0])
+    value = raw.get(key, default)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelLoadError(f"{path}: {key}={_shown(value)} is not a positive whole number")
+    return value
+
+
+def _layer_norm_epsilon(raw: dict, path: Path) -> float:
+    value = raw.get("layer_norm_epsilon", 1e-5)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ModelLoadError(f"{path}: layer_norm_epsilon={_shown(value)} is not a number between 0 and 1")
+    return float(value)
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, (int, float, str, bool)) or value is None else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def config_to_json(config: GPTConfig) -> dict:
@@ -110,6 +135,8 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if suffix not in (".safetensors", ".pth", ".pt", ".bin"):
         raise ModelLoadError(f"{path}: unsupported file type {suffix!r}; use .safetensors (or a .pth state dict)")
     try:
+        with path.open("rb"):  # safetensors reports an unreadable file as "No such file or directory"
+            pass
         if suffix == ".safetensors":
             from safetensors.torch import load_file
 
@@ -146,16 +173,7 @@ def infer_config(state: dict[str, torch.Tensor], name: str, origin: str | None =
     widths get heads of 64 dimensions, as in every GPT-2. `origin` (the file) is named in errors.
     """
     origin = origin or name
-    try:
-        vocab_size, n_embd = (int(n) for n in state["transformer.wte.weight"].shape)
-        n_ctx = int(state["transformer.wpe.weight"].shape[0])
-    except KeyError as exc:
-        raise ModelLoadError(f"{origin}: tensor {exc.args[0]} is missing; this is not a GPT-2 checkpoint") from exc
-    except ValueError as exc:
-        raise ModelLoadError(f"{origin}: tensor transformer.wte.weight is not a matrix; not GPT-2") from exc
-    layers = {k.split(".")[2] for k in state if k.startswith("transformer.h.")}
-    if not all(layer.isdigit() for layer in layers):
-        raise ModelLoadError(f"{origin}: unexpected tensor names under transformer.h; not a GPT-2 checkpoint")
+    vocab_size, n_embd, n_ctx, n_layer = _tensor_dims(state, origin)
     if n_embd in HEADS_BY_WIDTH:
         n_head = HEADS_BY_WIDTH[n_embd]
     elif n_embd % 64 == 0:
@@ -166,10 +184,36 @@ def infer_config(state: dict[str, torch.Tensor], name: str, origin: str | None =
             "config.json beside it"
         )
     try:
-        return GPTConfig(vocab_size=vocab_size, n_ctx=n_ctx, n_layer=len(layers), n_head=n_head, n_embd=n_embd,
+        return GPTConfig(vocab_size=vocab_size, n_ctx=n_ctx, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
                          name=name)
     except ValueError as exc:
         raise ModelLoadError(f"{origin}: {exc}") from exc
+
+
+def _tensor_dims(state: dict[str, torch.Tensor], origin: str) -> tuple[int, int, int, int]:
+    """(vocab_size, n_embd, n_ctx, n_layer) as the checkpoint's tensors have them."""
+    try:
+        vocab_size, n_embd = (int(n) for n in state["transformer.wte.weight"].shape)
+        n_ctx = int(state["transformer.wpe.weight"].shape[0])
+    except KeyError as exc:
+        raise ModelLoadError(f"{origin}: tensor {exc.args[0]} is missing; this is not a GPT-2 checkpoint") from exc
+    except (ValueError, IndexError) as exc:
+        raise ModelLoadError(f"{origin}: tensor transformer.wte.weight is not a matrix; not GPT-2") from exc
+    layers = {k.split(".")[2] for k in state if k.startswith("transformer.h.")}
+    if not all(layer.isdigit() for layer in layers):
+        raise ModelLoadError(f"{origin}: unexpected tensor names under transformer.h; not a GPT-2 checkpoint")
+    return vocab_size, n_embd, n_ctx, len(layers)
+
+
+def check_config_fits(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, config_path: Path) -> None:
+    """A config.json may not describe a model larger than the tensors beside it: checked before anything of
+    its size is built (a smaller one fails `build_model`'s tensor checks, which name the tensor)."""
+    vocab_size, n_embd, n_ctx, n_layer = _tensor_dims(state, origin)
+    for key, said, found in (("vocab_size", config.vocab_size, vocab_size), ("n_embd", config.n_embd, n_embd),
+                             ("n_positions", config.n_ctx, n_ctx), ("n_layer", config.n_layer, n_layer)):
+        if said > found:
+            raise ModelLoadError(f"{config_path}: {key}={_shown(said)}, more than the weights in "
+                                 f"{Path(origin).name} have ({found})")
 
 
 def build_model(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, dtype: torch.dtype) -> GPT:
@@ -201,12 +245,17 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32) -> GPT:
         state = normalize_keys(_read_state_dict(weights))
         if config_path.is_file():
             config = config_from_json(config_path)
+            check_config_fits(config, state, str(weights), config_path)
         else:
             config = infer_config(state, path.name, str(weights))
         return build_model(config.with_name(path.name), state, str(weights), dtype)
     state = normalize_keys(_read_state_dict(path))
     sibling = path.parent / "config.json"
-    config = config_from_json(sibling) if sibling.is_file() else infer_config(state, path.stem, str(path))
+    if sibling.is_file():
+        config = config_from_json(sibling)
+        check_config_fits(config, state, str(path), sibling)
+    else:
+        config = infer_config(state, path.stem, str(path))
     name = path.parent.name if path.stem == "model" else path.stem
     return build_model(config.with_name(name), state, str(path), dtype)
 

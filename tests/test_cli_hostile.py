@@ -5,6 +5,7 @@ closed or full outputs, early interrupts. Every case: the exit status, exactly t
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import signal
@@ -80,7 +81,8 @@ CASES = [
     case("generate", *MODEL, "--prompt", "word" + " word" * 30, "--max-new-tokens", "1000000", status=0,
          fragment="kvviz: stopped after 1 new token: the model's context holds 32 tokens", id="generate-to-context"),
     # paths
-    case("generate", "--model", "{locked_file}", "--prompt", "x", fragment="locked.safetensors", locked=True,
+    case("generate", "--model", "{locked_file}", "--prompt", "x",
+         fragment="locked.safetensors: cannot be read (Permission denied)", locked=True,
          id="model-file-unreadable"),
     case("generate", "--model", "{locked_dir}", "--prompt", "x", fragment="Permission denied", locked=True,
          id="model-folder-unreadable"),
@@ -107,6 +109,25 @@ CASES = [
          id="train-corpus-unreadable"),
     case("train", "--corpus", "{fifo_corpus}", "--evaluate", "/dev/null", fragment="/dev/null",
          id="train-corpus-holds-a-fifo"),
+    case("generate", "--model", "{config_positions_huge}", "--prompt", "x",
+         fragment="n_positions=1000000000000000000000000000000, more than the weights in model.safetensors have (32)",
+         id="config-positions-huge"),
+    case("generate", "--model", "{config_vocab_huge}", "--prompt", "x", fragment="vocab_size=", id="config-vocab-huge"),
+    case("generate", "--model", "{config_width_huge}", "--prompt", "x", fragment="n_embd=1000000000000,",
+         id="config-width-huge"),
+    case("generate", "--model", "{config_billion_layers}", "--prompt", "x",
+         fragment="n_layer=1000000000, more than the weights in model.safetensors have (2)",
+         id="config-billion-layers"),
+    case("generate", "--model", "{config_infinite_heads}", "--prompt", "x",
+         fragment="n_head=Infinity is not a positive whole number", id="config-heads-1e400"),
+    case("generate", "--model", "{config_fractional_layers}", "--prompt", "x",
+         fragment="n_layer=2.5 is not a positive whole number", id="config-layers-fraction"),
+    case("generate", "--model", "{config_string_width}", "--prompt", "x",
+         fragment='n_embd="32" is not a positive whole number', id="config-width-a-string"),
+    case("generate", "--model", "{config_epsilon_nan}", "--prompt", "x",
+         fragment="layer_norm_epsilon=NaN is not a number between 0 and 1", id="config-epsilon-nan"),
+    case("generate", "--model", "{config_deeply_nested}", "--prompt", "x", fragment="not a readable JSON config",
+         id="config-deeply-nested"),
     # streams
     case("count", "--prompt-tokens", "3", "--new-tokens", "2", stdout="closed", fragment="standard output is closed",
          id="count-stdout-closed"),
@@ -159,7 +180,25 @@ def place(tmp_path_factory) -> Iterator[dict[str, str]]:
     locked_file.chmod(0)
     locked_dir.chmod(0)
     read_only.chmod(0o555)
-    yield {"model": str(model), "texts": str(texts), "fifo_corpus": str(fifo_corpus), "fifo": str(root / "fifo"),
+    hostile_configs = {
+        "config_positions_huge": {"n_positions": 10**30}, "config_vocab_huge": {"vocab_size": 10**30},
+        "config_width_huge": {"n_embd": 10**12, "n_head": 1}, "config_billion_layers": {"n_layer": 10**9},
+        "config_infinite_heads": {"n_head": 1e400}, "config_fractional_layers": {"n_layer": 2.5},
+        "config_string_width": {"n_embd": "32"}, "config_epsilon_nan": {"layer_norm_epsilon": float("nan")},
+    }
+    configs = {}
+    for name, change in hostile_configs.items():
+        folder = root / name
+        shutil.copytree(model, folder)
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        (folder / "config.json").write_text(json.dumps({**config, **change}), encoding="utf-8")
+        configs[name] = str(folder)
+    nested = root / "config_deeply_nested"
+    shutil.copytree(model, nested)
+    (nested / "config.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    configs["config_deeply_nested"] = str(nested)
+    yield {**configs, "model": str(model), "texts": str(texts), "fifo_corpus": str(fifo_corpus),
+           "fifo": str(root / "fifo"),
            "truncated": str(root / "truncated.tar.gz"), "locked_file": str(locked_file),
            "locked_dir": str(locked_dir), "read_only": str(read_only)}
     for path in (locked_file, locked_dir, read_only):
