@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvviz.train import HELD_OUT_PLAYS, TrainSettings, head_cross_entropy, normalize_speakers, read_corpus, train
+from kvviz.corpus import HELD_OUT_PLAYS, normalize_speakers, read_corpus
+from kvviz.train import TrainSettings, head_cross_entropy, train
 from kvviz.weights import load_model
 
 
@@ -144,7 +145,7 @@ def test_a_truncated_or_unreadable_corpus_is_a_corpus_error(tmp_path):
     import io
     import tarfile
 
-    from kvviz.train import CorpusError
+    from kvviz.corpus import CorpusError
 
     _tiny_corpus(tmp_path)
     data = io.BytesIO()
