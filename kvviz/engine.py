@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +12,7 @@ from kvviz.counting import kv_with_cache, kv_without_cache
 from kvviz.errors import KvvizError
 from kvviz.kv_cache import KVCache
 from kvviz.model import GPT
-from kvviz.records import Candidate, RunPlan, StepRecord, describe_sampling
+from kvviz.records import CACHE_FAULTS, Candidate, RunPlan, StepRecord, describe_sampling
 from kvviz.tokenizer import Tokenizer, get_tokenizer
 
 __all__ = ["Candidate", "Engine", "GenerationError", "RunPlan", "SamplingSettings", "StepRecord", "generate_ids"]
@@ -63,10 +63,10 @@ class Engine:
             raise GenerationError(f"the prompt fills the model's whole context ({self.n_ctx} tokens); shorten it")
         return ids
 
-    def _new_cache(self, capacity: int) -> KVCache:
+    def _new_cache(self, capacity: int, fault: str = "") -> KVCache:
         cfg = self.model.config
         dtype = self.model.transformer.wte.weight.dtype
-        return KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, capacity, dtype=dtype, device=self.device)
+        return KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, capacity, dtype=dtype, device=self.device, fault=fault)
 
     def _choose(
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
@@ -112,9 +112,13 @@ class Engine:
         prompt: str | None = None,
         model_name: str = "",
         run_id: int = 0,
+        cache_fault: str = "",
     ) -> RunPlan:
-        """Check a generation request now (GenerationError) and plan it: budget, passes, frames."""
+        """Check a generation request now (GenerationError) and plan it: budget, passes, frames.
+        `cache_fault` (a key of CACHE_FAULTS) breaks a cached run's cache on purpose."""
         sampling = sampling or SamplingSettings()
+        if cache_fault and cache_fault not in CACHE_FAULTS:
+            raise GenerationError(f"unknown cache fault {cache_fault!r}; known: {', '.join(CACHE_FAULTS)}")
         if max_new_tokens <= 0:
             raise GenerationError(f"max new tokens must be a positive integer, got {max_new_tokens}")
         P = len(prompt_ids)
@@ -149,6 +153,7 @@ class Engine:
             stop_reason="max_new_tokens" if budget == max_new_tokens else "context_full",
             sampling=describe_sampling(sampling.temperature, sampling.top_k, sampling.seed),
             run_id=run_id,
+            cache_fault=cache_fault if use_cache else "",
         )
 
     def generate(
@@ -164,24 +169,36 @@ class Engine:
         return self.run(plan, sampling, top_candidates)
 
     def run(
-        self, plan: RunPlan, sampling: SamplingSettings | None = None, top_candidates: int = 5
+        self,
+        plan: RunPlan,
+        sampling: SamplingSettings | None = None,
+        top_candidates: int = 5,
+        watch_logits: Callable[[torch.Tensor], None] | None = None,
     ) -> Iterator[StepRecord]:
         """Yield one StepRecord per forward pass of `plan` (from `plan`), generating `plan.budget` tokens.
 
-        Stops cleanly at the context length: the final record says so in `stop_reason`. The KV
-        cache lives in `self.kv_cache` while the run goes on, and is released when it ends.
+        Stops cleanly at the context length: the final record says so in `stop_reason`. A cached
+        run's KV cache lives in `self.kv_cache` while the run goes on, and is released when it ends.
+        `watch_logits` sees the logits (V,) of every pass that chooses a token, before the choice;
+        it must not keep them (they may be a buffer the next pass overwrites).
         """
-        cache = self._new_cache(plan.width) if plan.use_cache else None
-        self.kv_cache = cache
+        cache = self._new_cache(plan.width, plan.cache_fault) if plan.use_cache else None
+        if cache is not None:
+            self.kv_cache = cache
         try:
-            yield from self._passes(plan, cache, sampling or SamplingSettings(), top_candidates)
+            yield from self._passes(plan, cache, sampling or SamplingSettings(), top_candidates, watch_logits)
         finally:
             if self.kv_cache is cache:  # a later run may own the engine's cache by now
                 self.kv_cache = None
 
     @torch.inference_mode()  # around each pass only: the caller is back in its own mode between records
     def _passes(
-        self, plan: RunPlan, cache: KVCache | None, sampling: SamplingSettings, top_candidates: int
+        self,
+        plan: RunPlan,
+        cache: KVCache | None,
+        sampling: SamplingSettings,
+        top_candidates: int,
+        watch_logits: Callable[[torch.Tensor], None] | None,
     ) -> Iterator[StepRecord]:
         P, budget, use_cache, stop_reason = plan.prompt_tokens, plan.budget, plan.use_cache, plan.stop_reason
         generator = None
@@ -224,6 +241,8 @@ class Engine:
             else:
                 token, candidates = self._choose(logits, sampling, generator, top_candidates)
             seconds = time.perf_counter() - started
+            if watch_logits is not None and not flush:
+                watch_logits(logits)  # outside the timed span
             after = model.kv_rows_projected()
             computed = tuple(a - b for a, b in zip(after, before, strict=True))
             if any(c != fed_stop - fed_start for c in computed):

@@ -12,7 +12,8 @@ class KVCache:
     keys at index 0 and values at 1 of the second axis, so the memory a run needs is visible
     up front and one copy stores a position's key and value; `bytes_used` counts only the
     filled part. Positions are explicit: `update` and `append` write rows at the positions
-    they are given, which must continue the cache without gaps.
+    they are given, which must continue the cache without gaps. A cache made with
+    `fault="late_write"` is broken on purpose, for teaching: `append` writes one slot late.
     """
 
     def __init__(
@@ -24,6 +25,7 @@ class KVCache:
         batch_size: int = 1,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        fault: str = "",
     ) -> None:
         shape = (n_layer, 2, batch_size, n_head, capacity, head_dim)
         self.kv = torch.zeros(shape, dtype=dtype, device=device)  # (L, 2, B, nh, S, hs)
@@ -34,6 +36,9 @@ class KVCache:
         self.n_layer = n_layer
         self.length = 0
         self._layer_lengths = [0] * n_layer
+        if fault not in ("", "late_write"):
+            raise ValueError(f"unknown cache fault {fault!r}")
+        self.fault = fault  # "late_write": the teaching bug of kvviz.records.CACHE_FAULTS, else none
 
     def reset(self) -> None:
         """Forget every cached position; the buffers stay allocated."""
@@ -69,7 +74,11 @@ class KVCache:
         """Store one position's key and value `kv` (2, B, nh, 1, hs) of `layer`; return all cached (2, B, nh, S, hs)."""
         end = self._claim(layer, position, 1)
         cached = self._layer_kv[layer].narrow(3, 0, end)  # (2, B, nh, end, hs)
-        cached.narrow(3, position, 1).copy_(kv)
+        if self.fault == "late_write":  # the bug: one slot late, so row `position` keeps what it held
+            if position + 1 < self.capacity:
+                self._layer_kv[layer].narrow(3, position + 1, 1).copy_(kv)
+        else:
+            cached.narrow(3, position, 1).copy_(kv)
         return cached
 
     @staticmethod

@@ -42,6 +42,13 @@ class RunRequest:
     temperature: float = 0.0
     top_k: int | None = None
     seed: int | None = None
+    compare: bool = False  # run the other mode in lockstep beside this one (compare mode)
+    break_cache: bool = False  # the teaching switch: the cached run uses a KV cache with an indexing bug
+
+
+CACHE_FAULTS = {
+    "late_write": "each new token's key and value are written one slot late, so its query reads a stale row",
+}  # the bugs "break the cache" can plant in the cached run, by name
 
 
 def describe_sampling(temperature: float, top_k: int | None, seed: int | None) -> str:
@@ -83,6 +90,23 @@ class RunPlan:
     stop_reason: str  # why the run will end: "max_new_tokens" or "context_full"
     sampling: str  # describe_sampling(...)
     run_id: int = 0
+    cache_fault: str = ""  # a key of CACHE_FAULTS when this run's cache is broken on purpose, else ""
+    twin: RunPlan | None = None  # compare mode: the other mode's run of the same request, in lockstep
+
+    @property
+    def cached_plan(self) -> RunPlan | None:
+        """The run with the cache: this one or its twin."""
+        return self if self.use_cache else self.twin
+
+    @property
+    def uncached_plan(self) -> RunPlan | None:
+        """The run without the cache: this one or its twin."""
+        return self.twin if self.use_cache else self
+
+    @property
+    def cache_broken(self) -> bool:
+        """True when this run, or its twin, runs on a KV cache broken on purpose."""
+        return bool(self.cache_fault or (self.twin is not None and self.twin.cache_fault))
 
     @property
     def prompt_tokens(self) -> int:
@@ -140,6 +164,22 @@ class StepRecord:
     n_layer: int
     final: bool  # no pass follows in this run
     stop_reason: str = ""  # set on the final record: why the run ended
+    # compare mode: the twin run's passes of the same token step (its cache-filling pass included), the
+    # largest |logit difference| between the two runs' token passes, and which of them ran first
+    twin: tuple[StepRecord, ...] = ()
+    max_abs_logit_diff: float | None = None
+    twin_ran_first: bool = False
+
+    @property
+    def twin_token_id(self) -> int | None:
+        """The token the twin run chose in this step (None outside compare mode and for a filling pass)."""
+        return next((r.token_id for r in self.twin if r.token_id is not None), None)
+
+    def lockstep_passes(self) -> tuple[tuple[StepRecord, ...], tuple[StepRecord, ...]]:
+        """(cached passes, uncached passes) of this record's step in compare mode, this record included."""
+        cached = tuple(r for r in (self, *self.twin) if r.use_cache)
+        uncached = tuple(r for r in (self, *self.twin) if not r.use_cache)
+        return cached, uncached
 
     @property
     def avoided_total(self) -> int:
