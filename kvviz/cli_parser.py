@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kvviz import bench  # torch-free at import: the benchmarks load it when they run
 from kvviz.errors import KvvizError
+from kvviz.records import CACHE_FAULTS
 
 DEFAULT_BENCH_PROMPT = "Hello, I am"
 # GUI and headless runs of a few seconds each: on a shared machine one pair can differ by 10% by chance alone.
@@ -23,6 +24,10 @@ MODEL_HELP = (
     "kvviz-shakespeare); default: the small Shakespeare model embedded in kvviz"
 )
 PROMPT_HELP = "text to continue; an empty prompt starts from <|endoftext|>"
+BROKEN_CACHE_FAULT = "late_write"  # the bug --break-cache plants, a key of kvviz.records.CACHE_FAULTS
+BREAK_CACHE_HELP = ("break the KV cache on purpose, to see what a cache bug does: " + CACHE_FAULTS[BROKEN_CACHE_FAULT]
+                    .replace("%", "%%"))
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 class UsageError(KvvizError):
@@ -130,6 +135,16 @@ def _add_device(parser: argparse.ArgumentParser) -> None:
                         help="where the model runs (default: cpu); cuda and mps only where torch supports them")
 
 
+def _add_sampling(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=temperature, default=0.0, metavar="T",
+                        help="0 picks the most likely token (greedy, the default); "
+                             f"{TEMPERATURES[0]:g} to {TEMPERATURES[1]:g} samples, higher is more random")
+    parser.add_argument("--top-k", type=whole_number(1, MAX_TOKENS), default=None, metavar="K",
+                        help="when sampling, choose only among the K most likely tokens")
+    parser.add_argument("--seed", type=whole_number(0, MAX_SEED), default=None, metavar="S",
+                        help="random seed for sampling (repeatable runs)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kvviz.counting import MAX_COUNT
 
@@ -154,15 +169,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true",
                    help="recompute every key and value at every step instead of using the KV cache "
                         "(same tokens, more work)")
-    p.add_argument("--temperature", type=temperature, default=0.0, metavar="T",
-                   help="0 picks the most likely token (greedy, the default); "
-                        f"{TEMPERATURES[0]:g} to {TEMPERATURES[1]:g} samples, higher is more random")
-    p.add_argument("--top-k", type=whole_number(1, MAX_TOKENS), default=None, metavar="K",
-                   help="when sampling, choose only among the K most likely tokens")
-    p.add_argument("--seed", type=whole_number(0, MAX_SEED), default=None, metavar="S",
-                   help="random seed for sampling (repeatable runs)")
+    p.add_argument("--break-cache", action="store_true", help=BREAK_CACHE_HELP + "; needs the cache")
+    _add_sampling(p)
     _add_device(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+
+    p = commands.add_parser("compare", help="run with and without the cache in lockstep and compare them",
+                            description="Generate the same tokens twice, with the KV cache and without, a step "
+                                        "at a time, and show per step whether the two runs chose the same token, "
+                                        "how far their logits differ, their time and the keys and values each "
+                                        "computed.")
+    _add_model(p)
+    p.add_argument("--prompt", type=prompt_text, required=True, metavar="TEXT", help=PROMPT_HELP)
+    p.add_argument("--new-tokens", type=whole_number(1, MAX_TOKENS), default=40, metavar="N",
+                   help="tokens to generate (default: 40); stops earlier at the model's context length")
+    _add_sampling(p)
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="the weights' and the cache's number type (default: float32); in bfloat16 or float16 "
+                        "the two runs may part by rounding alone")
+    p.add_argument("--break-cache", action="store_true", help=BREAK_CACHE_HELP + " (the runs should part)")
+    _add_device(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
     p = commands.add_parser("count", help="the K/V work with and without a cache, by formula",
                             description="K/V computations per layer for P prompt tokens and N new tokens: "
