@@ -161,6 +161,8 @@ def cmd_count(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.compare and not args.gui:
+        raise UsageError("--compare times compare mode in the window: add --gui (or use kvviz compare)")
     if args.gui:
         try:
             from kvviz.app.gui_bench import GuiBenchError, format_report, run_gui_bench
@@ -168,7 +170,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"the GUI benchmark needs PySide6 and pyqtgraph ({exc})") from exc
         try:
             result = run_gui_bench(args.model, args.prompt, args.new_tokens, launched_at=PROCESS_STARTED,
-                                   repeat=args.repeat or GUI_BENCH_REPEAT, window_size=args.window_size)
+                                   repeat=args.repeat or GUI_BENCH_REPEAT, window_size=args.window_size,
+                                   compare=args.compare)
         except GuiBenchError as exc:
             raise UsageError(str(exc)) from exc
         print(json.dumps(result) if args.json else format_report(result))
@@ -196,8 +199,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         from kvviz.app.export import run_export
     except ImportError as exc:
         raise UsageError(f"export needs PySide6 and pyqtgraph ({exc})") from exc
+    if args.break_cache and not args.compare:
+        raise UsageError("--break-cache shows in the compare view: add --compare")
     paths = run_export(args.model, args.prompt, args.new_tokens, args.out, args.format,  # checked first thing
-                       use_cache=not args.no_cache, width=args.width)
+                       use_cache=not args.no_cache, width=args.width, compare=args.compare,
+                       break_cache=args.break_cache)
     for path in paths:
         print(path)
     return 0

@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the real app window offscreen, autoplaying, and compare its speed with headless")
     p.add_argument("--window-size", type=window_size, default=None, metavar="WxH",
                    help="with --gui: the window's size, e.g. 1920x1080 (default: the screen's, up to 1600x1000)")
+    p.add_argument("--compare", action="store_true",
+                   help="with --gui: time compare mode (cached and uncached in lockstep) against the same "
+                        "lockstep loop headless")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = commands.add_parser("export", help="render the chart and grid of a run to image files",
@@ -235,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated formats among png, svg, pdf (default: all three)")
     p.add_argument("--width", type=positive_int, default=1920, metavar="PX", help="PNG width in pixels (default: 1920)")
     p.add_argument("--no-cache", action="store_true", help="show a run without the KV cache")
+    p.add_argument("--compare", action="store_true",
+                   help="render the compare view instead: the cached and the uncached run in lockstep")
+    p.add_argument("--break-cache", action="store_true",
+                   help="with --compare: plant the teaching bug in the cached run's KV cache (see kvviz compare)")
 
     from kvviz.resources import DEFAULT_MODEL_NAME
 

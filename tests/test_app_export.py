@@ -749,6 +749,22 @@ def test_run_export_writes_every_file(qtbot, tmp_path):
     assert "without KV cache" in uncached[0].read_text(encoding="utf-8")
 
 
+def test_run_export_of_compare_mode_writes_the_compare_view(qtbot, tmp_path):
+    model = save_kvviz_folder(tmp_path / "tiny", n_layer=2, n_head=2, n_embd=32, n_ctx=64)
+    out = tmp_path / "compare"
+    paths = run_export(str(model), PROMPT, 5, out, ["png", "svg", "pdf"], width=900, compare=True)
+    assert [p.name for p in paths] == [f"kvviz-compare-step6.{f}" for f in ("png", "svg", "pdf")]
+    image = QImage(str(paths[0]))
+    assert image.width() == 900
+    assert count_near(pixels(image), theme.TEAL) > 50 and count_near(pixels(image), theme.AMBER) > 50  # both grids
+    text = paths[1].read_text(encoding="utf-8").replace("\u00a0", " ")
+    assert "with and without KV cache in lockstep" in text and "broken" not in text.lower()
+    ET.fromstring(text.encode())
+    assert paths[2].read_bytes().startswith(b"%PDF")
+    broken = run_export(str(model), PROMPT, 5, out, ["svg"], compare=True, break_cache=True)
+    assert "KV cache broken on purpose" in broken[0].read_text(encoding="utf-8").replace("\u00a0", " ")
+
+
 def test_run_export_rejects_bad_input_in_one_line(qtbot, tmp_path):
     from kvviz.weights import ModelLoadError
 

@@ -78,6 +78,8 @@ class RunControls(QWidget):
         self.speed_label = QLabel()
         self.speed_label.setMinimumWidth(70)
 
+        self.compare = False  # View > Compare (remembered)
+        self.break_cache = False  # Run > Break the cache (never remembered)
         self.cache_check = QCheckBox("KV cache")
         self.cache_check.setChecked(True)
         self.cache_check.setToolTip("Use the KV cache (C); turning it off recomputes every K/V at every step")
@@ -148,11 +150,27 @@ class RunControls(QWidget):
             temperature=temperature,
             top_k=int(self.top_k_spin.value()) or None,
             seed=int(self.seed_spin.value()) if temperature > 0 else None,
+            compare=self.compare,
+            break_cache=self.break_cache,
         )
 
+    def set_compare(self, on: bool) -> None:
+        """Compare mode (View menu, T): both runs in lockstep; the run restarts up to the same token."""
+        if on != self.compare:
+            self.compare = on
+            self.request_changed.emit()
+
+    def set_break_cache(self, on: bool) -> None:
+        """The teaching switch (Run menu): the cached run's cache gets an indexing bug; the run restarts."""
+        if on != self.break_cache:
+            self.break_cache = on
+            self.request_changed.emit()
+
     def set_run_settings(self, use_cache: bool | None = None, max_new_tokens: int | None = None,
-                         temperature: float | None = None) -> None:
+                         temperature: float | None = None, compare: bool | None = None) -> None:
         """Change run settings without restarting the run (the caller starts the next one)."""
+        if compare is not None:
+            self.compare = compare
         with signals_blocked(*self._run_widgets()):
             if use_cache is not None:
                 self.cache_check.setChecked(use_cache)
@@ -172,6 +190,7 @@ class RunControls(QWidget):
             self.seed_spin.setValue(settings.seed)
         self.speed_slider.setValue(settings.speed_index)
         self._on_speed_changed(self.speed_slider.value())
+        self.compare = settings.compare
 
     def store(self, settings: AppSettings) -> None:
         settings.prompt = self.prompt_edit.text()
@@ -181,6 +200,7 @@ class RunControls(QWidget):
         settings.top_k = int(self.top_k_spin.value())
         settings.seed = int(self.seed_spin.value())
         settings.speed_index = int(self.speed_slider.value())
+        settings.compare = self.compare
 
     # ----- state -----
     def set_state(self, can_step: bool, playing: bool, can_reset: bool) -> None:

@@ -27,6 +27,7 @@ def run_gui_bench(
     launched_at: float | None = None,
     repeat: int = 1,
     window_size: tuple[int, int] | None = None,
+    compare: bool = False,
 ) -> dict:
     """Autoplay `new_tokens` tokens at full speed with the cache on in the real MainWindow (offscreen
     unless a display platform is already chosen), then run the same generation headless in this process.
@@ -42,17 +43,20 @@ def run_gui_bench(
 
     With `repeat` > 1 the GUI and headless runs alternate `repeat` times, with the window open; the
     rates are the best of each (as `timeit` takes the best), the stall figures the worst of all GUI runs.
+
+    With `compare`, the window runs in compare mode (the cached and the uncached run in lockstep) and the
+    headless run is the same lockstep loop (kvviz.compare.Lockstep); rates count token steps.
     """
     started = time.perf_counter() if launched_at is None else launched_at
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from kvviz.app.export.headless import without_offscreen_chatter
 
     with without_offscreen_chatter():
-        return _run_gui_bench(model, prompt, new_tokens, timeout_s, started, repeat, window_size)
+        return _run_gui_bench(model, prompt, new_tokens, timeout_s, started, repeat, window_size, compare)
 
 
 def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: float, started: float, repeat: int,
-                   window_size: tuple[int, int] | None) -> dict:
+                   window_size: tuple[int, int] | None, compare: bool) -> dict:
     torch_before = "torch" in sys.modules
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
@@ -105,7 +109,7 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
             window.controls.set_speed_index(SPEEDS.index(0.0))
 
             def prepared_run(n: int) -> None:
-                window.controls.set_run_settings(use_cache=True, max_new_tokens=n, temperature=0.0)
+                window.controls.set_run_settings(use_cache=True, max_new_tokens=n, temperature=0.0, compare=compare)
                 window.reset_run()
                 wait(lambda: session.plan is not None or window.banner.isVisible(), "the run")
                 if session.plan is None:
@@ -122,7 +126,12 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
 
             def headless_tokens(n: int) -> list[int]:
                 """The worker's records (same settings, same candidates per step), with no window in the loop."""
-                records = list(headless_engine.generate(prompt_ids, n))
+                if compare:
+                    from kvviz.compare import Lockstep, plan_lockstep
+
+                    records = list(Lockstep(headless_engine, plan_lockstep(headless_engine, prompt_ids, n)).records())
+                else:
+                    records = list(headless_engine.generate(prompt_ids, n))
                 return [r.token_id for r in records if r.token_id is not None]
 
             headless_tokens(WARMUP_TOKENS)
@@ -148,6 +157,7 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
     reference = headless_runs[0]["tokens"]
     return {
         "model": loaded.name,
+        "mode": "compare" if compare else "cached",
         "prompt": prompt,
         "prompt_tokens": len(prompt_ids),
         "new_tokens": len(best_gui["tokens"]),
@@ -228,9 +238,10 @@ def _timed_gui_run(window, wait, prepared_run, new_tokens: int) -> dict:
 
 def format_report(result: dict) -> str:
     """The bench result as a few readable lines."""
+    mode = " (compare mode: cached and uncached in lockstep)" if result.get("mode") == "compare" else ""
     return "\n".join([
         f"model {result['model']}, prompt of {plural(result['prompt_tokens'], 'token')}, "
-        f"{plural(result['new_tokens'], 'new token')}",
+        f"{plural(result['new_tokens'], 'new token')}{mode}",
         f"GUI autoplay   {result['gui_tokens_per_second']:.2f} tokens/s{_runs(result['gui_runs_tokens_per_second'])}",
         f"headless       {result['headless_tokens_per_second']:.2f} tokens/s"
         f"{_runs(result['headless_runs_tokens_per_second'])}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pyqtgraph import GraphicsView
 from PySide6.QtCore import QEvent, QSettings, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import QApplication, QFrame, QMainWindow, QScrollArea, QVBoxLayout, QWidget
@@ -16,6 +17,7 @@ from kvviz.app.presentation import Presentation, fit_to_screen
 from kvviz.app.redraw import RedrawScheduler
 from kvviz.app.session import RunSession
 from kvviz.app.settings import AppSettings, app_settings, load_geometry, save_geometry
+from kvviz.app.views.compare_view import CompareView
 from kvviz.app.views.run_view import RunView
 from kvviz.app.views.status import StatusLine
 from kvviz.records import ModelInfo, RunPlan, StepRecord
@@ -49,13 +51,20 @@ class MainWindow(QMainWindow):
         self.banner = Banner()
         self.run_view = RunView()  # everything a viewer looks at: exported as "view"
         self.token_strip, self.grid, self.chart, self.counter = self.run_view.views()
+        self.compare_view = CompareView()  # compare mode, in place of run_view; fed the same records
+        self.compare_view.hide()
+        panels = QWidget()
+        panels_layout = QVBoxLayout(panels)  # the hidden panel takes no room, and sets no minimum size
+        panels_layout.setContentsMargins(0, 0, 0, 0)
+        panels_layout.addWidget(self.run_view)
+        panels_layout.addWidget(self.compare_view)
         central = QWidget()
         central.setObjectName("central")
         layout = QVBoxLayout(central)
         layout.setContentsMargins(8, 6, 8, 4)
         layout.setSpacing(6)
         scroll = QScrollArea()  # on a screen too small for every panel's useful size, the panels scroll
-        scroll.setWidget(self.run_view)
+        scroll.setWidget(panels)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setObjectName("runScroll")
@@ -65,10 +74,11 @@ class MainWindow(QMainWindow):
         self.status = StatusLine()
         self.statusBar().addWidget(self.status, 1)
         self.loading = LoadingIndicator(self.session, self.statusBar(), self.status, self.banner, self.picker)
-        views = (*self.run_view.views(), self.status)  # every view of the run: a new view joins here
+        views = (*self.run_view.views(), *self.compare_view.views(), self.status)  # a new view joins here
         self.scheduler = RedrawScheduler(views, self._paint_now, self)
         chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
         self.presentation = Presentation(self, views, chrome)
+        self._scenes = [view.scene() for view in self.findChildren(GraphicsView)]  # every plot's
         self.actions = build_actions(self, self._action_slots())
         self._wire()
         self._restore(prompt)
@@ -87,7 +97,8 @@ class MainWindow(QMainWindow):
             "step": s.step, "play": self.toggle_play, "faster": lambda: c.change_speed(+1),
             "slower": lambda: c.change_speed(-1), "reset": self.reset_run, "toggle_cache": c.cache_check.toggle,
             "edit_prompt": c.focus_prompt, "escape": self._on_escape, "presenter": p.set_presenter,
-            "colour_blind": self.grid.set_colour_blind, "zoom_in": lambda: p.step_zoom(+1),
+            "colour_blind": self._set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
+            "zoom_in": lambda: p.step_zoom(+1),
             "zoom_out": lambda: p.step_zoom(-1), "zoom_reset": lambda: p.set_zoom(1.0),
             "shortcuts": lambda: ShortcutsDialog(self.actions.values(), self).exec(),
             "about": lambda: AboutDialog(self.session.model_info, self).exec(),
@@ -110,8 +121,8 @@ class MainWindow(QMainWindow):
         c.request_changed.connect(lambda: self.reset_run(replay_to=s.steps_done))
         c.speed_changed.connect(self._on_speed_changed)
         self.picker.model_chosen.connect(self.load_model)
-        self.grid.export_requested.connect(self.export)
-        self.chart.export_requested.connect(self.export)
+        for view in (self.grid, self.chart, self.compare_view.cached_grid, self.compare_view.uncached_grid):
+            view.export_requested.connect(self.export)
         self.presentation.presenter_changed.connect(self.actions["presenter"].setChecked)
         c.set_state(False, False, False)
 
@@ -119,6 +130,7 @@ class MainWindow(QMainWindow):
     def _restore(self, prompt: str | None) -> None:
         self.controls.restore(self.settings, prompt)
         self.actions["colour_blind"].setChecked(self.settings.colour_blind)
+        self.actions["compare"].setChecked(self.settings.compare)
         self.presentation.set_zoom(self.settings.zoom)
         self.run_view.main_splitter.setSizes([430, 520])
         self.run_view.bottom_splitter.setSizes([1000, 360])
@@ -156,8 +168,12 @@ class MainWindow(QMainWindow):
         self.session.load(source)
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
-        self.setWindowTitle(f"kvviz \u2014 {info.name}")
+        self._show_title(info.name, broken=False)
         self.reset_run()
+
+    def _show_title(self, model_name: str, broken: bool) -> None:
+        warning = " \u2014 CACHE BROKEN ON PURPOSE (Run > Break the cache)" if broken else ""
+        self.setWindowTitle(f"kvviz \u2014 {model_name}{warning}")
 
     def _on_model_load_failed(self, source: str, message: str) -> None:
         if self.unattended:
@@ -177,6 +193,15 @@ class MainWindow(QMainWindow):
 
     def _on_run_started(self, plan: RunPlan) -> None:
         self.banner.say("")
+        self._show_title(plan.model_name, plan.cache_broken)
+        comparing = plan.twin is not None
+        if comparing != self.compare_view.isVisibleTo(self):
+            leaving = self.compare_view if not comparing else self.run_view
+            focus_was_there = leaving.isAncestorOf(QApplication.focusWidget()) if QApplication.focusWidget() else True
+            self.run_view.setVisible(not comparing)
+            self.compare_view.setVisible(comparing)
+            if focus_was_there:  # else Qt hands the focus to the prompt field, and Space types into it
+                self.focus_grid()
         self.scheduler.reset(plan)
         self.run_prepared.emit(plan)
 
@@ -201,13 +226,22 @@ class MainWindow(QMainWindow):
 
     def _on_prompt_entered(self) -> None:
         self.reset_run()
-        self.grid.plot_widget.setFocus()
+        self.focus_grid()
+
+    def focus_grid(self) -> None:
+        """Keyboard focus on the shown K/V grid (keys step the run, none of them types)."""
+        grid = self.compare_view.cached_grid if self.compare_view.isVisibleTo(self) else self.grid
+        grid.plot_widget.setFocus()
+
+    def _set_colour_blind(self, on: bool) -> None:
+        for grid in (self.grid, self.compare_view.cached_grid, self.compare_view.uncached_grid):
+            grid.set_colour_blind(on)
 
     def _on_escape(self) -> None:
         if self.presentation.presenter:
             self.presentation.set_presenter(False)
         else:
-            self.grid.plot_widget.setFocus()
+            self.focus_grid()
 
     def redraw(self) -> None:
         """Draw every view's latest state now (tests, exports)."""
@@ -217,13 +251,17 @@ class MainWindow(QMainWindow):
         """Paint what the views just changed, now, so that the time a redraw takes is its whole cost."""
         if not self.isVisible():
             return
-        for scene in (self.grid.plot_widget.scene(), self.chart.layout_widget.scene()):
+        for scene in self._scenes:
             QApplication.sendPostedEvents(scene, QEvent.Type.MetaCall.value)  # a plot posts its scene's changes
         QApplication.sendPostedEvents(self, QEvent.Type.UpdateRequest.value)  # paints the dirty regions only
 
     # ----- export and closing -----
     def export_targets(self) -> dict[str, QWidget]:
-        """What File > Export... can render: the chart, the grid, and the whole view."""
+        """What File > Export... can render: the chart, the grid, and the whole view; in compare mode the
+        compare view and its two grids."""
+        if self.compare_view.isVisibleTo(self):
+            compare = self.compare_view
+            return {"compare": compare, "cached_grid": compare.cached_grid, "uncached_grid": compare.uncached_grid}
         return {"chart": self.chart, "grid": self.grid, "view": self.run_view}
 
     def export(self) -> None:
@@ -235,7 +273,8 @@ class MainWindow(QMainWindow):
         step = record.step + 1 if record is not None else None
         caption = make_caption(plan.prompt if plan else self.controls.prompt_edit.text(),
                                info.name if info else "no model", step, record.new_tokens if record else None,
-                               plan.use_cache if plan else None)
+                               plan.use_cache if plan else None, compare=plan is not None and plan.twin is not None,
+                               cache_broken=plan is not None and plan.cache_broken)
         ExportDialog(self.export_targets(), caption, self, step=step).exec()
 
     def closeEvent(self, event: QCloseEvent) -> None:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from PySide6.QtCore import QObject, QTimer
+from PySide6.QtWidgets import QWidget
 
 from kvviz.app.views.base import RunViewProtocol, redraw_slices
 from kvviz.records import RunPlan, StepRecord
@@ -116,9 +117,12 @@ class RedrawScheduler(QObject):
                 view.apply(records)
 
     def _slices(self) -> list[Callable[[], None]]:
+        """Taking the records, then every shown view's drawing. A hidden view (the panel of the other
+        mode) takes the records but draws nothing; it draws when a run starts with it shown."""
         slices: list[Callable[[], None]] = [self._apply_pending]
         for view in self.views:
-            slices.extend(redraw_slices(view))
+            if not isinstance(view, QWidget) or view.isWindow() or view.isVisibleTo(view.window()):
+                slices.extend(redraw_slices(view))
         return slices
 
     def _start_sliced_redraw(self) -> None:

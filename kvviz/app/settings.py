@@ -371,6 +371,7 @@ class AppSettings(TypedSettings):
     seed: int = setting("run/seed", 0, 0, 2**31 - 1)
     speed_index: int = setting("view/speed_index", 2, 0, 6)
     colour_blind: bool = setting("view/colour_blind", False)
+    compare: bool = setting("view/compare", False)  # compare mode; "break the cache" is never remembered
     zoom: float = setting("view/zoom", 1.0, 0.7, 2.3)
     model_source: str = setting("model/source", "")
 

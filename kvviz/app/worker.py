@@ -183,12 +183,23 @@ class GenerationWorker(QObject):
         engine = self._engine
         try:  # every check runs here, before run_started: a bad request never resets the views
             sampling = SamplingSettings(request.temperature, request.top_k, request.seed)
-            plan = engine.plan(engine.encode_prompt(request.prompt), request.max_new_tokens, request.use_cache,
-                               sampling, prompt=request.prompt, model_name=self._loaded.name, run_id=request.run_id)
+            fault = "late_write" if request.break_cache else ""
+            options = dict(prompt=request.prompt, model_name=self._loaded.name, run_id=request.run_id)
+            prompt_ids = engine.encode_prompt(request.prompt)
+            if request.compare:
+                from kvviz.compare import Lockstep, plan_lockstep
+
+                plan = plan_lockstep(engine, prompt_ids, request.max_new_tokens, request.use_cache, sampling,
+                                     cache_fault=fault, **options)
+                records = Lockstep(engine, plan, sampling).records()
+            else:
+                plan = engine.plan(prompt_ids, request.max_new_tokens, request.use_cache, sampling,
+                                   cache_fault=fault if request.use_cache else "", **options)
+                records = engine.run(plan, sampling)
         except GenerationError as exc:
             self.run_failed.emit(request.run_id, as_sentence(first_line(exc)))
             return
-        self._records, self._run = engine.run(plan, sampling), plan
+        self._records, self._run = records, plan
         self.run_started.emit(plan)
 
     @Slot()

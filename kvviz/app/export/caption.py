@@ -23,13 +23,19 @@ def shorten_caption(caption: str) -> str:
 
 
 def make_caption(prompt: str, model: str, step: int | None, new_tokens: int | None = None,
-                 use_cache: bool | None = None) -> str:
+                 use_cache: bool | None = None, compare: bool = False, cache_broken: bool = False) -> str:
     """The caption of an exported view: “prompt” — model, step 13, 12 new tokens, with KV cache
-    (a long prompt elided); with `step` None: “prompt” — model, before the first step."""
+    (a long prompt elided); with `step` None: “prompt” — model, before the first step. `compare`:
+    both runs in lockstep; `cache_broken`: the teaching switch was on, and the caption says so."""
     parts = ["before the first step" if step is None else f"step {step}"]
     if new_tokens is not None:
         parts.append(f"{new_tokens} new token{'' if new_tokens == 1 else 's'}")
-    mode = "" if use_cache is None else (", with KV cache" if use_cache else ", without KV cache")
+    if compare:
+        mode = ", with and without KV cache in lockstep"
+    else:
+        mode = "" if use_cache is None else (", with KV cache" if use_cache else ", without KV cache")
+    if cache_broken:
+        mode += " (KV cache broken on purpose)"
     return f"\u201c{_elide_prompt(prompt)}\u201d \u2014 {model}, {', '.join(parts)}{mode}"
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 CHART_SIZE = (1000, 640)  # logical pixels of each standalone view; PNGs scale the whole rendering to `width`
 GRID_SIZE = (1200, 620)
 VIEW_SIZE = (1600, 1000)
+COMPARE_SIZE = (1600, 1000)
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -88,6 +89,8 @@ def run_export(
     formats: str | list[str],
     use_cache: bool = True,
     width: int = DEFAULT_PNG_WIDTH,
+    compare: bool = False,
+    break_cache: bool = False,
 ) -> list[Path]:
     """Generate `new_tokens` tokens and write kvviz-{chart,grid,view}-stepN.{fmt} into `out_dir`.
 
@@ -95,6 +98,9 @@ def run_export(
     engine's RunPlan, fed every StepRecord of the run, and rendered offscreen with the caption
     (prompt, model, step). Returns the written paths. Raises ExportError, ModelLoadError or
     GenerationError (all KvvizError) with a one-line message for bad input.
+
+    With `compare`, the cached and the uncached run go in lockstep (kvviz.compare) and the one image per
+    format is the compare view, kvviz-compare-stepN.{fmt}; `break_cache` plants the teaching bug.
     """
     formats = parse_formats(formats)
     if not str(out_dir).strip():
@@ -112,10 +118,49 @@ def run_export(
 
     loaded = load_model(model)
     engine = Engine(loaded.model)
-    plan = engine.plan(engine.encode_prompt(prompt), new_tokens, use_cache, prompt=prompt, model_name=loaded.name)
+    prompt_ids = engine.encode_prompt(prompt)
+    fault = "late_write" if break_cache else ""
+    if compare:
+        from kvviz.compare import Lockstep, plan_lockstep
+
+        plan = plan_lockstep(engine, prompt_ids, new_tokens, use_cache, cache_fault=fault, prompt=prompt,
+                             model_name=loaded.name)
+        with without_offscreen_chatter():
+            return _render_compare(app, plan, list(Lockstep(engine, plan).records()), out_dir, formats, width)
+    plan = engine.plan(prompt_ids, new_tokens, use_cache, prompt=prompt, model_name=loaded.name,
+                       cache_fault=fault if use_cache else "")
 
     with without_offscreen_chatter():
         return _render_run(app, engine, plan, out_dir, formats, width)
+
+
+def _render_compare(app: QApplication, plan: RunPlan, records: list, out_dir: Path, formats: list[str],
+                    width: int) -> list[Path]:
+    from PySide6.QtCore import Qt
+
+    from kvviz.app import theme
+    from kvviz.app.views.compare_view import CompareView
+
+    view = CompareView()
+    view.setStyleSheet(theme.STYLESHEET)
+    try:
+        view.reset(plan)
+        view.apply(records)
+        view.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen, True)
+        view.resize(*COMPARE_SIZE)
+        view.show()
+        app.processEvents()
+        view.refresh()
+        app.processEvents()
+        last = records[-1]
+        step = last.step + 1
+        caption = make_caption(plan.prompt, plan.model_name, step, last.new_tokens, plan.use_cache, compare=True,
+                               cache_broken=plan.cache_broken)
+        return _write_all({"compare": (view, COMPARE_SIZE)}, formats, out_dir, step, width, caption)
+    finally:
+        view.close()
+        view.deleteLater()
+        app.processEvents()
 
 
 def _render_run(app: QApplication, engine: Engine, plan: RunPlan, out_dir: Path, formats: list[str],
@@ -142,7 +187,8 @@ def _render_run(app: QApplication, engine: Engine, plan: RunPlan, out_dir: Path,
 
         last = records[-1]
         step = last.step + 1
-        caption = make_caption(plan.prompt, plan.model_name, step, last.new_tokens, plan.use_cache)
+        caption = make_caption(plan.prompt, plan.model_name, step, last.new_tokens, plan.use_cache,
+                               cache_broken=plan.cache_broken)
         targets = {"chart": (chart, CHART_SIZE), "grid": (grid, GRID_SIZE), "view": (view, VIEW_SIZE)}
         for widget, (w, h) in targets.values():
             widget.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen, True)  # even when a display is there
@@ -169,7 +215,7 @@ def _write_all(targets: dict, formats: list[str], out_dir: Path, step: int, widt
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ExportError(f"{out_dir}: cannot create the folder ({exc.strerror or exc})") from exc
-        for name in TARGETS:
+        for name in [t for t in TARGETS if t in targets] + [t for t in targets if t not in TARGETS]:
             widget = targets[name][0]
             for fmt in formats:
                 path = out_dir / default_file_name(name, fmt, step)

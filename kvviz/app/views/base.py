@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -48,6 +49,17 @@ def cache_axes(plot_item: object) -> None:
     for name in ("left", "bottom", "right", "top"):
         axis = plot_item.getAxis(name)
         axis.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 times a power of ten that is >= `value`: axis ranges that rarely change."""
+    if value <= 0:
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(value))
+    for factor in (1.0, 2.0, 2.5, 5.0, 10.0):
+        if factor * power >= value:
+            return float(factor * power)
+    return float(10 * power)
 
 
 def chip_text(label: str) -> str:

@@ -31,6 +31,8 @@ STATE_NAMES = {
 MAX_IMAGE_PIXELS = 1800  # upsampled image size limit per axis, so a redraw stays cheap
 PLOT_MIN_HEIGHT = 80  # pixels at zoom 1: the grid never collapses into a strip
 TICK_LABEL_LIMIT = 40  # label columns with their tokens up to this many positions
+LOCKSTEP_RUNS = ("cached", "uncached")  # which run of a compare-mode lockstep a grid can show
+BROKEN_NOTE = "BROKEN on purpose (teaching switch)"
 
 
 def _tile(state: int, size: int, colour_blind: bool) -> np.ndarray:
@@ -67,12 +69,21 @@ class KVGridView(QWidget):
     A view (views.base.RunViewProtocol): `reset(plan)`, `apply(records)`, `refresh()`.
     Everything drawn comes from the plan's width and the records'
     `computed_positions` / `reused_positions`; nothing is re-derived here.
+
+    By default it shows the records it is given (the primary run). With `lockstep="cached"` or
+    `"uncached"` it shows that run of a compare-mode lockstep: the plan's `cached_plan` or
+    `uncached_plan`, and each record's `lockstep_passes()` of that run; a plan without a twin
+    leaves it empty. `legend=False` leaves out the legend (a grid stacked over another one).
     """
 
     export_requested = Signal()
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, lockstep: str | None = None, legend: bool = True) -> None:
         super().__init__(parent)
+        if lockstep is not None and lockstep not in LOCKSTEP_RUNS:
+            raise ValueError(f"lockstep must be one of {LOCKSTEP_RUNS} or None, got {lockstep!r}")
+        self.lockstep = lockstep
+        self._was_reset = False
         self._plan: RunPlan | None = None
         self._framed_shape: tuple[int, int] | None = None  # (layers, width) the view box was last framed to
         self._ticks: tuple | None = None  # (left, bottom, label) last given to the axes
@@ -111,7 +122,7 @@ class KVGridView(QWidget):
         self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.plot_widget.installEventFilter(self)
 
-        self.title = QLabel("K/V cache: no run yet")
+        self.title = QLabel("K/V cache: no run yet" if lockstep is None else f"{self._mode_name()}: no compare run")
         self.title.setTextFormat(Qt.TextFormat.RichText)
         self.title.setWordWrap(True)  # a narrow screen wraps it instead of widening the window
         self.legend_row = FlowLayout(spacing=14)  # wraps on a narrow screen, one swatch and its words together
@@ -138,12 +149,20 @@ class KVGridView(QWidget):
         layout.addWidget(self.title)
         layout.addWidget(self.plot_widget, 1)
         layout.addLayout(self.legend_row)
+        for index in range(self.legend_row.count()):
+            self.legend_row.itemAt(index).widget().setVisible(legend)  # hidden entries take no room
         self._update_legend()
         self._apply_fonts()
 
     # ----- public interface -----
     def reset(self, plan: RunPlan) -> None:
         """Start showing `plan`'s run: prompt positions pending, the rest empty."""
+        self._was_reset = True
+        shown = self._shown_plan(plan)
+        if shown is None:
+            self._show_nothing()
+            return
+        plan = shown
         self._plan = plan
         shape = (plan.n_layer, max(1, plan.width))
         self._labels = list(plan.prompt_labels)
@@ -158,10 +177,42 @@ class KVGridView(QWidget):
 
     def apply(self, records: Sequence[StepRecord]) -> None:
         """Take these forward passes into the grid, in order; `refresh()` draws them."""
-        if self._plan is None:
+        if not self._was_reset:
             raise RuntimeError("KVGridView.apply before reset(plan)")
+        if self._plan is None:  # a lockstep grid outside compare mode: nothing to show
+            return
         for record in records:
-            self._apply_one(record)
+            if self.lockstep is None:
+                self._apply_one(record)
+            else:
+                for run_pass in record.lockstep_passes()[LOCKSTEP_RUNS.index(self.lockstep)]:
+                    self._apply_one(run_pass)
+
+    def _shown_plan(self, plan: RunPlan) -> RunPlan | None:
+        if self.lockstep is None:
+            return plan
+        if plan.twin is None:
+            return None
+        return plan.cached_plan if self.lockstep == "cached" else plan.uncached_plan
+
+    def _show_nothing(self) -> None:
+        """An empty grid and a title that says why (a lockstep grid given a plan without a twin)."""
+        self._plan = None
+        self._labels = []
+        self._states = np.zeros((1, 1), dtype=np.uint8)
+        self._computed_at = np.full((1, 1), -1, dtype=np.int32)
+        self._times_computed = np.zeros((1, 1), dtype=np.int32)
+        self._times_reused = np.zeros((1, 1), dtype=np.int32)
+        self._last = None
+        self._dirty = False
+        self._draw_image()
+        self._update_ticks()
+        self.title.setText(f"<b>{self._mode_name()}</b> &nbsp; <span style='color:{theme.MUTED}'>"
+                           "no compare run: this grid shows one run of compare mode</span>")
+
+    def _mode_name(self, plan: RunPlan | None = None) -> str:
+        use_cache = plan.use_cache if plan is not None else self.lockstep != "uncached"
+        return "with cache" if use_cache else "without cache"
 
     def _apply_one(self, record: StepRecord) -> None:
         width = self._states.shape[1]
@@ -268,15 +319,18 @@ class KVGridView(QWidget):
     def _update_ticks(self) -> None:
         layers, width = self._states.shape
         # a layer label every `step` rows, so that labels never overlap however short the grid is
-        line = QFontMetrics(self._tick_font).height()
+        metrics = QFontMetrics(self._tick_font)
+        line = metrics.height()
         label_rows = max(1, int((self.plot_widget.height() - 3 * line) / (1.5 * line)))  # less the bottom axis
         step = max(1, int(np.ceil(layers / min(16, label_rows))))
         left = [(i + 0.5, str(i)) for i in range(0, layers, step)]
-        if width <= TICK_LABEL_LIMIT:
+        column = (self.plot_widget.width() - self.plot_item.getAxis("left").width()) / width  # pixels, about
+        if width <= TICK_LABEL_LIMIT and column >= metrics.horizontalAdvance("0000"):  # else labels would overlap
             bottom = []
             for i in range(width):
                 label = chip_text(self._labels[i]) if i < len(self._labels) else str(i)
-                bottom.append((i + 0.5, label if len(label) <= 8 else label[:7] + "\u2026"))
+                label = label if len(label) <= 8 else label[:7] + "\u2026"
+                bottom.append((i + 0.5, metrics.elidedText(label, Qt.TextElideMode.ElideRight, int(column) - 4)))
             title = "token position (labelled with its token)"
         else:
             tick = max(1, int(10 ** np.floor(np.log10(max(1, width / 8)))))
@@ -295,8 +349,15 @@ class KVGridView(QWidget):
         plan, rec = self._plan, self._last
         if plan is None:
             return
-        mode = "with cache" if plan.use_cache else "without cache"
-        head = f"<b>K/V per layer and position</b> &nbsp; {plan.n_layer} layers \u00d7 {plan.width} positions, {mode}"
+        mode = self._mode_name(plan)
+        if plan.cache_fault:
+            mode = f"<span style='color:{theme.ALERT}'>{mode} \u2014 {BROKEN_NOTE}</span>"
+        size = f"{plan.n_layer} layers \u00d7 {plan.width} positions"
+        if self.lockstep is None:
+            head = f"<b>K/V per layer and position</b> &nbsp; {size}, {mode}"
+        else:
+            colour = theme.TEAL if plan.use_cache else theme.AMBER
+            head = f"<b><span style='color:{colour}'>{mode}</span></b> &nbsp; K/V per layer and position, {size}"
         if rec is None:
             detail = f"prompt of {plan.prompt_tokens} tokens ready; press Space to compute step 1"
         else:

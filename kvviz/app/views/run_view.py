@@ -20,6 +20,7 @@ class RunView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("central")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)  # the theme's background between panels
         self.token_strip = TokenStrip()
         self.grid = KVGridView()
         self.chart = WorkChart()

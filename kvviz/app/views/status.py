@@ -47,13 +47,19 @@ class StatusLine(QLabel):
             return
         self._dirty = False
         plan, rec = self._plan, self._record
-        mode = "cache on" if plan.use_cache else "cache off"
+        if plan.twin is not None:
+            mode = "comparing with and without cache"
+        else:
+            mode = "cache on" if plan.use_cache else "cache off"
+        if plan.cache_broken:
+            mode += " \u00b7 CACHE BROKEN ON PURPOSE (Run menu)"
         text = f"{plan.model_name} \u00b7 {mode} \u00b7 {plan.sampling} \u00b7 "
         if rec is None:
             text += f"0/{plan.budget} tokens \u00b7 ready"
         else:
             text += f"{rec.new_tokens}/{plan.budget} tokens \u00b7 step {rec.step + 1} took {rec.seconds * 1000:.1f} ms"
         self.setText(text)
+        self.setStyleSheet("color: #c62828; font-weight: bold;" if plan.cache_broken else "")
 
     def set_font_scale(self, scale: float) -> None:
         pass  # the status bar keeps the system font: it is hidden in presenter mode

@@ -11,24 +11,13 @@ from PySide6.QtGui import QAction, QFont, QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from kvviz.app import theme
-from kvviz.app.views.base import cache_axes
+from kvviz.app.views.base import cache_axes, nice_ceiling
 from kvviz.records import RunPlan, StepRecord
 
 SERIES = ("without_cache", "with_cache", "ms_per_step", "cache_mib")
 SYMBOL_LIMIT = 40  # draw point markers while the run is this short
 WORK_PLOT_MIN_HEIGHT = 180  # pixels at zoom 1: the cumulative-work plot never gets smaller
 SMALL_PLOTS_MIN_HEIGHT = 290  # below this height (at zoom 1) the two small plots give their room to the work plot
-
-
-def _nice_ceiling(value: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 times a power of ten that is >= `value`: axis ranges that rarely change."""
-    if value <= 0:
-        return 1.0
-    power = 10.0 ** np.floor(np.log10(value))
-    for factor in (1.0, 2.0, 2.5, 5.0, 10.0):
-        if factor * power >= value:
-            return float(factor * power)
-    return float(10 * power)
 
 
 class WorkChart(QWidget):
@@ -120,7 +109,7 @@ class WorkChart(QWidget):
             plot.setXRange(0, last_x, padding=0.02)
         top = max(1, plan.final_without_cache, plan.final_with_cache)  # with one new token, P + N is the larger
         self.work_plot.setYRange(0, top, padding=0.05)
-        mem_top = _nice_ceiling(plan.final_cache_bytes / 2**20) if plan.use_cache else 1.0
+        mem_top = nice_ceiling(plan.final_cache_bytes / 2**20) if plan.use_cache else 1.0
         self._frame_small_plot(self.mem_plot, mem_top)
         self.mem_note.setText("" if plan.use_cache else "no cache in this run")
         self.mem_note.setPos(last_x / 2, mem_top / 2)
@@ -163,7 +152,7 @@ class WorkChart(QWidget):
             return
         self._dirty_time = False
         self.ms_curve.setData(np.asarray(self._x, dtype=np.int64), np.asarray(self._ms, dtype=np.float64))
-        top = _nice_ceiling(max(self._ms, default=1.0))
+        top = nice_ceiling(max(self._ms, default=1.0))
         if top != self._ms_top:  # 1-2-2.5-5 steps: a rare change, and a repaint of the axis
             self._ms_top = top
             self._frame_small_plot(self.ms_plot, top)

@@ -1,0 +1,174 @@
+"""Compare mode's counts: the K/V computations each run of a lockstep measured, what the cache avoided."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QFont, QResizeEvent
+from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
+
+from kvviz.app import theme
+from kvviz.records import RunPlan, StepRecord
+
+ROWS = ("with_cache", "without_cache", "avoided", "ratio")
+ROW_TITLES = {"with_cache": "with cache", "without_cache": "without cache", "avoided": "avoided", "ratio": "ratio"}
+ROW_COLOURS = {"with_cache": theme.TEAL, "without_cache": theme.AMBER, "avoided": theme.FOREGROUND,
+               "ratio": theme.FOREGROUND}
+DASH = "\u2013"
+
+
+def _fmt(value: int) -> str:
+    return f"{value:,}".replace(",", "\u2009")
+
+
+class CompareCounts(QFrame):
+    """Both runs' K/V computations, each measured in its own run (`kv_computed_total` of its latest
+    pass, the cached run's filling pass included), per layer and over all layers, with the
+    difference the cache avoided and the ratio.
+
+    A view (views.base.RunViewProtocol). `values()` returns what is shown. A plan without a twin
+    leaves it empty.
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("compareCounts")
+        self.setStyleSheet("QFrame#compareCounts { border: 1px solid #3C4350; border-radius: 6px; "
+                           "background: #20242B; } "
+                           "QFrame#compareCounts QLabel { background: transparent; border: none; }"
+                           f" QFrame#compareCounts QLabel#muted {{ color: {theme.MUTED}; }}")
+        self._plan: RunPlan | None = None
+        self._cached: StepRecord | None = None  # the cached run's latest pass
+        self._uncached: StepRecord | None = None
+        self._dirty = False
+        self._font_scale = 1.0
+
+        self.heading = QLabel("K/V computations, both measured")
+        self.heading.setToolTip("One key and value row, for one layer and one token position; "
+                                "each run counts the rows it really projected.")
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(14)
+        grid.setVerticalSpacing(2)
+        self.per_layer_header = QLabel("per layer")
+        self.all_layers_header = QLabel("all layers")
+        for col, header in ((1, self.per_layer_header), (2, self.all_layers_header)):
+            header.setObjectName("muted")
+            header.setAlignment(Qt.AlignmentFlag.AlignRight)
+            grid.addWidget(header, 0, col)
+        self._names: dict[str, QLabel] = {}
+        self._per_layer: dict[str, QLabel] = {}
+        self._all_layers: dict[str, QLabel] = {}
+        for row, key in enumerate(ROWS, start=1):
+            name, per_layer, all_layers = QLabel(ROW_TITLES[key]), QLabel(DASH), QLabel(DASH)
+            for label in (name, per_layer, all_layers):
+                label.setStyleSheet(f"color: {ROW_COLOURS[key]};")
+            per_layer.setAlignment(Qt.AlignmentFlag.AlignRight)
+            all_layers.setAlignment(Qt.AlignmentFlag.AlignRight)
+            grid.addWidget(name, row, 0)
+            grid.addWidget(per_layer, row, 1)
+            grid.addWidget(all_layers, row, 2)
+            self._names[key], self._per_layer[key], self._all_layers[key] = name, per_layer, all_layers
+        self.progress = QLabel("")
+        self.progress.setObjectName("muted")
+        self.progress.setWordWrap(True)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 6, 10, 6)
+        layout.setSpacing(4)
+        layout.addWidget(self.heading)
+        layout.addLayout(grid)
+        layout.addWidget(self.progress)
+        layout.addStretch(1)
+        self._apply_fonts()
+
+    # ----- public interface -----
+    def reset(self, plan: RunPlan) -> None:
+        self._plan = plan if plan.twin is not None else None
+        self._cached = self._uncached = None
+        self._dirty = True
+        self.refresh()
+
+    def apply(self, records: Sequence[StepRecord]) -> None:
+        if self._plan is None:
+            return
+        for record in records:
+            cached, uncached = record.lockstep_passes()
+            if cached:
+                self._cached = cached[-1]
+                self._dirty = True
+            if uncached:
+                self._uncached = uncached[-1]
+                self._dirty = True
+
+    def values(self) -> dict[str, object]:
+        """The shown numbers, per layer (None where a run has no pass yet) and over all layers."""
+        cached = self._cached.kv_computed_total if self._cached is not None else None
+        uncached = self._uncached.kv_computed_total if self._uncached is not None else None
+        n_layer = self._plan.n_layer if self._plan is not None else None
+        both = cached is not None and uncached is not None
+        avoided = uncached - cached if both else None
+        return {
+            "with_cache": cached,
+            "without_cache": uncached,
+            "avoided": avoided,
+            "ratio": uncached / cached if both and cached else None,
+            "n_layer": n_layer,
+            "with_cache_all_layers": cached * n_layer if cached is not None else None,
+            "without_cache_all_layers": uncached * n_layer if uncached is not None else None,
+            "avoided_all_layers": avoided * n_layer if avoided is not None else None,
+        }
+
+    def refresh(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        plan = self._plan
+        if plan is None:
+            for key in ROWS:
+                self._per_layer[key].setText(DASH)
+                self._all_layers[key].setText(DASH)
+            self.progress.setText("no compare run")
+            return
+        self.all_layers_header.setText(f"all {plan.n_layer} layers")
+        v = self.values()
+        for key in ("with_cache", "without_cache", "avoided"):
+            self._per_layer[key].setText(DASH if v[key] is None else _fmt(int(v[key])))
+            self._all_layers[key].setText(DASH if v[key] is None else _fmt(int(v[f"{key}_all_layers"])))
+        ratio = DASH if v["ratio"] is None else f"{v['ratio']:.2f}\u00d7"
+        self._per_layer["ratio"].setText(ratio)
+        self._all_layers["ratio"].setText(ratio)
+        steps = max((r.new_tokens for r in (self._cached, self._uncached) if r is not None), default=0)
+        self.progress.setText(f"P = {plan.prompt_tokens}, N = {steps} of {plan.budget} tokens; "
+                              "each run counts what it projected")
+
+    def set_font_scale(self, scale: float) -> None:
+        self._font_scale = scale
+        self._apply_fonts()
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        """Tall enough for every line at the current width (the wrapped note included), as CounterPanel."""
+        hint = super().minimumSizeHint()
+        layout = self.layout()
+        return QSize(hint.width(), max(hint.height(), layout.totalHeightForWidth(max(self.width(), hint.width()))))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self.updateGeometry()  # the wrapped note needs another height at another width
+
+    def _apply_fonts(self) -> None:
+        normal = QFont(self.font())
+        normal.setPointSizeF(9.5 * self._font_scale)
+        big = QFont(normal)
+        big.setPointSizeF(12.0 * self._font_scale)
+        big.setBold(True)
+        heading = QFont(normal)
+        heading.setPointSizeF(10.5 * self._font_scale)
+        heading.setBold(True)
+        self.heading.setFont(heading)
+        for label in (self.progress, self.per_layer_header, self.all_layers_header):
+            label.setFont(normal)
+        for key in ROWS:
+            self._names[key].setFont(normal)
+            self._per_layer[key].setFont(big)
+            self._all_layers[key].setFont(normal)

@@ -1,0 +1,181 @@
+"""Compare mode's time plot: measured milliseconds per token step and cumulative seconds of both runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont, QFontMetrics
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from kvviz.app import theme
+from kvviz.app.views.base import cache_axes, nice_ceiling
+from kvviz.records import RunPlan, StepRecord
+
+RUNS = ("cached", "uncached")  # row 0 and row 1 of the arrays
+TIME_PLOT_MIN_HEIGHT = 200  # pixels at zoom 1: two small plots and the ratio line stay readable
+
+
+class CompareTimePlot(QWidget):
+    """The time each run of a lockstep took, measured: ms per token step (above) and cumulative
+    seconds (below), teal with the cache and amber without, and the ratio of the two totals.
+
+    A view (views.base.RunViewProtocol). A step's time is the `seconds` of that run's passes in the
+    step (the cached run's cache-filling pass counts in its last step). The arrays are sized by the
+    plan's budget at `reset`; `refresh` only hands them to the curves. `curve_data()` and
+    `time_ratio()` return what is drawn. A plan without a twin leaves it empty.
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._plan: RunPlan | None = None
+        self._font_scale = 1.0
+        self._x = np.zeros(0, dtype=np.int64)
+        self._ms = np.zeros((2, 0))  # (run, step): measured ms of each token step, cached run first
+        self._cumulative = np.zeros((2, 0))  # (run, step): seconds so far
+        self._steps = [0, 0]  # token steps each run has reached
+        self._tops: tuple[float, float] | None = None  # the y frames last given to the plots
+        self._dirty = False
+
+        self.ratio = QLabel("")
+        self.ratio.setWordWrap(True)
+        self.ratio.setTextFormat(Qt.TextFormat.RichText)
+        self.layout_widget = pg.GraphicsLayoutWidget()
+        self.layout_widget.setBackground(theme.BACKGROUND)
+        self.layout_widget.ci.setSpacing(4)
+        self.ms_plot = self.layout_widget.addPlot(row=0, col=0)
+        self.seconds_plot = self.layout_widget.addPlot(row=1, col=0)
+        cached_pen, uncached_pen = pg.mkPen(theme.TEAL, width=2), pg.mkPen(theme.AMBER, width=2)
+        self.ms_curves = (self.ms_plot.plot([], [], pen=cached_pen), self.ms_plot.plot([], [], pen=uncached_pen))
+        self.seconds_curves = (self.seconds_plot.plot([], [], pen=cached_pen),
+                               self.seconds_plot.plot([], [], pen=uncached_pen))
+        for plot in (self.ms_plot, self.seconds_plot):
+            plot.setMenuEnabled(False)
+            plot.hideButtons()
+            plot.getViewBox().setMouseEnabled(x=False, y=False)
+            plot.disableAutoRange()
+            cache_axes(plot)
+        self.ms_plot.hideAxis("bottom")  # the plots share their x axis, drawn once below both
+        self.seconds_plot.setXLink(self.ms_plot)
+        self.seconds_plot.setLabel("bottom", "token step")
+
+        self.setObjectName("compareTime")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        self.setStyleSheet(f"QWidget#compareTime {{ background: {theme.BACKGROUND}; }} "
+                           f"QWidget#compareTime QLabel {{ color: {theme.FOREGROUND}; background: transparent; }}")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 0)
+        layout.setSpacing(2)
+        layout.addWidget(self.ratio)
+        layout.addWidget(self.layout_widget, 1)
+        self._apply_fonts()
+        self._frame(1, 1.0, 1.0)
+
+    # ----- public interface -----
+    def reset(self, plan: RunPlan) -> None:
+        self._plan = plan if plan.twin is not None else None
+        budget = plan.budget if self._plan is not None else 0
+        self._x = np.arange(1, budget + 1, dtype=np.int64)
+        self._ms = np.zeros((2, budget))
+        self._cumulative = np.zeros((2, budget))
+        self._steps = [0, 0]
+        self._tops = None
+        self._dirty = True
+        self.refresh()
+
+    def apply(self, records: Sequence[StepRecord]) -> None:
+        if self._plan is None:
+            return
+        budget = self._ms.shape[1]
+        for record in records:
+            for run, passes in enumerate(record.lockstep_passes()):
+                for run_pass in passes:
+                    index = run_pass.new_tokens - 1  # a filling pass has its run's last step's new_tokens
+                    if 0 <= index < budget:
+                        self._ms[run, index] += run_pass.seconds * 1000.0
+                        self._steps[run] = max(self._steps[run], index + 1)
+                        self._dirty = True
+
+    def refresh(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        plan = self._plan
+        if plan is None:
+            for curve in (*self.ms_curves, *self.seconds_curves):
+                curve.setData([], [])
+            self.ratio.setText(f"<span style='color:{theme.MUTED}'>measured time: no compare run</span>")
+            return
+        for run in range(2):
+            n = self._steps[run]
+            np.cumsum(self._ms[run, :n], out=self._cumulative[run, :n])
+            self._cumulative[run, :n] /= 1000.0
+            self.ms_curves[run].setData(self._x[:n], self._ms[run, :n])
+            self.seconds_curves[run].setData(self._x[:n], self._cumulative[run, :n])
+        tops = (nice_ceiling(float(self._ms.max(initial=0.0))),
+                nice_ceiling(float(self._cumulative.max(initial=0.0))))
+        if tops != self._tops:  # 1-2-2.5-5 steps: a rare change, and a repaint of the axes
+            self._tops = tops
+            self._frame(max(1, plan.budget), *tops)
+        self.ratio.setText(self._ratio_text())
+
+    def set_font_scale(self, scale: float) -> None:
+        self._font_scale = scale
+        self._apply_fonts()
+
+    def curve_data(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The drawn series as (x, y), x the 1-based token step: `cached_ms` / `uncached_ms` the measured
+        ms of each step, `cached_seconds` / `uncached_seconds` the seconds so far."""
+        data = {}
+        for run, name in enumerate(RUNS):
+            n = self._steps[run]
+            data[f"{name}_ms"] = (self._x[:n].copy(), self._ms[run, :n].copy())
+            data[f"{name}_seconds"] = (self._x[:n].copy(), np.cumsum(self._ms[run, :n]) / 1000.0)
+        return data
+
+    def totals(self) -> tuple[float, float]:
+        """(cached, uncached) seconds measured so far."""
+        return float(self._ms[0].sum()) / 1000.0, float(self._ms[1].sum()) / 1000.0
+
+    def time_ratio(self) -> float | None:
+        """Uncached over cached seconds so far; None before both have a time."""
+        cached, uncached = self.totals()
+        return uncached / cached if cached > 0 and uncached > 0 else None
+
+    # ----- drawing -----
+    def _ratio_text(self) -> str:
+        cached, uncached = self.totals()
+        ratio = self.time_ratio()
+        if ratio is None:
+            return f"<b>measured time</b> <span style='color:{theme.MUTED}'>appears with the first step</span>"
+        return (f"<b>measured time</b> &nbsp; <span style='color:{theme.TEAL}'>with cache {cached:.3g} s</span>, "
+                f"<span style='color:{theme.AMBER}'>without {uncached:.3g} s</span>: "
+                f"without cache took <b>{ratio:.2f}\u00d7</b> the time")
+
+    def _frame(self, last_x: int, ms_top: float, seconds_top: float) -> None:
+        for plot, top in ((self.ms_plot, ms_top), (self.seconds_plot, seconds_top)):
+            plot.setXRange(0.5, last_x + 0.5, padding=0.02)
+            plot.setYRange(0, top, padding=0.05)
+            # three labels: these plots are short, and large fonts (presenter mode) crowd more
+            plot.getAxis("left").setTicks([[(v, f"{v:g}") for v in (0.0, top / 2, top)], []])
+
+    def _apply_fonts(self) -> None:
+        self.setMinimumHeight(int(TIME_PLOT_MIN_HEIGHT * self._font_scale))
+        font = QFont(self.font())
+        font.setPointSizeF(max(6.0, 9.0 * self._font_scale))
+        metrics = QFontMetrics(font)
+        for plot in (self.ms_plot, self.seconds_plot):
+            for name in ("left", "bottom"):
+                axis = plot.getAxis(name)
+                axis.setStyle(tickFont=font)
+                axis.label.setFont(font)
+            # a fixed width: tick labels that change width would re-layout (and repaint) the plots
+            plot.getAxis("left").setWidth(metrics.horizontalAdvance("00000") + metrics.height())
+        small = f"{max(7, round(9 * self._font_scale))}pt"
+        self.ms_plot.setTitle("ms per token step", color=theme.MUTED, size=small)
+        self.seconds_plot.setTitle("seconds so far", color=theme.MUTED, size=small)
+        label_font = QFont(self.font())
+        label_font.setPointSizeF(10.0 * self._font_scale)
+        self.ratio.setFont(label_font)

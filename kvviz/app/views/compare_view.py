@@ -1,0 +1,79 @@
+"""The whole view of compare mode: both runs of a lockstep, their grids aligned, their time and work, and
+whether they chose the same tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+
+from kvviz.app.views.compare_counts import CompareCounts
+from kvviz.app.views.compare_time import CompareTimePlot
+from kvviz.app.views.divergence_banner import DivergenceBanner
+from kvviz.app.views.identity_strip import IdentityStrip
+from kvviz.app.views.kv_grid import KVGridView
+from kvviz.records import RunPlan, StepRecord
+
+
+class CompareView(QWidget):
+    """The divergence banner on top; the cached run's K/V grid over the uncached run's, column for
+    column, with the time plot and the counts beside them; the identity strip at the bottom.
+
+    Fed the primary run's plan and records (each token pass carrying its twin's), like RunView; a
+    plan without a twin leaves every view in it empty.
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("central")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)  # the theme's background fills the gaps
+        self.banner = DivergenceBanner()
+        self.cached_grid = KVGridView(lockstep="cached", legend=False)
+        self.uncached_grid = KVGridView(lockstep="uncached")
+        self.time_plot = CompareTimePlot()
+        self.counts = CompareCounts()
+        self.identity_strip = IdentityStrip()
+
+        self.grid_splitter = QSplitter(Qt.Orientation.Vertical)  # one width for both: columns line up
+        self.grid_splitter.setChildrenCollapsible(False)
+        self.grid_splitter.addWidget(self.cached_grid)
+        self.grid_splitter.addWidget(self.uncached_grid)
+        self.side_splitter = QSplitter(Qt.Orientation.Vertical)
+        self.side_splitter.setChildrenCollapsible(False)
+        self.side_splitter.addWidget(self.time_plot)
+        self.side_splitter.addWidget(self.counts)
+        self.side_splitter.setStretchFactor(0, 3)
+        self.side_splitter.setStretchFactor(1, 1)
+        self.main_splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.main_splitter.setChildrenCollapsible(False)
+        self.main_splitter.addWidget(self.grid_splitter)
+        self.main_splitter.addWidget(self.side_splitter)
+        self.main_splitter.setStretchFactor(0, 3)
+        self.main_splitter.setStretchFactor(1, 2)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(4)
+        layout.addWidget(self.banner)
+        layout.addWidget(self.main_splitter, 1)
+        layout.addWidget(self.identity_strip)
+
+    def views(self) -> tuple[DivergenceBanner, KVGridView, KVGridView, CompareTimePlot, CompareCounts, IdentityStrip]:
+        """The views it holds, in redraw order; each follows views.base.RunViewProtocol."""
+        return (self.banner, self.cached_grid, self.uncached_grid, self.time_plot, self.counts, self.identity_strip)
+
+    def reset(self, plan: RunPlan) -> None:
+        for view in self.views():
+            view.reset(plan)
+
+    def apply(self, records: Sequence[StepRecord]) -> None:
+        for view in self.views():
+            view.apply(records)
+
+    def refresh(self) -> None:
+        for view in self.views():
+            view.refresh()
+
+    def set_font_scale(self, scale: float) -> None:
+        for view in self.views():
+            view.set_font_scale(scale)
