@@ -176,3 +176,21 @@ def test_garbage_is_collected_on_the_gui_thread_while_a_worker_exists(qtbot):
     finally:
         assert controller.stop(5000)
     assert gc.isenabled()
+
+
+def test_a_loaded_model_is_frozen_out_of_later_collections_until_the_worker_ends(qtbot, app_model):
+    """A full collection on the GUI thread walks every object (about 100 ms with torch and a model):
+    what is alive once a model has loaded is frozen, and unfrozen when the last worker ends."""
+    import gc
+
+    from kvviz.app.session import RunSession
+
+    session = RunSession(fall_back_to_embedded=False)
+    try:
+        assert gc.get_freeze_count() == 0
+        session.load(app_model or "")
+        qtbot.waitUntil(lambda: session.model_info is not None, timeout=60_000)
+        assert gc.get_freeze_count() > 10_000 and not gc.isenabled()
+    finally:
+        assert session.stop(5000)
+    assert gc.get_freeze_count() == 0 and gc.isenabled()

@@ -6,6 +6,7 @@ import dataclasses
 
 from PySide6.QtCore import QObject, Signal
 
+from kvviz.app.shared_interpreter import worker_thread_guards
 from kvviz.app.worker import WorkerController
 from kvviz.records import ModelInfo, RunPlan, RunRequest, StepRecord
 
@@ -100,6 +101,7 @@ class RunSession(QObject):
         self._deferred_run = None
         self.source, self.model_info = source, info
         self.plan, self.last_record = None, None
+        worker_thread_guards.settle()
         self.model_loaded.emit(info)
         self.state_changed.emit()
 

@@ -6,7 +6,8 @@
   automatic collector runs on whichever thread happens to allocate; when that is the worker, it
   destroys Qt widgets caught in reference cycles (a closed window, a chart built for an export) on
   the wrong thread, and Qt aborts or deadlocks. pyqtgraph's GarbageCollector does the same for the
-  same reason.
+  same reason. After each model load everything alive is frozen (`settle`), so the full collections
+  the GUI thread makes later stay short.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 from PySide6.QtCore import QCoreApplication, QTimer
 
 GIL_SWITCH_INTERVAL_S = 0.001
-GUI_COLLECT_INTERVAL_MS = 500
+GUI_COLLECT_INTERVAL_MS = 50
 
 
 class WorkerThreadGuards:
@@ -44,6 +45,18 @@ class WorkerThreadGuards:
             self._timer.start()
         self._holders += 1
 
+    def settle(self) -> None:
+        """After a model load (the GUI thread, while the load's own pause lasts): collect everything
+        once, then freeze what is left, so that later full collections only look at objects made
+        since. What was frozen and later became garbage is collected at the next settle or release."""
+        if self._holders == 0:
+            return
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        if self._collector is not None:
+            self._collector.rebase()
+
     def release(self) -> None:
         if self._holders == 0:
             return
@@ -54,6 +67,7 @@ class WorkerThreadGuards:
                 self._timer.stop()
                 self._timer.deleteLater()
                 self._timer, self._collector = None, None
+            gc.unfreeze()
             if self._gc_was_enabled:
                 gc.enable()
 
@@ -64,6 +78,10 @@ class GuiThreadCollector:
     threshold, and everything only once a quarter more objects have become long-lived (CPython's rules)."""
 
     def __init__(self) -> None:
+        self._long_lived_total = len(gc.get_objects(generation=2))
+
+    def rebase(self) -> None:
+        """Count long-lived objects afresh (after a freeze)."""
         self._long_lived_total = len(gc.get_objects(generation=2))
 
     def collect(self) -> int:
