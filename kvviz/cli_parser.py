@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="app: " + MODEL_HELP)
     parser.add_argument("--prompt", dest="gui_prompt", type=prompt_text, default=None, metavar="TEXT",
                         help="app: the prompt to start with (default: the last one used)")
+    parser.add_argument("--lesson", dest="gui_lesson", nargs="?", const="", default=None, type=_no_nul,
+                        metavar="FILE", help="app: start in lesson mode with this lesson file (TOML), or with the "
+                                             "built-in lesson when no FILE is given")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     p = commands.add_parser("generate", help="continue a prompt and print the text",
@@ -242,6 +245,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render the compare view instead: the cached and the uncached run in lockstep")
     p.add_argument("--break-cache", action="store_true",
                    help="with --compare: plant the teaching bug in the cached run's KV cache (see kvviz compare)")
+
+    p = commands.add_parser("lesson", help="list a lesson's steps, or export it as slides (PNG, PDF)",
+                            description="A lesson is a TOML file of steps, each a state of the app with a title, "
+                                        "a text and perhaps a question to predict (see the README, Lessons). "
+                                        "--list prints its steps; --export writes one 16:9 image per slide (a "
+                                        "question makes two: the question, then its measured answer) and one PDF "
+                                        "deck with a page per slide.")
+    p.add_argument("--file", type=path_text, default=None, metavar="FILE",
+                   help="the lesson file (default: the built-in lesson, the KV cache in five steps)")
+    action = p.add_mutually_exclusive_group(required=True)
+    action.add_argument("--list", action="store_true", help="print the lesson's steps; loads no model")
+    action.add_argument("--export", type=path_text, default=None, metavar="DIR",
+                        help="write the slides into DIR (created if needed): kvviz-lesson-01.png, ... and "
+                             "kvviz-lesson.pdf; a failed export leaves none of them")
+    p.add_argument("--format", default=None, metavar="LIST",
+                   help="with --export: comma-separated formats among png and pdf (default: both)")
+    p.add_argument("--width", type=positive_int, default=None, metavar="PX",
+                   help="with --export: PNG width in pixels, the height 9/16 of it (default: 1920)")
+    p.add_argument("--model", type=_no_nul, default=None, metavar="M",
+                   help="with --export, for the steps before the first that names its own model: " + MODEL_HELP)
+    p.add_argument("--json", action="store_true", help="with --list: print one JSON object")
 
     from kvviz.resources import DEFAULT_MODEL_NAME
 

@@ -8,9 +8,13 @@ Torch-free and Qt-free: the CLI lists lessons without loading a model, and the a
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from kvviz.errors import KvvizError
 from kvviz.records import StepRecord
@@ -91,6 +95,8 @@ def builtin_lesson_path() -> Path:
 def load_lesson(path: Path | str | None = None) -> Lesson:
     """The lesson in `path`, or the built-in one; LessonError (one line) for anything wrong with it."""
     file = builtin_lesson_path() if path is None else Path(path)
+    if file.exists() and not file.is_file() and not file.is_dir():  # a FIFO or a device: reading could wait forever
+        raise LessonError(f"{file}: not a regular file")
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
@@ -174,8 +180,9 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
 
 
 def measured_answer(question: str, previous: StepRecord | None, record: StepRecord) -> float:
-    """The answer to `question`, from the token record the next generation step made (`record`) and the
-    record before it (None when the step is the first): what the engine measured, per layer."""
+    """The answer to `question`, from the last record of the next generation step (`record`: its token pass,
+    or the cache-filling pass that follows the last token, as the counter shows it) and the last record
+    before that step (None when it is the first): what the engine measured, per layer."""
     if question == "next_kv_with_cache":
         return record.with_cache_total - (previous.with_cache_total if previous else 0)
     if question == "next_kv_without_cache":

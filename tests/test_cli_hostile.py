@@ -180,6 +180,23 @@ CASES = [
          id="generate-break-cache-prints-nothing-on-stderr"),
     case("generate", *MODEL, "--prompt", "x", "--break-cache", stdout="full", fragment="No space left on device",
          id="generate-break-cache-stdout-full"),
+    # lessons
+    case("lesson", "--list", "--file", "{bad_toml_lesson}", fragment="not valid TOML (", id="lesson-bad-toml"),
+    case("lesson", "--export", "{tmp}/s", *MODEL, "--file", "{unknown_question_lesson}",
+         fragment="step 1: question: unknown quantity 'next_kv_tomorrow'", id="lesson-unknown-quantity"),
+    case("lesson", "--export", "{read_only}/s", *MODEL, fragment="Permission denied", locked=True,
+         id="lesson-export-read-only"),
+    case("lesson", "--export", "/dev/null", *MODEL, fragment="/dev/null: exists and is not a folder",
+         id="lesson-export-dev-null"),
+    case("lesson", "--export", "", fragment="--export: is empty", id="lesson-export-empty"),
+    case("lesson", "--export", "{tmp}/s", *MODEL, "--width", HUGE, fragment="64 to 8192", id="lesson-width-huge"),
+    case("lesson", "--list", stdout="full", fragment="No space left on device", id="lesson-list-stdout-full"),
+    case("lesson", "--list", "--json", stdout="closed", fragment="standard output is closed",
+         id="lesson-list-stdout-closed"),
+    case("lesson", "--list", stdout="gone", status=141, id="lesson-list-reader-gone"),
+    case("lesson", "--export", "{tmp}/s", *MODEL, "--format", "png", "--width", "64", stdout="full",
+         fragment="No space left on device", id="lesson-export-stdout-full"),
+    case("--lesson", "{bad_toml_lesson}", fragment="not valid TOML (", id="app-lesson-bad-toml"),
 ]
 
 
@@ -227,6 +244,11 @@ def place(tmp_path_factory) -> Iterator[dict[str, str]]:
     shutil.copytree(model, nested)
     (nested / "config.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
     configs["config_deeply_nested"] = str(nested)
+    (root / "bad.toml").write_text('title = "A lesson"\n[[step]]\ntitle = \n', encoding="utf-8")
+    (root / "unknown-question.toml").write_text(
+        'title = "A lesson"\n[[step]]\ntitle = "A step"\ntext = "Text."\nprompt = "x"\ncache = true\n'
+        'advance_to = 1\nmax_new_tokens = 3\nquestion = "next_kv_tomorrow"\n', encoding="utf-8")
+    configs.update(bad_toml_lesson=str(root / "bad.toml"), unknown_question_lesson=str(root / "unknown-question.toml"))
     yield {**configs, "model": str(model), "texts": str(texts), "fifo_corpus": str(fifo_corpus),
            "fifo": str(root / "fifo"),
            "truncated": str(root / "truncated.tar.gz"), "locked_file": str(locked_file),

@@ -44,9 +44,14 @@ ACTIONS = (
     ActionSpec("zoom_in", "&View", "Zoom &in", ("Ctrl+=", "Ctrl++"), separator_before=True),
     ActionSpec("zoom_out", "&View", "Zoom &out", ("Ctrl+-",)),
     ActionSpec("zoom_reset", "&View", "&Actual size", ("Ctrl+0",)),
+    ActionSpec("lesson", "&Help", "&Lesson (Page Down: next, Page Up: back, Esc: leave)", ("L",), checkable=True),
+    ActionSpec("lesson_next", None, "Next lesson step"),  # keys only in lesson mode: LESSON_KEYS
+    ActionSpec("lesson_back", None, "Previous lesson step"),
     ActionSpec("shortcuts", "&Help", "&Keyboard shortcuts", ("F1", "Ctrl+/")),
     ActionSpec("about", "&Help", "&About kvviz"),
 )
+# In lesson mode a presenter's clicker (Page Down / Page Up) and the arrows drive the lesson; Space still steps.
+LESSON_KEYS = {"step": ("Space",), "lesson_next": ("PgDown", "Right"), "lesson_back": ("PgUp", "Left")}
 
 
 def build_actions(window: QMainWindow, slots: Mapping[str, Callable]) -> dict[str, QAction]:
@@ -56,7 +61,7 @@ def build_actions(window: QMainWindow, slots: Mapping[str, Callable]) -> dict[st
     menus: dict[str, object] = {}
     for spec in ACTIONS:
         action = QAction(spec.text, window)
-        action.setShortcuts([QKeySequence(k) for k in spec.keys])
+        _set_keys(action, spec.keys)
         action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut if spec.application_wide
                                   else Qt.ShortcutContext.WindowShortcut)
         action.setCheckable(spec.checkable)
@@ -74,3 +79,14 @@ def build_actions(window: QMainWindow, slots: Mapping[str, Callable]) -> dict[st
                 menus[spec.menu].addSeparator()
             menus[spec.menu].addAction(action)
     return actions
+
+
+def set_lesson_keys(actions: Mapping[str, QAction], on: bool) -> None:
+    """Give LESSON_KEYS to the lesson's actions (`on`), or every action its keys of ACTIONS again."""
+    specs = {spec.name: spec for spec in ACTIONS}
+    for name, keys in LESSON_KEYS.items():
+        _set_keys(actions[name], keys if on else specs[name].keys)
+
+
+def _set_keys(action: QAction, keys: tuple[str, ...]) -> None:
+    action.setShortcuts([QKeySequence(k) for k in keys])

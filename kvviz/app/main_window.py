@@ -5,12 +5,14 @@ from __future__ import annotations
 from pyqtgraph import GraphicsView
 from PySide6.QtCore import QEvent, QSettings, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QShowEvent
-from PySide6.QtWidgets import QApplication, QFrame, QMainWindow, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QMainWindow, QScrollArea, QVBoxLayout, QWidget
 
 from kvviz.app.actions import build_actions
 from kvviz.app.banner import Banner
 from kvviz.app.controls import RunControls
 from kvviz.app.dialogs import AboutDialog, ShortcutsDialog, show_error
+from kvviz.app.lesson_mode import LessonMode
+from kvviz.app.lesson_panel import LessonPanel
 from kvviz.app.loading import LoadingIndicator
 from kvviz.app.model_picker import ModelPicker
 from kvviz.app.presentation import Presentation, fit_to_screen
@@ -31,7 +33,8 @@ class MainWindow(QMainWindow):
     `session`, drawing in `scheduler` and the views, zoom and presenter mode in `presentation`.
 
     `model` is a `--model` value (None: the one remembered, else the embedded default); `prompt`
-    the starting prompt (None: the one remembered). `unattended` (the GUI benchmark) sends errors
+    the starting prompt (None: the one remembered); `lesson` a lesson file to start in lesson mode with
+    ("" or "builtin": the built-in lesson; None: the free app). `unattended` (the GUI benchmark) sends errors
     to the banner, never to a dialog nobody can close, and never falls back to the embedded model.
     """
 
@@ -39,7 +42,7 @@ class MainWindow(QMainWindow):
     run_done = Signal(object)  # the final StepRecord of a run
 
     def __init__(self, model: str | None = None, prompt: str | None = None,
-                 settings: QSettings | None = None, unattended: bool = False) -> None:
+                 settings: QSettings | None = None, unattended: bool = False, lesson: str | None = None) -> None:
         super().__init__()
         self.setWindowTitle("kvviz \u2014 KV cache visualiser")
         self.unattended = unattended
@@ -49,6 +52,8 @@ class MainWindow(QMainWindow):
         self.picker = ModelPicker()
         self.controls = RunControls(self.picker)
         self.banner = Banner()
+        self.lesson_panel = LessonPanel()  # lesson mode's step, beside the views
+        self.lesson_panel.hide()
         self.run_view = RunView()  # everything a viewer looks at: exported as "view"
         self.token_strip, self.grid, self.chart, self.counter = self.run_view.views()
         self.compare_view = CompareView()  # compare mode, in place of run_view; fed the same records
@@ -68,8 +73,14 @@ class MainWindow(QMainWindow):
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setObjectName("runScroll")
-        for widget, stretch in ((self.controls, 0), (self.banner, 0), (scroll, 1)):
+        beside = QHBoxLayout()  # the lesson's column beside the views, so that they keep their height
+        beside.setSpacing(8)
+        beside.addWidget(scroll, 1)
+        beside.addWidget(self.lesson_panel)
+        for widget, stretch in ((self.controls, 0), (self.banner, 0)):
             layout.addWidget(widget, stretch)
+        layout.addLayout(beside, 1)
+        self.lesson_panel.set_places(layout, 2, beside)  # a strip over the views when a column does not fit
         self.setCentralWidget(central)
         self.status = StatusLine()
         self.statusBar().addWidget(self.status, 1)
@@ -77,11 +88,14 @@ class MainWindow(QMainWindow):
         views = (*self.run_view.views(), *self.compare_view.views(), self.status)  # a new view joins here
         self.scheduler = RedrawScheduler(views, self._paint_now, self)
         chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
-        self.presentation = Presentation(self, views, chrome)
+        self.presentation = Presentation(self, (*views, self.lesson_panel), chrome)
         self._scenes = [view.scene() for view in self.findChildren(GraphicsView)]  # every plot's
+        self.lesson = LessonMode(self, self.lesson_panel, lesson)
         self.actions = build_actions(self, self._action_slots())
         self._wire()
         self._restore(prompt)
+        if lesson is not None:
+            self.lesson.open(lesson)
         source = self.settings.model_source if model is None else model
         self._initial_source: str | None = source
         self.grid.plot_widget.setFocus()
@@ -97,6 +111,7 @@ class MainWindow(QMainWindow):
             "step": s.step, "play": self.toggle_play, "faster": lambda: c.change_speed(+1),
             "slower": lambda: c.change_speed(-1), "reset": self.reset_run, "toggle_cache": c.cache_check.toggle,
             "edit_prompt": c.focus_prompt, "escape": self._on_escape, "presenter": p.set_presenter,
+            "lesson": self.lesson.set_active, "lesson_next": self.lesson.next, "lesson_back": self.lesson.back,
             "colour_blind": self._set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
             "zoom_in": lambda: p.step_zoom(+1),
             "zoom_out": lambda: p.step_zoom(-1), "zoom_reset": lambda: p.set_zoom(1.0),
@@ -124,6 +139,7 @@ class MainWindow(QMainWindow):
         for view in (self.grid, self.chart, self.compare_view.cached_grid, self.compare_view.uncached_grid):
             view.export_requested.connect(self.export)
         self.presentation.presenter_changed.connect(self.actions["presenter"].setChecked)
+        self.presentation.presenter_changed.connect(lambda on: self.lesson_panel.set_notes_shown(not on))
         c.set_state(False, False, False)
 
     # ----- settings -----
@@ -142,7 +158,8 @@ class MainWindow(QMainWindow):
         fit_to_screen(self)  # the geometry may come from a larger screen than this one
 
     def save_settings(self) -> None:
-        self.controls.store(self.settings)
+        if not self.lesson.active:  # a lesson's settings are its own: the free app's were kept when it began
+            self.controls.store(self.settings)
         self.settings.colour_blind = self.actions["colour_blind"].isChecked()
         self.settings.zoom = self.presentation.remembered_zoom
         if self.session.source is not None:
@@ -169,7 +186,8 @@ class MainWindow(QMainWindow):
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self._show_title(info.name, broken=False)
-        self.reset_run()
+        if not self.lesson.active:  # else the lesson puts the new model at its step
+            self.reset_run()
 
     def _show_title(self, model_name: str, broken: bool) -> None:
         warning = " \u2014 CACHE BROKEN ON PURPOSE (Run > Break the cache)" if broken else ""
@@ -238,6 +256,8 @@ class MainWindow(QMainWindow):
             grid.set_colour_blind(on)
 
     def _on_escape(self) -> None:
+        if self.lesson.escape():
+            return
         if self.presentation.presenter:
             self.presentation.set_presenter(False)
         else:

@@ -5,9 +5,10 @@
 - `svg_repair`: Qt's SVG output made viewer-proof;
 - `files`: formats, targets, `parse_formats`, `ExportError`, atomic writes;
 - `dialog`: `ExportDialog` and its remembered `ExportSettings`;
-- `headless`: `run_export`, the `kvviz export` command.
+- `headless`: `run_export`, the `kvviz export` command;
+- `slides`: `export_lesson`, a lesson as 16:9 slides (a PNG each, one PDF deck), `kvviz lesson --export`.
 
-Importing this package loads Qt but never torch (the engine loads inside `run_export`).
+Importing this package loads Qt but never torch (the engine loads inside `run_export` and `export_lesson`).
 """
 
 from kvviz.app.export.caption import default_file_name, make_caption, shorten_caption
@@ -27,14 +28,18 @@ from kvviz.app.export.files import (
 )
 from kvviz.app.export.headless import ensure_application, run_export
 from kvviz.app.export.render import export_widget, png_size, render_png
+from kvviz.app.export.slides import DECK_NAME, LESSON_FORMATS, SLIDE_SIZE, export_lesson, slide_file_name
 
 __all__ = [
+    "DECK_NAME",
     "DEFAULT_PNG_WIDTH",
     "FORMATS",
     "FORMAT_FILTERS",
     "FORMAT_LABELS",
+    "LESSON_FORMATS",
     "MAX_PNG_WIDTH",
     "MIN_PNG_WIDTH",
+    "SLIDE_SIZE",
     "TARGETS",
     "TARGET_LABELS",
     "ExportDialog",
@@ -42,6 +47,7 @@ __all__ = [
     "ExportSettings",
     "default_file_name",
     "ensure_application",
+    "export_lesson",
     "export_format",
     "export_widget",
     "make_caption",
@@ -50,4 +56,5 @@ __all__ = [
     "render_png",
     "run_export",
     "shorten_caption",
+    "slide_file_name",
 ]

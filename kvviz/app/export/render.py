@@ -119,7 +119,7 @@ def _upscaled_image(view: QGraphicsView, item, image: QImage) -> QImage | None:
 
 
 @contextlib.contextmanager
-def _prepared_for_export(widget: QWidget, pen_scale: float = 1.0, vector: bool = False) -> Iterator[None]:
+def prepared_for_export(widget: QWidget, pen_scale: float = 1.0, vector: bool = False) -> Iterator[None]:
     """pyqtgraph views drawn as vectors for the duration of an export, then put back as they were.
 
     The background cache of each QGraphicsView and the item caches (the views cache their axes)
@@ -188,7 +188,7 @@ def _prepared_for_export(widget: QWidget, pen_scale: float = 1.0, vector: bool =
 
 
 @contextlib.contextmanager
-def _painting(device: QPaintDevice, what: str) -> Iterator[QPainter]:
+def painting(device: QPaintDevice, what: str) -> Iterator[QPainter]:
     """A painter on `device`, ended however the drawing ends (a painter left active crashes Qt)."""
     painter = QPainter()
     if not painter.begin(device):
@@ -217,7 +217,7 @@ def render_png(widget: QWidget, width: int = DEFAULT_PNG_WIDTH, caption: str | N
     image.setDotsPerMeterX(dots_per_metre)
     image.setDotsPerMeterY(dots_per_metre)
     image.fill(QColor(theme.BACKGROUND))
-    with _prepared_for_export(widget, pen_scale=scale), _painting(image, "a PNG image") as painter:
+    with prepared_for_export(widget, pen_scale=scale), painting(image, "a PNG image") as painter:
         painter.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform, False)  # grid cells stay sharp
         painter.scale(scale, scale)
         page.paint(painter)
@@ -244,7 +244,7 @@ def svg_bytes(widget: QWidget, caption: str | None) -> bytes:
     # clip paths of child widgets (pyqtgraph's view boxes) miss the widget's offset and cut
     # curves and labels away; replayed from a picture they land where they belong.
     picture = QPicture()
-    with _prepared_for_export(widget, vector=True), _painting(picture, "a recording of the drawing") as recorder:
+    with prepared_for_export(widget, vector=True), painting(picture, "a recording of the drawing") as recorder:
         page.paint(recorder)
     array = QByteArray()
     buffer = QBuffer(array)
@@ -256,7 +256,7 @@ def svg_bytes(widget: QWidget, caption: str | None) -> bytes:
     generator.setResolution(picture.logicalDpiY())  # replayed 1:1, fonts at the size the window lays out
     generator.setTitle(page.caption or "kvviz")
     generator.setDescription("Exported from kvviz")
-    with _painting(generator, "an SVG drawing") as painter:
+    with painting(generator, "an SVG drawing") as painter:
         painter.drawPicture(0, 0, picture)
     buffer.close()
     return flatten_svg(bytes(array.data()), picture.logicalDpiY())
@@ -277,7 +277,7 @@ def pdf_bytes(widget: QWidget, caption: str | None) -> bytes:
     size = QPageSize(QSizeF(page.width, page.height), QPageSize.Unit.Point, "kvviz",
                      QPageSize.SizeMatchPolicy.ExactMatch)
     writer.setPageLayout(QPageLayout(size, QPageLayout.Orientation.Portrait, QMarginsF(0, 0, 0, 0)))
-    with _prepared_for_export(widget, vector=True), _painting(writer, "a PDF document") as painter:
+    with prepared_for_export(widget, vector=True), painting(writer, "a PDF document") as painter:
         painter.scale(writer.width() / page.width, writer.height() / page.height)
         page.paint(painter)
     buffer.close()

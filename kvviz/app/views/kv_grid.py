@@ -364,7 +364,7 @@ class KVGridView(QWidget):
             fed = rec.fed_stop - rec.fed_start
             amber = f"<span style='color:{theme.AMBER}'>computed {fed} position{'s' if fed != 1 else ''}</span>"
             teal = f"<span style='color:{theme.TEAL}'>reused {rec.fed_start}</span>"
-            what = "cache fill (no new token)" if rec.token_id is None else f"token {rec.new_tokens}"
+            what = "cache fill, no new token" if rec.token_id is None else f"token {rec.new_tokens}"
             detail = f"step {rec.step + 1} ({what}): {amber} \u00d7 {rec.n_layer} layers, {teal}"
         self.title.setText(f"{head}<br><span style='color:{theme.MUTED}'>{detail}</span>")
 

@@ -1,0 +1,263 @@
+"""Lesson mode: walks the window through a lesson's steps, a question and its measured answer at a time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, QRect
+from PySide6.QtWidgets import QWidget
+
+from kvviz.app.actions import set_lesson_keys
+from kvviz.app.controls import signals_blocked
+from kvviz.app.dialogs import show_error
+from kvviz.app.lesson_panel import FocusFrame, LessonPanel
+from kvviz.lesson import Lesson, LessonError, LessonStep, format_answer, load_lesson, measured_answer
+from kvviz.records import ModelInfo, RunPlan, StepRecord
+
+if TYPE_CHECKING:
+    from kvviz.app.main_window import MainWindow
+
+BUILTIN = ("", "builtin")  # lesson sources that mean the built-in lesson
+
+
+def lesson_path(source: str) -> str | None:
+    """The path load_lesson takes for a --lesson value: None for the built-in lesson."""
+    return None if source in BUILTIN else source
+
+
+class LessonMode(QObject):
+    """Puts `window` into each slide of a lesson: a step, or a step's measured answer.
+
+    A step sets the prompt, the model (when it names one), the cache mode and the budget, greedy
+    sampling, and replays the run to its `advance_to`. A step with a question shows the question
+    first; the next press takes one generation step and shows, beside the audience's guess, the answer
+    measured from the step's last record (the one the counter shows: after the last token, the pass
+    that fills the cache) and the record before the step. Any slide reached backwards (or after free
+    steps) is replayed, so it looks as it did. Leaving keeps the state and gives the keys back.
+    """
+
+    def __init__(self, window: MainWindow, panel: LessonPanel, source: str | None = None) -> None:
+        super().__init__(window)
+        self._window = window
+        self.panel = panel
+        self.frame = FocusFrame(window.run_view.parentWidget())
+        self.source = source  # what L opens: the lesson given at launch, else the built-in one
+        self.lesson: Lesson | None = None
+        self.active = False
+        self.slide = 0
+        self.measured: float | None = None  # the current slide's measured answer, once it is in
+        self._guesses: dict[int, str] = {}  # step index -> the audience's guess
+        self._records: dict[int, StepRecord] = {}  # new_tokens -> the latest record at that count, current run
+        self._revealing = False  # waiting for the record that answers the question
+        self._model_asked: str | None = None
+        s = window.session
+        s.run_started.connect(self._on_run_started)
+        s.record_computed.connect(self._on_record_computed)
+        s.model_loaded.connect(self._on_model_loaded)
+        panel.guess_entered.connect(self.next)
+        panel.guess_edited.connect(self._on_guess_edited)
+        panel.placed.connect(self._on_placed)
+        window.chart.mem_plot.geometryChanged.connect(self.frame.follow)
+
+    # ----- entering and leaving -----
+    def open(self, source: str | None = None) -> bool:
+        """Read the lesson in `source` (None, "" or "builtin": the built-in one) and start it at its first
+        step; a lesson that cannot be read gets an error dialog and the app stays as it is."""
+        try:
+            lesson = load_lesson(lesson_path(source or ""))
+        except LessonError as exc:
+            show_error(self._window, "Lesson not loaded", str(exc))
+            self._show_active(False)
+            return False
+        self.lesson, self.slide, self._guesses = lesson, 0, {}
+        self.source = source
+        self.start()
+        return True
+
+    def set_active(self, on: bool) -> None:
+        """Help > Lesson (L): start the lesson (where it was left, or the first step), or leave it."""
+        if not on:
+            self.stop()
+        elif self.lesson is None:
+            self.open(self.source)
+        else:
+            self.start()
+
+    def start(self) -> None:
+        if self.lesson is None or self.active:
+            return
+        w = self._window
+        w.controls.store(w.settings)  # what is remembered: the free app's settings, never a lesson's
+        self.active = True
+        set_lesson_keys(w.actions, True)
+        self.panel.show()
+        self._on_placed(self.panel.beside)
+        self._show_active(True)
+        self._show_slide(forward=False)
+
+    def stop(self) -> None:
+        """Back to the free app, at the state the lesson left it in."""
+        if not self.active:
+            return
+        self.active = False
+        self._revealing = False
+        set_lesson_keys(self._window.actions, False)
+        self.panel.hide()
+        self._window.controls.show()
+        self.frame.frame(None)
+        self._show_active(False)
+        self._window.focus_grid()
+
+    def escape(self) -> bool:
+        """Esc: out of the guess field, else out of the lesson; False when there was nothing to leave."""
+        if self.panel.guess_edit.hasFocus():
+            self._window.focus_grid()
+            return True
+        if self.active:
+            self.stop()
+            return True
+        return False
+
+    def _on_placed(self, beside: bool) -> None:
+        if self.active:  # a strip above the views takes the run controls' place (the lesson sets them)
+            self._window.controls.setVisible(beside)
+
+    def _show_active(self, on: bool) -> None:
+        action = self._window.actions["lesson"]
+        with signals_blocked(action):
+            action.setChecked(on)
+
+    # ----- moving -----
+    @property
+    def step(self) -> LessonStep | None:
+        """The current slide's lesson step."""
+        if self.lesson is None:
+            return None
+        return self.lesson.steps[self.lesson.slides()[self.slide][0]]
+
+    @property
+    def revealed(self) -> bool:
+        """Whether the current slide is a question's answer."""
+        return self.lesson is not None and self.lesson.slides()[self.slide][1]
+
+    def next(self) -> None:
+        """Page Down, Right: the answer to the question, else the next step."""
+        if self.active and self.lesson is not None and self.slide + 1 < len(self.lesson.slides()):
+            self.slide += 1
+            self._show_slide(forward=True)
+
+    def back(self) -> None:
+        """Page Up, Left: the slide before, as it was."""
+        if self.active and self.slide > 0:
+            self.slide -= 1
+            self._show_slide(forward=False)
+
+    def _show_slide(self, forward: bool) -> None:
+        step, revealed, w = self.step, self.revealed, self._window
+        index = self.lesson.slides()[self.slide][0]
+        self.panel.show_step(step, index + 1, len(self.lesson.steps), revealed, self._guesses.get(index, ""))
+        self.measured = None
+        self._revealing = revealed
+        self._set_controls(step)
+        self._frame_focus(step)
+        w.focus_grid()  # the keys step the lesson and the run, none of them types
+        if step.model is not None and step.model not in (w.session.source, self._model_asked):
+            self._model_asked = step.model
+            w.load_model(step.model)  # the step's run follows once it is loaded (_on_model_loaded)
+            w.session.start_run(w.controls.request(), self._target(step, revealed))  # if the load fails
+            return
+        if forward and revealed and self._at_question(step):
+            w.session.step()  # one generation step: its record holds the answer
+        else:
+            self._start_run()
+
+    def _target(self, step: LessonStep, revealed: bool) -> int:
+        return step.advance_to + (1 if revealed else 0)
+
+    def _start_run(self) -> None:
+        w = self._window
+        w.session.start_run(w.controls.request(), self._target(self.step, self.revealed))
+
+    def _at_question(self, step: LessonStep) -> bool:
+        """Whether the current run is the step's, at its `advance_to` (its records there in), and can step."""
+        s = self._window.session
+        if not (self._plan_is(s.plan, step) and s.can_step and s.steps_done == step.advance_to):
+            return False
+        return step.advance_to == 0 or step.advance_to in self._records
+
+    @staticmethod
+    def _plan_is(plan: RunPlan | None, step: LessonStep) -> bool:
+        return (plan is not None and plan.prompt == step.prompt and plan.use_cache == step.use_cache
+                and (plan.twin is not None) == step.compare and plan.max_new_tokens == step.max_new_tokens
+                and plan.sampling == "greedy" and not plan.cache_broken)
+
+    def _set_controls(self, step: LessonStep) -> None:
+        c, actions = self._window.controls, self._window.actions
+        c.prompt_edit.setText(step.prompt)
+        c.break_cache = False  # the teaching switch is the lecturer's to turn on, never a step's
+        c.set_run_settings(use_cache=step.use_cache, max_new_tokens=step.max_new_tokens, temperature=0.0,
+                           compare=step.compare)
+        for name, on in (("compare", step.compare), ("break_cache", False)):
+            with signals_blocked(actions[name]):
+                actions[name].setChecked(on)
+
+    def _frame_focus(self, step: LessonStep) -> None:
+        w = self._window
+        compare = w.compare_view
+        part = None
+        if step.focus == "all":
+            target = None
+        elif step.compare:
+            target = {"grid": compare.grid_splitter, "chart": compare.time_plot, "counter": compare.counts,
+                      "memory": None}[step.focus]
+        else:
+            target = {"grid": w.grid, "chart": w.chart, "counter": w.counter, "memory": w.chart}[step.focus]
+            if step.focus == "memory":
+                part = self._memory_plot_rect
+        self.frame.frame(target, part)
+
+    def _memory_plot_rect(self) -> QRect | None:
+        chart = self._window.chart
+        if not chart.small_plots_shown:
+            return None  # the chart gave the memory plot's room to the work plot: frame the chart
+        return chart.layout_widget.mapFromScene(chart.mem_plot.sceneBoundingRect()).boundingRect()
+
+    def focus_target(self) -> QWidget | None:
+        """The view the current step points at (None: all of them)."""
+        return self.frame.target if self.active else None
+
+    # ----- the session -----
+    def _on_run_started(self, _plan: RunPlan) -> None:
+        self._records = {}
+
+    def _on_record_computed(self, record: StepRecord) -> None:
+        self._records[record.new_tokens] = record
+        step, plan = self.step, self._window.session.plan
+        if not (self.active and self._revealing and step is not None and step.question
+                and record.new_tokens == step.advance_to + 1 and self._plan_is(plan, step)):
+            return
+        if record.token_id is not None and plan.pass_follows_in_step(record):
+            return  # the last token: the pass that fills the cache belongs to the step, and the answer is after it
+        self._revealing = False
+        previous = self._records.get(step.advance_to)  # None at the first step
+        self.measured = measured_answer(step.question, previous, record)
+        self.panel.set_answer(format_answer(step.question, self.measured))
+
+    def _on_model_loaded(self, _info: ModelInfo) -> None:
+        self._model_asked = None
+        if self.active:
+            self._start_run()  # the step's state on the model just loaded
+
+    def _on_guess_edited(self, text: str) -> None:
+        if self.lesson is not None:
+            self._guesses[self.lesson.slides()[self.slide][0]] = text
+
+    # ----- tests and screenshots -----
+    @property
+    def ready(self) -> bool:
+        """Whether the window shows the current slide's state: its run at its step, its answer measured."""
+        step, s = self.step, self._window.session
+        if not self.active or step is None or not self._plan_is(s.plan, step):
+            return False
+        target = min(self._target(step, self.revealed), s.plan.budget)
+        return s.steps_done == target and (not self.revealed or self.measured is not None)

@@ -1,0 +1,340 @@
+"""Lesson mode's column beside the views (or strip above them): the step's title and text, its question and
+the measured answer, the lecturer's notes; and the frame that points the audience at one view."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import QEvent, QObject, QRect, QRegularExpression, Qt, Signal
+from PySide6.QtGui import QFont, QPainter, QPaintEvent, QPen, QRegularExpressionValidator, QShowEvent
+from PySide6.QtWidgets import (
+    QBoxLayout,
+    QFrame,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QSizePolicy,
+    QSpacerItem,
+    QToolButton,
+    QWidget,
+)
+
+from kvviz.app import theme
+from kvviz.lesson import LessonStep
+
+GUESS_PATTERN = r"([0-9][0-9 ,.\x{2009}]{0,15}x?)?"  # empty, 90, 6.8, 6.8x, 36,864
+FRAME_WIDTH = 3  # pixels
+PANEL_WIDTH = 330  # pixels at zoom 1
+PANEL_SHARE = 0.3  # of the window's width, at most
+VIEWS_MIN_WIDTH = 760  # pixels at zoom 1 the views keep beside the column (the chart's plots and the counter)
+OUTER_MARGINS = 24  # the window's margins and the spacing between the views and the column
+STRIP_FONT = 0.92  # a strip's fonts, relative to a column's: the views below it keep their height
+QWIDGETSIZE_MAX = (1 << 24) - 1
+
+
+class LessonPanel(QFrame):
+    """The lesson step on screen, big enough for the back row: "step 2 of 5", the title, the text; for a
+    question, the question, a field for the audience's guess and, once measured, the answer with the
+    guess; the step's notes (for the lecturer: small, collapsible, collapsed in presenter mode).
+
+    A column beside the views, so that the grid and the chart keep their height on a 720-line screen;
+    its width follows the zoom, at most 30% of the window. A window too narrow to keep the views
+    readable beside it (1024x768) gets a strip above them instead (`placed`), in the place of the run
+    controls, which lesson mode then hides.
+
+    Signals: `guess_entered` (Enter in the guess field), `guess_edited(str)`, `placed(bool)`.
+    """
+
+    guess_entered = Signal()
+    guess_edited = Signal(str)
+    placed = Signal(bool)  # True: a column beside the views; False: a strip above them
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("lessonPanel")
+        self.setStyleSheet(
+            "QFrame#lessonPanel { background: #20242B; border: 1px solid #3C4350; "
+            f"border-left: 4px solid {theme.FOREGROUND}; border-radius: 6px; }}"
+            " QFrame#lessonPanel QLabel { background: transparent; border: none; }"
+            f" QFrame#lessonPanel QLabel#muted {{ color: {theme.MUTED}; }}"
+            " QFrame#lessonPanel QLabel#answer { background: #2E3440; border-radius: 4px; padding: 1px 8px; }"
+            " QFrame#lessonPanel QToolButton { padding: 1px 6px; }")
+        self._font_scale = 1.0
+        self._measured: str | None = None
+        self._measuring = False
+        self._has_question = False
+        self._watched_window: QWidget | None = None
+        self._above: tuple[QBoxLayout, int] | None = None  # where the strip goes: (layout, index)
+        self._beside: QBoxLayout | None = None  # where the column goes: at its end
+        self._spacer = QSpacerItem(0, 0, QSizePolicy.Policy.Minimum, QSizePolicy.Policy.Expanding)
+        self._strip_top = QHBoxLayout()  # the strip's first line: title, notes, step number
+        self._strip_question = QHBoxLayout()  # and its last: question, guess, answer
+        for row in (self._strip_top, self._strip_question):
+            row.setSpacing(12)
+        self.beside = True
+
+        self.title = QLabel()
+        self.title.setWordWrap(True)
+        self.position = QLabel()
+        self.position.setObjectName("muted")
+        self.notes_button = QToolButton()
+        self.notes_button.setText("notes")
+        self.notes_button.setCheckable(True)
+        self.notes_button.setChecked(True)
+        self.notes_button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.notes_button.setToolTip("Show or hide the lecturer's notes (hidden in presenter mode)")
+        self.notes_button.toggled.connect(self._on_notes_toggled)
+        self.text = QLabel()
+        self.text.setWordWrap(True)
+        self.question = QLabel()
+        self.question.setWordWrap(True)
+        self.guess_label = QLabel("your guess")
+        self.guess_label.setObjectName("muted")
+        self.guess_edit = QLineEdit()
+        self.guess_edit.setPlaceholderText("?")
+        self.guess_edit.setAlignment(Qt.AlignmentFlag.AlignRight)
+        self.guess_edit.setValidator(QRegularExpressionValidator(QRegularExpression(GUESS_PATTERN), self.guess_edit))
+        self.guess_edit.setToolTip("The audience's guess (optional); Enter or Page Down measures the answer")
+        self.guess_edit.returnPressed.connect(self.guess_entered)
+        self.guess_edit.textEdited.connect(self._on_guess_edited)
+        self.guess_label.setBuddy(self.guess_edit)
+        self.answer = QLabel()
+        self.answer.setObjectName("answer")
+        self.notes = QLabel()
+        self.notes.setObjectName("muted")
+        self.notes.setWordWrap(True)
+
+        self.grid = QGridLayout(self)
+        self.grid.setHorizontalSpacing(10)
+        self._arrange(True)
+
+    # ----- what it shows -----
+    def show_step(self, step: LessonStep, number: int, count: int, revealed: bool, guess: str = "") -> None:
+        """Show `step`, number `number` of `count`; its question without the answer yet (set_answer adds it)."""
+        self.title.setText(step.title)
+        last = " \u00b7 the last" if number == count else ""
+        self.position.setText(f"step {number} of {count}{last}")
+        self.text.setText(step.text)
+        self.question.setText(step.question_text)
+        self._has_question = bool(step.question)
+        self.question.setVisible(self._has_question)
+        self.guess_edit.setText(guess)
+        self._measured, self._measuring = None, revealed
+        self._show_answer()
+        self.notes.setText(step.notes)
+        self.notes_button.setVisible(bool(step.notes))
+        self.notes.setVisible(bool(step.notes) and self.notes_button.isChecked())
+
+    def set_answer(self, measured: str | None) -> None:
+        """The measured answer (format_answer's text), shown with the guess; None: not measured."""
+        self._measured, self._measuring = measured, False
+        self._show_answer()
+
+    def answer_text(self) -> str:
+        return self.answer.text()
+
+    def guess(self) -> str:
+        return self.guess_edit.text().strip()
+
+    def _on_guess_edited(self, text: str) -> None:
+        self.guess_edited.emit(text.strip())
+        self._show_answer()
+
+    def _show_answer(self) -> None:
+        if self._measured is not None:
+            guess = self.guess()
+            text = f"your guess {guess} \u2014 measured {self._measured}" if guess else f"measured: {self._measured}"
+            self.answer.setObjectName("answer")
+        else:
+            text = "measuring\u2026" if self._measuring else "Page Down: measure"
+            self.answer.setObjectName("muted")
+        self.answer.setText(text)
+        self.answer.setFont(self._font(14.0, bold=True) if self._measured is not None else self._font(11.0))
+        self.answer.setVisible(self._has_question)
+        self.guess_label.setVisible(self._has_question and (self._measured is None or bool(self.guess())))
+        self.guess_edit.setVisible(self._has_question and self._measured is None)
+        self.answer.style().unpolish(self.answer)
+        self.answer.style().polish(self.answer)
+
+    # ----- notes -----
+    def set_notes_shown(self, shown: bool) -> None:
+        """Show or hide the notes (presenter mode hides them; the notes button shows them again)."""
+        self.notes_button.setChecked(shown)
+
+    def _on_notes_toggled(self, shown: bool) -> None:
+        self.notes.setVisible(shown and bool(self.notes.text()))
+
+    # ----- where it goes -----
+    def set_places(self, above: QBoxLayout, index: int, beside: QBoxLayout) -> None:
+        """Where the panel may go: a strip in `above` at `index`, or a column at the end of `beside`
+        (where it is now)."""
+        self._above, self._beside = (above, index), beside
+        self._fit()
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802
+        super().showEvent(event)
+        window = self.window()
+        if window is not self and window is not self._watched_window:
+            window.installEventFilter(self)
+            self._watched_window = window
+        self._fit()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
+        if event.type() == QEvent.Type.Resize and self.isVisible():
+            self._fit()
+        return False
+
+    def _fit(self) -> None:
+        """A column beside the views when they keep the width they need beside it, else a strip above them."""
+        window_width = self.window().width() if self.window() is not self else 0
+        width = round(PANEL_WIDTH * self._font_scale)
+        if window_width:
+            width = min(width, round(PANEL_SHARE * window_width))
+        beside = not window_width or window_width - width - OUTER_MARGINS >= VIEWS_MIN_WIDTH * self._font_scale
+        if beside != self.beside and self._above is not None and self._beside is not None:
+            above, index = self._above
+            (above if self.beside is False else self._beside).removeWidget(self)
+            if beside:
+                self._beside.addWidget(self)
+            else:
+                above.insertWidget(index, self)
+            self.beside = beside
+            self._arrange(beside)
+            self.placed.emit(beside)
+        if beside:
+            self.setFixedWidth(width)
+        else:
+            self.setMinimumWidth(0)
+            self.setMaximumWidth(QWIDGETSIZE_MAX)
+
+    def _arrange(self, beside: bool) -> None:
+        """A column: step number, title, text, question, guess, answer, and the notes at the bottom; or a
+        strip: title, notes and step number on one line, the text, then the question with the guess and the
+        answer on its right."""
+        grid = self.grid
+        for widget in self._widgets():
+            for layout in (grid, self._strip_top, self._strip_question):
+                layout.removeWidget(widget)
+        for item in (self._spacer, self._strip_top, self._strip_question):
+            grid.removeItem(item)
+        for index in range(8):
+            grid.setRowStretch(index, 0)
+            grid.setColumnStretch(index, 0)
+        if beside:
+            places = {self.position: (0, 0, 1, 2), self.notes_button: (0, 2, 1, 1), self.title: (1, 0, 1, 3),
+                      self.text: (2, 0, 1, 3), self.question: (3, 0, 1, 3), self.guess_label: (4, 0, 1, 1),
+                      self.guess_edit: (4, 1, 1, 1), self.answer: (5, 0, 1, 3), self.notes: (7, 0, 1, 3)}
+            for widget, (row, column, rows, columns) in places.items():
+                grid.addWidget(widget, row, column, rows, columns)
+            grid.addItem(self._spacer, 6, 0, 1, 3)
+            grid.setRowStretch(6, 1)
+            grid.setColumnStretch(2, 1)
+            grid.setContentsMargins(14, 8, 12, 10)
+        else:
+            for widget, stretch in ((self.title, 0), (self.notes, 1), (self.position, 0), (self.notes_button, 0)):
+                self._strip_top.addWidget(widget, stretch)
+            for widget, stretch in ((self.question, 1), (self.guess_label, 0), (self.guess_edit, 0), (self.answer, 0)):
+                self._strip_question.addWidget(widget, stretch)
+            grid.addLayout(self._strip_top, 0, 0)
+            grid.addWidget(self.text, 1, 0)
+            grid.addLayout(self._strip_question, 2, 0)
+            grid.setContentsMargins(12, 4, 10, 4)
+        grid.setVerticalSpacing(8 if beside else 3)
+        for label in (self.title, self.position, self.answer):
+            label.setWordWrap(beside)
+        self._apply_fonts()
+
+    def _widgets(self) -> tuple[QWidget, ...]:
+        return (self.position, self.notes_button, self.title, self.text, self.question, self.guess_label,
+                self.guess_edit, self.answer, self.notes)
+
+    # ----- zoom -----
+    def set_font_scale(self, scale: float) -> None:
+        self._font_scale = scale
+        self._apply_fonts()
+        self._fit()
+
+    def _font(self, points: float, bold: bool = False) -> QFont:
+        font = QFont(self.font())
+        font.setPointSizeF(points * self._font_scale * (1.0 if self.beside else STRIP_FONT))
+        font.setBold(bold)
+        return font
+
+    def _apply_fonts(self) -> None:
+        self.title.setFont(self._font(18.0, bold=True))
+        self.text.setFont(self._font(15.0))
+        self.question.setFont(self._font(14.0, bold=True))
+        for widget in (self.guess_label, self.guess_edit):
+            widget.setFont(self._font(14.0))
+        for widget in (self.position, self.notes, self.notes_button):
+            widget.setFont(self._font(9.5))
+        self.guess_edit.setFixedWidth(self.guess_edit.fontMetrics().horizontalAdvance("0000000") + 16)
+        self._show_answer()
+
+
+class FocusFrame(QWidget):
+    """A thin outline drawn over one view (or a part of one) to point the audience at it.
+
+    It lies on top of `host` (an ancestor of every view it frames, outside the exported views), lets
+    the mouse through, and follows its target when anything between the two moves or resizes.
+    """
+
+    def __init__(self, host: QWidget) -> None:
+        super().__init__(host)
+        self.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents, True)
+        self.setAttribute(Qt.WidgetAttribute.WA_NoSystemBackground, True)
+        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self._host = host
+        self._target: QWidget | None = None
+        self._part: Callable[[], QRect | None] | None = None
+        self._watched: list[QObject] = []
+        self.hide()
+
+    @property
+    def target(self) -> QWidget | None:
+        return self._target
+
+    def frame(self, target: QWidget | None, part: Callable[[], QRect | None] | None = None) -> None:
+        """Outline `target` (None: nothing), or the rectangle `part()` gives in its coordinates."""
+        for watched in self._watched:
+            watched.removeEventFilter(self)
+        self._watched = []
+        self._target, self._part = target, part
+        widget = target
+        while widget is not None and widget is not self._host:
+            widget.installEventFilter(self)
+            self._watched.append(widget)
+            widget = widget.parentWidget()
+        self.follow()
+
+    def follow(self) -> None:
+        """Put the frame over its target again (hidden while the target is)."""
+        target = self._target
+        if target is None or not target.isVisibleTo(self._host):
+            self.hide()
+            return
+        rect = self._part() if self._part is not None else None
+        if rect is None:
+            rect = target.rect()
+        top_left = target.mapTo(self._host, rect.topLeft())
+        self.setGeometry(QRect(top_left, rect.size()))
+        self.raise_()
+        self.show()
+        self.update()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
+        if event.type() in (QEvent.Type.Resize, QEvent.Type.Move, QEvent.Type.Show, QEvent.Type.Hide,
+                            QEvent.Type.LayoutRequest):
+            self.follow()
+        return False
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+        pen = QPen(Qt.GlobalColor.white)
+        pen.setWidth(FRAME_WIDTH)
+        painter.setPen(pen)
+        half = FRAME_WIDTH / 2
+        painter.drawRoundedRect(self.rect().toRectF().adjusted(half, half, -half, -half), 6, 6)
+        painter.end()

@@ -1,0 +1,329 @@
+"""Lesson mode in the window: Page Down and Page Up walk the built-in lesson, each step puts the app into
+its state, questions are answered with what the engine measured, and leaving gives the free app back."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox, QScrollArea
+
+from kvviz.app.main_window import MainWindow
+from kvviz.app.presentation import presenter_zoom
+from kvviz.app.settings import AppSettings, app_settings
+from kvviz.app.views.kv_grid import COMPUTED, EMPTY, PENDING, REUSED
+
+FREE_PROMPT = "hello"  # the free app's prompt: a lesson never leaves its own behind in the settings
+TITLE_BAR = 30
+
+
+def open_window(qtbot, app_model, lesson: str | None, store=None) -> MainWindow:
+    win = MainWindow(app_model, FREE_PROMPT, settings=store or app_settings(), lesson=lesson)
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+@pytest.fixture
+def window(qtbot, app_model):
+    win = open_window(qtbot, app_model, "")  # "": the built-in lesson, as `kvviz --lesson` passes it
+    settle(qtbot, win)
+    yield win
+    win.close()
+
+
+def settle(qtbot, win: MainWindow) -> None:
+    """Wait until the window shows the lesson's current slide (its run replayed, its answer measured)."""
+    qtbot.waitUntil(lambda: win.lesson.ready and not win.scheduler.pending, timeout=60_000)
+    win.redraw()
+
+
+def press(qtbot, win: MainWindow, key: Qt.Key, times: int = 1) -> None:
+    for _ in range(times):
+        qtbot.keyClick(win, key)
+    settle(qtbot, win)
+
+
+def counts(win: MainWindow) -> tuple[int, int, int]:
+    values = win.counter.values()
+    return values["with_cache"], values["without_cache"], values["avoided"]
+
+
+def assert_step(win: MainWindow, prompt: str, cache: bool | str, steps_done: int, number: int) -> None:
+    plan, session = win.session.plan, win.session
+    assert win.controls.prompt_edit.text() == prompt and plan.prompt == prompt
+    assert plan.use_cache == (cache is not False) and (plan.twin is not None) == (cache == "compare")
+    assert plan.sampling == "greedy"
+    assert session.steps_done == steps_done
+    assert win.lesson_panel.position.text().startswith(f"step {number} of 5")
+
+
+def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot, window):
+    panel, lesson = window.lesson_panel, window.lesson
+    assert lesson.active and panel.isVisible() and window.actions["lesson"].isChecked()
+    assert len(lesson.lesson.slides()) == 9  # five steps, four of them with a question
+
+    # Step 1: "Time flies" (2 tokens), cached, before the prefill; the question shown, not its answer.
+    assert_step(window, "Time flies", True, 0, 1)
+    assert panel.title.text() == "Two tokens in"
+    assert panel.question.text() == lesson.step.question_text and panel.question.isVisible()
+    assert lesson.measured is None and panel.answer_text() == "Page Down: measure"
+    states = window.grid.cell_states()
+    assert (states[:, :2] == PENDING).all() and (states[:, 2:] == EMPTY).all()
+    assert lesson.focus_target() is window.grid and lesson.frame.isVisible()
+
+    press(qtbot, window, Qt.Key.Key_PageDown)  # one generation step: the prefill computes both prompt tokens
+    assert_step(window, "Time flies", True, 1, 1)
+    assert lesson.measured == 2 and panel.answer_text() == "measured: 2"
+    assert (window.grid.cell_states()[:, :2] == COMPUTED).all()
+
+    # Step 2: without the cache, at 3 new tokens: the last pass recomputed every position.
+    press(qtbot, window, Qt.Key.Key_Right)
+    assert_step(window, "Time flies", False, 3, 2)
+    assert not window.controls.cache_check.isChecked()
+    states = window.grid.cell_states()
+    assert (states[:, :4] == COMPUTED).all() and (states[:, 4] == PENDING).all() and (states[:, 5:] == EMPTY).all()
+    assert counts(window)[1] == 2 + 3 + 4  # passes fed 2, 3 and 4 tokens
+    qtbot.keyClicks(panel.guess_edit, "6")
+    qtbot.keyClick(panel.guess_edit, Qt.Key.Key_Return)  # Enter in the guess field measures too
+    settle(qtbot, window)
+    assert_step(window, "Time flies", False, 4, 2)
+    assert lesson.measured == 2 + 3  # the fourth pass feeds the prompt and the 3 tokens so far: P + 3
+    assert panel.answer_text() == "your guess 6 \u2014 measured 5"
+
+    # Step 3: the same prompt with the cache at 3 new tokens: one amber column, teal before it.
+    press(qtbot, window, Qt.Key.Key_PageDown)
+    assert_step(window, "Time flies", True, 3, 3)
+    states = window.grid.cell_states()
+    assert (states[:, :3] == REUSED).all() and (states[:, 3] == COMPUTED).all() and (states[:, 4] == PENDING).all()
+    assert counts(window) == (2 + 1 + 1, 2 + 3 + 4, 9 - 4)
+    press(qtbot, window, Qt.Key.Key_PageDown)
+    assert_step(window, "Time flies", True, 4, 3)
+    assert lesson.measured == 1 and panel.answer_text() == "measured: 1"
+
+    # Step 4: "Time flies fast" (3 tokens) at 11 of 12 tokens, the counter pointed at.
+    press(qtbot, window, Qt.Key.Key_PageDown)
+    assert_step(window, "Time flies fast", True, 11, 4)
+    assert lesson.focus_target() is window.counter
+    press(qtbot, window, Qt.Key.Key_PageDown)
+    assert_step(window, "Time flies fast", True, 12, 4)
+    p, n = 3, 12
+    assert lesson.measured == n * p + n * (n - 1) // 2 - (p + n) == 87
+    assert panel.answer_text() == "measured: 87" and counts(window)[2] == 87  # what the counter shows too
+
+    # Step 5: compare mode at the end of the run; nothing framed; the last step.
+    press(qtbot, window, Qt.Key.Key_PageDown)
+    assert_step(window, "Time flies", "compare", 12, 5)
+    assert window.compare_view.isVisibleTo(window) and window.actions["compare"].isChecked()
+    assert lesson.focus_target() is None and not lesson.frame.isVisible() and not panel.question.isVisible()
+    press(qtbot, window, Qt.Key.Key_PageDown)  # past the end: nothing happens
+    assert lesson.slide == 8
+
+    # Back: each slide as it was, replayed.
+    press(qtbot, window, Qt.Key.Key_PageUp)
+    assert_step(window, "Time flies fast", True, 12, 4)
+    assert window.run_view.isVisibleTo(window) and not window.actions["compare"].isChecked()
+    assert lesson.measured == 87 and panel.answer_text() == "measured: 87"
+    press(qtbot, window, Qt.Key.Key_Left)  # from the answer back to the question
+    assert_step(window, "Time flies fast", True, 11, 4)
+    assert lesson.measured is None and panel.answer_text() == "Page Down: measure"
+    press(qtbot, window, Qt.Key.Key_PageUp, 3)
+    assert_step(window, "Time flies", False, 4, 2)
+    assert lesson.measured == 5 and panel.answer_text() == "your guess 6 \u2014 measured 5"  # the guess is kept
+    press(qtbot, window, Qt.Key.Key_PageUp)
+    assert_step(window, "Time flies", False, 3, 2)
+    assert panel.guess_edit.text() == "6"
+    assert (window.grid.cell_states()[:, :4] == COMPUTED).all()
+    press(qtbot, window, Qt.Key.Key_PageUp, 3)
+    assert_step(window, "Time flies", True, 0, 1)
+    press(qtbot, window, Qt.Key.Key_PageUp)  # before the start: nothing happens
+    assert lesson.slide == 0
+
+
+def test_space_steps_freely_and_the_next_press_still_reveals_one_step(qtbot, window):
+    press(qtbot, window, Qt.Key.Key_PageDown, 2)  # step 2's question: uncached at 3
+    qtbot.keyClick(window, Qt.Key.Key_Space)
+    qtbot.waitUntil(lambda: window.session.steps_done == 4, timeout=30_000)
+    assert window.lesson.slide == 2  # Space stepped the run, not the lesson
+    press(qtbot, window, Qt.Key.Key_PageDown)  # replayed to the question's step and one more
+    assert window.session.steps_done == 4 and window.lesson.measured == 5
+
+
+def test_escape_leaves_the_lesson_at_its_state_and_l_resumes_it(qtbot, window):
+    press(qtbot, window, Qt.Key.Key_PageDown, 4)  # step 3: cached at 3
+    qtbot.keyClick(window, Qt.Key.Key_Escape)
+    assert not window.lesson.active and not window.lesson_panel.isVisible()
+    assert not window.actions["lesson"].isChecked() and not window.lesson.frame.isVisible()
+    assert window.session.steps_done == 3 and window.session.plan.prompt == "Time flies"
+    keys = [k.toString() for k in window.actions["step"].shortcuts()]
+    assert keys == ["Space", "Right", "PgDown"] and window.actions["lesson_next"].shortcuts() == []
+    for key, done in ((Qt.Key.Key_PageDown, 4), (Qt.Key.Key_Right, 5), (Qt.Key.Key_Space, 6)):
+        qtbot.keyClick(window, key)  # the free app's keys step the run again
+        qtbot.waitUntil(lambda d=done: window.session.steps_done == d, timeout=30_000)
+    qtbot.keyClick(window, Qt.Key.Key_PageUp)
+    assert window.session.steps_done == 6
+    qtbot.keyClick(window, Qt.Key.Key_L)  # back where it was left, the step's state again
+    assert window.lesson.active and window.lesson.slide == 4
+    settle(qtbot, window)
+    assert_step(window, "Time flies", True, 3, 3)
+
+
+def test_help_lesson_starts_the_built_in_lesson_from_the_free_app(qtbot, app_model):
+    win = open_window(qtbot, app_model, None)
+    try:
+        qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
+        assert not win.lesson.active and not win.lesson_panel.isVisible()
+        assert win.actions["lesson"].text().replace("&", "").startswith("Lesson")
+        win.actions["lesson"].trigger()
+        settle(qtbot, win)
+        assert win.lesson.active and win.lesson.lesson.title == "The KV cache in five steps"
+        assert_step(win, "Time flies", True, 0, 1)
+        win.actions["lesson"].trigger()
+        assert not win.lesson.active
+    finally:
+        win.close()
+
+
+def test_a_lesson_file_of_three_steps_runs(qtbot, app_model, tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text("""
+title = "Mine"
+
+[[step]]
+title = "Ratio"
+text = "How much more work without the cache?"
+prompt = "Time flies fast"
+cache = false
+advance_to = 2
+max_new_tokens = 5
+focus = "chart"
+question = "ratio_after_next"
+
+[[step]]
+title = "Bytes"
+text = "What the cache holds after the prefill."
+notes = "Only the lecturer reads this."
+prompt = "Time flies fast"
+cache = true
+advance_to = 0
+max_new_tokens = 4
+focus = "memory"
+question = "cache_bytes_after_next"
+
+[[step]]
+title = "Both"
+text = "Side by side."
+prompt = "Time flies"
+cache = "compare"
+advance_to = 2
+max_new_tokens = 4
+""", encoding="utf-8")
+    win = open_window(qtbot, app_model, str(path))
+    try:
+        settle(qtbot, win)
+        lesson, panel = win.lesson, win.lesson_panel
+        assert lesson.lesson.title == "Mine" and len(lesson.lesson.slides()) == 5
+        assert win.lesson_panel.position.text().startswith("step 1 of 3")
+        assert lesson.focus_target() is win.chart
+        assert not panel.notes_button.isVisible() and not panel.notes.isVisible()
+        qtbot.keyClick(win, Qt.Key.Key_PageDown)
+        settle(qtbot, win)
+        assert win.session.steps_done == 3
+        # after the third token: 3 + 4 + 5 = 12 K/V without the cache, 3 + 2 = 5 with it
+        assert lesson.measured == pytest.approx(12 / 5) and panel.answer_text() == "measured: 2.4x"
+        qtbot.keyClick(win, Qt.Key.Key_PageDown)
+        settle(qtbot, win)
+        assert win.session.plan.use_cache and win.session.steps_done == 0 and win.session.plan.max_new_tokens == 4
+        assert panel.notes.isVisible() and "lecturer" in panel.notes.text()
+        assert lesson.focus_target() is win.chart  # the memory plot, inside the chart
+        qtbot.keyClick(win, Qt.Key.Key_PageDown)
+        settle(qtbot, win)
+        info = win.session.model_info
+        per_position = 2 * info.n_layer * info.n_embd * 4  # a key and a value, float32, every layer
+        assert lesson.measured == 3 * per_position  # the prefill fills the prompt's 3 positions
+        assert panel.answer_text() == f"measured: {3 * per_position:,} bytes"
+        qtbot.keyClick(win, Qt.Key.Key_PageDown)
+        settle(qtbot, win)
+        assert win.session.plan.twin is not None and win.session.steps_done == 2
+        assert win.lesson_panel.position.text().startswith("step 3 of 3")
+    finally:
+        win.close()
+
+
+@pytest.mark.parametrize("text", [
+    "title = 'Broken'\n[[step]]\ntitle = 'a'\n",  # required keys missing
+    "this is not TOML",
+])
+def test_a_bad_lesson_file_says_why_in_a_dialog_and_the_app_stays_free(qtbot, app_model, tmp_path, monkeypatch,
+                                                                        text):
+    errors: list[str] = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, message, *a, **k: errors.append(message))
+    path = tmp_path / "bad.toml"
+    path.write_text(text, encoding="utf-8")
+    win = open_window(qtbot, app_model, str(path))
+    try:
+        assert len(errors) == 1 and str(path) in errors[0] and "\n" not in errors[0]
+        assert not win.lesson.active and not win.lesson_panel.isVisible() and not win.actions["lesson"].isChecked()
+        qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
+        assert win.session.plan.prompt == FREE_PROMPT
+        qtbot.keyClick(win, Qt.Key.Key_PageDown)  # the free app's keys
+        qtbot.waitUntil(lambda: win.session.steps_done == 1, timeout=30_000)
+        win.actions["lesson"].trigger()  # L tries the same file again: the same one line
+        assert len(errors) == 2 and not win.lesson.active
+    finally:
+        win.close()
+
+
+def test_a_missing_lesson_file_is_one_line_too(qtbot, app_model, tmp_path, monkeypatch):
+    errors: list[str] = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, message, *a, **k: errors.append(message))
+    win = open_window(qtbot, app_model, str(tmp_path / "nowhere.toml"))
+    try:
+        assert errors == [f"{tmp_path / 'nowhere.toml'}: no such lesson file"] and not win.lesson.active
+    finally:
+        win.close()
+
+
+def test_a_lesson_leaves_the_free_apps_settings_as_they_were(qtbot, app_model):
+    store = app_settings()
+    win = open_window(qtbot, app_model, "builtin", store)
+    settle(qtbot, win)
+    press(qtbot, win, Qt.Key.Key_PageDown, 8)  # step 5: compare mode
+    assert win.session.plan.twin is not None
+    win.close()
+    remembered = AppSettings.load(store)
+    assert remembered.prompt == FREE_PROMPT and not remembered.compare
+
+
+@pytest.mark.parametrize(("width", "height"), [(1024, 768), (1280, 720)])
+@pytest.mark.parametrize("presenter", [False, True])
+def test_the_lesson_column_leaves_the_views_their_size(qtbot, window, width, height, presenter):
+    if presenter:  # as set_presenter does, without asking the offscreen screen for full screen
+        window.menuBar().hide()
+        window.statusBar().hide()
+        for widget in window.controls.settings_widgets:
+            widget.hide()
+        window.presentation.set_zoom(presenter_zoom(height))
+        window.lesson_panel.set_notes_shown(False)
+        height += TITLE_BAR
+    window.resize(width, height - TITLE_BAR)
+    qtbot.waitUntil(lambda: window.width() == width and window.height() == height - TITLE_BAR, timeout=5_000)
+    scroll = window.findChild(QScrollArea)
+    panel = window.lesson_panel
+    scale = window.presentation.zoom
+    # 16:9 keeps a column beside the views; 4:3 is too narrow for it: a strip over them, in the controls' place
+    qtbot.waitUntil(lambda: panel.beside == (width == 1280), timeout=5_000)
+    assert window.controls.isVisible() == panel.beside
+    for slide in (0, 1, 6, 7, 8) if presenter else (0, 1, 6, 7):  # the longest text, an answer, compare mode
+        press(qtbot, window, Qt.Key.Key_PageDown, slide - window.lesson.slide)
+        qtbot.wait(50)  # let the layouts settle (nothing to wait on: a resize emits no signal)
+        where = f"at slide {slide}"
+        assert scroll.horizontalScrollBar().maximum() == 0, f"the views are wider than the screen {where}"
+        assert scroll.verticalScrollBar().maximum() == 0, f"the views do not fit the screen's height {where}"
+        if window.compare_view.isVisibleTo(window):
+            compare = window.compare_view
+            assert compare.cached_grid.plot_widget.height() >= 80 * scale
+            assert compare.uncached_grid.plot_widget.height() >= 80 * scale
+        else:
+            assert window.chart.height() >= 180 * scale and window.grid.plot_widget.height() >= 80 * scale
+        assert panel.layout().totalHeightForWidth(panel.width()) <= panel.height(), f"lesson text clipped {where}"
+        assert panel.text.font().pointSizeF() >= 13.5 * scale  # the app's text is 10 pt

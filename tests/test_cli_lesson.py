@@ -1,0 +1,315 @@
+"""`kvviz lesson` and `kvviz --lesson`: the list (text and JSON, no model loaded), slides as PNGs and one PDF
+deck (a page per slide, the grid's colours on every slide with a run, never the notes), everything or
+nothing on disk, one-line errors with status 2, and the built-in lesson on the embedded model in time."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from io import StringIO
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+from helpers_checkpoints import save_kvviz_folder
+from PySide6.QtGui import QImage
+
+from kvviz.app import theme
+from kvviz.app.export import ExportError, export_lesson, slide_file_name
+from kvviz.app.export import slides as slides_module
+from kvviz.cli import main
+from kvviz.lesson import LessonError, load_lesson, parse_lesson
+
+ENV = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "HF_HUB_OFFLINE": "1", "PYTHONIOENCODING": "utf-8"}
+BUILTIN_SLIDES = 9
+STEP = """
+[[step]]
+title = "{title}"
+text = "Some text."
+prompt = "{prompt}"
+cache = {cache}
+advance_to = {advance_to}
+max_new_tokens = {budget}
+"""
+
+
+def lesson_text(*steps: dict, title: str = "A lesson") -> str:
+    defaults = {"title": "A step", "prompt": "Time flies", "cache": "true", "advance_to": 2, "budget": 4}
+    parts = [f'title = "{title}"']
+    for step in steps:
+        extra = step.pop("extra", "")
+        parts.append(STEP.format(**{**defaults, **step}) + extra)
+    return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A tiny model (2 layers, 64 positions) for fast exports."""
+    return save_kvviz_folder(tmp_path_factory.mktemp("lesson-model") / "tiny", n_layer=2, n_head=2, n_embd=32,
+                             n_ctx=64)
+
+
+def pixels(path: Path) -> np.ndarray:
+    image = QImage(str(path)).convertToFormat(QImage.Format.Format_RGB888)
+    data = np.frombuffer(image.constBits(), dtype=np.uint8, count=image.sizeInBytes())
+    return data.reshape(image.height(), image.bytesPerLine())[:, : image.width() * 3].reshape(
+        image.height(), image.width(), 3).astype(np.int16)
+
+
+def count_near(rgb_pixels: np.ndarray, hex_colour: str, tolerance: int = 12) -> int:
+    colour = np.array(theme.rgba(hex_colour)[:3], dtype=np.int16)
+    return int((np.abs(rgb_pixels - colour).max(axis=2) <= tolerance).sum())
+
+
+def pdf_pages(data: bytes) -> int:
+    """Page objects of a PDF (`/Type /Page`, not the `/Type /Pages` tree)."""
+    return len(re.findall(rb"/Type\s*/Page(?![A-Za-z])", data))
+
+
+# ----- --list -----
+
+
+def test_list_json_has_exactly_the_titles_and_question_keys(capsys):
+    assert main(["lesson", "--list", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    lesson = load_lesson()
+    assert set(result) == {"title", "steps"} and result["title"] == lesson.title == "The KV cache in five steps"
+    assert all(set(step) == {"title", "question"} for step in result["steps"])
+    assert result["steps"] == [{"title": s.title, "question": s.question} for s in lesson.steps]
+    assert result["steps"][0] == {"title": "Two tokens in", "question": "next_kv_with_cache"}
+    assert result["steps"][-1]["question"] is None
+
+
+def test_list_prints_a_row_per_step(capsys, tmp_path):
+    assert main(["lesson", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "The KV cache in five steps (built-in): 5 steps, 4 questions, 9 slides"
+    assert re.fullmatch(r"  1  Two tokens in +question: next_kv_with_cache", lines[1])
+    assert re.fullmatch(r"  5  Two things to remember +question: none", lines[5]) and len(lines) == 6
+    path = tmp_path / "one.toml"
+    path.write_text(lesson_text({"title": "Only"}, title="Mine"), encoding="utf-8")
+    assert main(["lesson", "--list", "--file", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"Mine ({path}): 1 step, 0 questions, 1 slide",
+                                                   "  1  Only  question: none"]
+
+
+def test_list_loads_no_model():
+    code = ("import sys; from kvviz.cli import main; status = main(['lesson', '--list', '--json']); "
+            "print(status, 'torch' in sys.modules, 'PySide6' in sys.modules, file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert result.stderr.split() == ["0", "False", "False"], result.stderr
+
+
+# ----- --export -----
+
+
+@pytest.fixture(scope="module")
+def builtin_export(tiny, tmp_path_factory):
+    """The built-in lesson exported on the tiny model (PNG and PDF, 800 pixels wide) through the command
+    line, every slide's text as paint_slide received it, and the printed lines."""
+    out = tmp_path_factory.mktemp("built-in") / "slides"
+    received = []
+    original = slides_module.paint_slide
+
+    def recording(painter, text, view):
+        received.append(text)
+        return original(painter, text, view)
+
+    slides_module.paint_slide = recording
+    try:
+        with mock.patch("sys.stdout", new=StringIO()) as stdout:
+            status = main(["lesson", "--export", str(out), "--model", str(tiny), "--format", "png,pdf",
+                           "--width", "800"])
+        printed = stdout.getvalue().splitlines()
+    finally:
+        slides_module.paint_slide = original
+    assert status == 0
+    return out, received, printed
+
+
+def test_export_writes_a_png_per_slide_and_a_deck(builtin_export):
+    out, _, printed = builtin_export
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [slide_file_name(n, BUILTIN_SLIDES) for n in range(1, BUILTIN_SLIDES + 1)] + ["kvviz-lesson.pdf"]
+    assert names[0] == "kvviz-lesson-01.png"
+    assert pdf_pages((out / "kvviz-lesson.pdf").read_bytes()) == BUILTIN_SLIDES
+    assert len(printed) == BUILTIN_SLIDES + 1
+    for number, line in enumerate(printed[:-1], start=1):
+        assert line.startswith(f"slide {number}/{BUILTIN_SLIDES}: step ") and line.endswith(
+            f" -> {out / slide_file_name(number, BUILTIN_SLIDES)}")
+    assert printed[1] == (f"slide 2/9: step 1 of 5, \u201cTwo tokens in\u201d, answer: 2 (measured) -> "
+                          f"{out / 'kvviz-lesson-02.png'}")
+    assert printed[-1] == f"deck of 9 pages -> {out / 'kvviz-lesson.pdf'}"
+
+
+def test_every_slide_with_a_run_shows_the_grid_colours(builtin_export):
+    out, _, _ = builtin_export
+    lesson = load_lesson()
+    for number, (index, revealed) in enumerate(lesson.slides(), start=1):
+        image = pixels(out / slide_file_name(number, BUILTIN_SLIDES))
+        assert image.shape == (450, 800, 3)  # 16:9
+        coloured = count_near(image, theme.AMBER) + count_near(image, theme.TEAL)
+        if lesson.steps[index].advance_to or revealed:
+            assert coloured > 0.02 * image.shape[0] * image.shape[1], (number, coloured)
+        else:  # before the first step: no cell computed, only the legend's swatches
+            assert coloured < 0.01 * image.shape[0] * image.shape[1], (number, coloured)
+
+
+def test_slides_say_title_place_question_and_answer_and_never_the_notes(builtin_export):
+    out, received, _ = builtin_export
+    lesson = load_lesson()
+    notes = [step.notes for step in lesson.steps if step.notes]
+    assert len(notes) >= 3
+    assert len(received) == 2 * BUILTIN_SLIDES  # each slide drawn twice: the PNG and the deck's page
+    for text in received:
+        for note in notes:
+            assert all(note not in str(value) for value in vars(text).values())
+    deck = (out / "kvviz-lesson.pdf").read_bytes()
+    assert all(note.encode() not in deck for note in notes)
+    by_slide = received[::2]
+    assert [t.place for t in by_slide[:3]] == ["step 1 of 5", "step 1 of 5", "step 2 of 5"]
+    assert by_slide[0].question and not by_slide[0].answer
+    assert by_slide[1].answer == "Answer: 2 (measured)"  # the prefill computes both prompt tokens
+    assert by_slide[3].answer == "Answer: 5 (measured)"  # without the cache, step 4 feeds 2 + 3 tokens
+    assert by_slide[5].answer == "Answer: 1 (measured)"
+    assert by_slide[7].answer == "Answer: 87 (measured)"
+    assert by_slide[8].question == "" and by_slide[8].title == "Two things to remember"
+    assert "with and without KV cache in lockstep" in by_slide[8].footer
+
+
+def test_a_question_reveals_the_run_one_step_further(tiny):
+    from kvviz.engine import Engine
+    from kvviz.weights import load_model
+
+    engine = Engine(load_model(str(tiny)).model)
+    lesson = parse_lesson(lesson_text(
+        {"prompt": "Time flies fast", "advance_to": 11, "budget": 12, "extra": 'question = "avoided_after_next"'},
+        {"cache": "false", "advance_to": 0, "budget": 3, "extra": 'question = "next_kv_without_cache"'},
+        {"cache": '"compare"', "advance_to": 3, "budget": 3}), "test.toml")
+    last = slides_module.run_step(engine, "tiny", lesson, 0)
+    assert [r.new_tokens for r in last.shown] == list(range(1, 12))
+    assert [r.new_tokens for r in last.advanced] == [*range(1, 13), 12]  # and the pass that fills the cache
+    assert last.advanced[-1].token_id is None and last.answer == 87
+    first = slides_module.run_step(engine, "tiny", lesson, 1)
+    assert first.shown == () and len(first.advanced) == 1 and first.answer == 2
+    both = slides_module.run_step(engine, "tiny", lesson, 2)
+    assert both.plan.twin is not None and both.answer is None and both.shown == both.advanced
+    assert [r.new_tokens for r in both.shown] == [1, 2, 3, 3] and all(r.twin for r in both.shown[:3])
+
+
+def test_a_failed_export_keeps_none_of_its_files(tiny, tmp_path, qtbot, monkeypatch):
+    lesson = parse_lesson(lesson_text({"extra": 'question = "next_kv_with_cache"'}, {}), "test.toml")
+    out = tmp_path / "new" / "slides"
+
+    def full_disk(self):
+        raise ExportError("kvviz-lesson.pdf: could not be written (No space left on device)")
+
+    monkeypatch.setattr(slides_module.Deck, "data", full_disk)
+    lines = []
+    with pytest.raises(ExportError, match="No space left"):
+        export_lesson(lesson, out, "png,pdf", width=320, model=str(tiny), progress=lines.append)
+    assert len(lines) == 3 and not (tmp_path / "new").exists()  # three PNGs written, then removed
+    monkeypatch.undo()
+
+    def closed_output(line):
+        raise OSError("standard output is closed")
+
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "other.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(OSError):
+        export_lesson(lesson, tmp_path / "kept", "png", width=320, model=str(tiny), progress=closed_output)
+    assert [p.name for p in (tmp_path / "kept").iterdir()] == ["other.txt"]
+
+
+def test_pdf_alone_writes_the_deck_only(tiny, tmp_path, qtbot):
+    lesson = parse_lesson(lesson_text({}, {"cache": '"compare"', "advance_to": 4}), "test.toml")
+    lines: list[str] = []
+    paths = export_lesson(lesson, tmp_path, "pdf", model=str(tiny), progress=lines.append)
+    assert paths == [tmp_path / "kvviz-lesson.pdf"] and pdf_pages(paths[0].read_bytes()) == 2
+    assert lines == ["slide 1/2: step 1 of 2, \u201cA step\u201d", "slide 2/2: step 2 of 2, \u201cA step\u201d",
+                     f"deck of 2 pages -> {paths[0]}"]
+
+
+# ----- errors: one line, status 2 -----
+
+
+def one_line_error(capsys, args: list[str]) -> str:
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvviz: "), captured.err
+    return lines[0]
+
+
+def test_bad_lessons_and_options_are_one_line_and_status_2(capsys, tmp_path, tiny):
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("title = \n", encoding="utf-8")
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text(lesson_text({"extra": 'question = "next_kv_tomorrow"'}), encoding="utf-8")
+    too_long = tmp_path / "too-long.toml"  # the tiny model holds 64 tokens: 62 new after "Time flies"
+    too_long.write_text(lesson_text({}, {"advance_to": 100, "budget": 100}), encoding="utf-8")
+    other_model = tmp_path / "other-model.toml"
+    other_model.write_text(lesson_text({}, {"extra": 'model = "no-such-model"'}), encoding="utf-8")
+    out = str(tmp_path / "out")
+    expected = [
+        (["lesson", "--list", "--file", str(bad_toml)], f"kvviz: {bad_toml}: not valid TOML"),
+        (["lesson", "--export", out, "--file", str(unknown)], f"kvviz: {unknown}: step 1: question: unknown quantity"),
+        (["lesson", "--list", "--file", str(tmp_path / "none.toml")], "none.toml: no such lesson file"),
+        (["lesson", "--export", out, "--model", str(tiny), "--file", str(too_long)],
+         f"kvviz: {too_long}: step 2: advance_to: tiny holds 64 tokens, room for 62 new after the prompt"),
+        (["lesson", "--export", out, "--model", str(tiny), "--file", str(other_model)],
+         f"kvviz: {other_model}: step 2: model: no-such-model: unknown model"),
+        (["lesson", "--export", "/dev/null"], "kvviz: /dev/null: exists and is not a folder"),
+        (["lesson", "--export", out, "--format", "png,svg"], "kvviz: a lesson exports png and pdf, not svg"),
+        (["lesson", "--export", out, "--json"], "kvviz: --json goes with --list, not with --export"),
+        (["lesson", "--list", "--model", str(tiny)], "kvviz: --model goes with --export, not with --list"),
+        (["lesson", "--export", out, "--width", "10"], "kvviz: width must be 64 to 8192 pixels, got 10"),
+        (["--lesson", str(bad_toml)], f"kvviz: {bad_toml}: not valid TOML"),
+        (["--lesson", str(tmp_path)], f"kvviz: {tmp_path}: is a folder, not a lesson file"),
+    ]
+    for args, fragment in expected:
+        assert fragment in one_line_error(capsys, args), args
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit) as exited:
+        main(["lesson"])
+    assert exited.value.code == 2 and "one of the arguments --list --export is required" in capsys.readouterr().err
+
+
+def test_the_app_gets_the_lesson_to_open(monkeypatch, tmp_path):
+    import kvviz.app
+
+    calls = []
+    monkeypatch.setattr(kvviz.app, "launch", lambda model, prompt, lesson=None: calls.append((model, prompt, lesson))
+                        or 0)
+    path = tmp_path / "mine.toml"
+    path.write_text(lesson_text({}), encoding="utf-8")
+    assert main(["--lesson"]) == 0
+    assert main(["--lesson", str(path), "--prompt", "hi"]) == 0
+    assert main(["--model", "random:gpt2"]) == 0
+    assert calls == [(None, None, ""), (None, "hi", str(path)), ("random:gpt2", None, None)]
+    with pytest.raises(LessonError):
+        from kvviz.cli_lesson import app_lesson
+
+        app_lesson(str(tmp_path / "missing.toml"))
+
+
+# ----- the built-in lesson on the embedded model, in time -----
+
+
+def test_the_builtin_lesson_exports_in_under_a_minute(tmp_path):
+    out = tmp_path / "slides"
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "kvviz", "lesson", "--export", str(out)], capture_output=True,
+                            text=True, env=ENV, timeout=180, cwd=tmp_path)
+    seconds = time.perf_counter() - started
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert seconds < 60, f"the built-in lesson took {seconds:.1f} s"
+    assert len(result.stdout.splitlines()) == BUILTIN_SLIDES + 1
+    assert "answer: 87 (measured)" in result.stdout  # P = 3, N = 12 on the embedded model
+    assert pdf_pages((out / "kvviz-lesson.pdf").read_bytes()) == BUILTIN_SLIDES
+    assert QImage(str(out / "kvviz-lesson-01.png")).size().toTuple() == (1920, 1080)
