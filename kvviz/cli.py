@@ -198,12 +198,35 @@ def _app_export(name: str, command: str) -> Callable:  # kvviz.app.export's `nam
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.animate:
+        return cmd_export_animation(args)
+    animation_only = {"--target": args.target, "--steps": args.steps, "--fps": args.fps, "--hold-last": args.hold_last}
+    for option, value in animation_only.items():
+        if value is not None:
+            raise UsageError(f"{option} is for an animation: add --animate")
+    for fmt in (args.format or "").split(","):
+        if fmt.strip().lower().lstrip(".") in ("gif", "mp4"):
+            raise UsageError(f"--format {fmt.strip()}: an animation; add --animate (stills are png, svg, pdf)")
     run_export = _app_export("run_export", "export")
     if args.break_cache and not args.compare:
         raise UsageError("--break-cache shows in the compare view: add --compare")
-    paths = run_export(args.model, args.prompt, args.new_tokens, args.out, args.format,  # checked first thing
-                       use_cache=not args.no_cache, width=args.width, compare=args.compare,
-                       break_cache=args.break_cache)
+    paths = run_export(args.model, args.prompt, args.new_tokens, args.out, args.format or "png,svg,pdf",
+                       use_cache=not args.no_cache, width=args.width or 1920, compare=args.compare,
+                       break_cache=args.break_cache, theme=args.theme)  # checked first thing
+    print(*paths, sep="\n")
+    return 0
+
+
+def cmd_export_animation(args: argparse.Namespace) -> int:
+    """`kvviz export --animate`: a GIF and/or an MP4 of one view, a frame per step."""
+    run_animation = _app_export("run_animation", "export --animate")
+    if args.break_cache and not args.compare:
+        raise UsageError("--break-cache shows in the compare view: add --compare")
+    given = {"formats": args.format, "width": args.width, "target": args.target, "steps": args.steps,
+             "fps": args.fps, "hold": args.hold_last}
+    paths = run_animation(args.model, args.prompt, args.new_tokens, args.out, use_cache=not args.no_cache,
+                          compare=args.compare, break_cache=args.break_cache, theme=args.theme,
+                          **{name: value for name, value in given.items() if value is not None})
     print(*paths, sep="\n")
     return 0
 
@@ -251,7 +274,7 @@ def cmd_gui(args: argparse.Namespace) -> int:
         from kvviz.app import launch
     except ImportError as exc:
         raise UsageError(f"the app needs PySide6 and pyqtgraph ({exc}); reinstall kvviz") from exc
-    return launch(args.gui_model, args.gui_prompt, lesson=lesson)
+    return launch(args.gui_model, args.gui_prompt, lesson=lesson, theme=args.gui_theme)
 
 
 COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "count": cmd_count, "bench": cmd_bench,

@@ -28,6 +28,8 @@ BROKEN_CACHE_FAULT = "late_write"  # the bug --break-cache plants, a key of kvvi
 BREAK_CACHE_HELP = ("break the KV cache on purpose, to see what a cache bug does: " + CACHE_FAULTS[BROKEN_CACHE_FAULT]
                     .replace("%", "%%"))
 DTYPES = ("float32", "bfloat16", "float16")
+THEMES = ("dark", "light")  # the names of kvviz.app.theme.THEMES (the core does not import the app; a test checks)
+THEME_HELP = "dark (the default) or light: a white background, for white slides and bright rooms"
 
 
 class UsageError(KvvizError):
@@ -92,6 +94,40 @@ def non_negative_float(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be 0 or a positive number, got {_shown(text)}")
     return value
+
+
+MAX_FPS = 60.0  # kvviz.app.export.animation's bounds, for an animation's --fps and --hold-last
+MAX_HOLD = 60.0
+
+
+def frames_per_second(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a number") from None
+    if not 0 < value <= MAX_FPS:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_FPS:g}, got {_shown(text)}")
+    return value
+
+
+def hold_seconds(text: str) -> float:
+    value = non_negative_float(text)
+    if value > MAX_HOLD:
+        raise argparse.ArgumentTypeError(f"must be 0 to {MAX_HOLD:g} seconds, got {_shown(text)}")
+    return value
+
+
+def step_range(text: str) -> tuple[int, int]:
+    """'3-9' -> (3, 9): steps A to B, counted from 1, A at most B."""
+    first, dash, last = text.strip().partition("-")
+    if not dash or not (first.strip().isdigit() and last.strip().isdigit()) or len(text) > 20:
+        raise argparse.ArgumentTypeError(f"give the steps as A-B, e.g. 1-9, got {_shown(text)}")
+    a, b = int(first), int(last)
+    if a < 1:
+        raise argparse.ArgumentTypeError(f"steps count from 1, got {_shown(text)}")
+    if a > b:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} runs backwards; give A-B with A at most B")
+    return a, b
 
 
 def temperature(text: str) -> float:
@@ -161,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lesson", dest="gui_lesson", nargs="?", const="", default=None, type=_no_nul,
                         metavar="FILE", help="app: start in lesson mode with this lesson file (TOML), or with the "
                                              "built-in lesson when no FILE is given")
+    parser.add_argument("--theme", dest="gui_theme", choices=THEMES, default=None,
+                        help="app: the colours, " + THEME_HELP.replace("(the default)", "(at first)") +
+                             " (default: the last one used; also View > Theme)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     p = commands.add_parser("generate", help="continue a prompt and print the text",
@@ -237,14 +276,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens to generate (default: 12)")
     p.add_argument("--out", required=True, type=path_text, metavar="DIR",
                    help="folder for the images (created if needed); a failed export leaves none of them")
-    p.add_argument("--format", default="png,svg,pdf", metavar="LIST",
-                   help="comma-separated formats among png, svg, pdf (default: all three)")
-    p.add_argument("--width", type=positive_int, default=1920, metavar="PX", help="PNG width in pixels (default: 1920)")
+    p.add_argument("--format", default=None, metavar="LIST",
+                   help="comma-separated formats among png, svg, pdf (default: all three); with --animate among "
+                        "gif and mp4 (default: both)")
+    p.add_argument("--width", type=positive_int, default=None, metavar="PX",
+                   help="PNG (or animation) width in pixels (default: 1920; 1280 with --animate)")
     p.add_argument("--no-cache", action="store_true", help="show a run without the KV cache")
     p.add_argument("--compare", action="store_true",
                    help="render the compare view instead: the cached and the uncached run in lockstep")
     p.add_argument("--break-cache", action="store_true",
                    help="with --compare: plant the teaching bug in the cached run's KV cache (see kvviz compare)")
+    p.add_argument("--theme", choices=THEMES, default="dark", help="the images' colours: " + THEME_HELP)
+    p.add_argument("--animate", action="store_true",
+                   help="write an animation of the run instead, a frame per step: a GIF and/or an MP4 (H.264) "
+                        "of one view, named kvviz-VIEW-stepsA-B.gif and .mp4")
+    p.add_argument("--target", choices=("chart", "grid", "view"), default=None,
+                   help="with --animate: the view to animate (default: view, the whole view; with --compare "
+                        "always the compare view)")
+    p.add_argument("--steps", type=step_range, default=None, metavar="A-B",
+                   help="with --animate: show steps A to B, counted from 1 (default: all). Steps count forward "
+                        "passes, as the images' names do: a cached run of N tokens has N + 1, the last filling "
+                        "the cache; an uncached run N")
+    p.add_argument("--fps", type=frames_per_second, default=None, metavar="F",
+                   help=f"with --animate: steps per second, more than 0 and at most {MAX_FPS:g} (default: 2)")
+    p.add_argument("--hold-last", type=hold_seconds, default=None, metavar="SECONDS",
+                   help=f"with --animate: how much longer the last frame stays, 0 to {MAX_HOLD:g} (default: 2)")
 
     p = commands.add_parser("lesson", help="list a lesson's steps, or export it as slides (PNG, PDF)",
                             description="A lesson is a TOML file of steps, each a state of the app with a title, "
@@ -265,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --export: PNG width in pixels, the height 9/16 of it (default: 1920)")
     p.add_argument("--model", type=_no_nul, default=None, metavar="M",
                    help="with --export, for the steps before the first that names its own model: " + MODEL_HELP)
+    p.add_argument("--theme", choices=THEMES, default=None, help="with --export: the slides' colours, " + THEME_HELP)
     p.add_argument("--json", action="store_true", help="with --list: print one JSON object")
 
     from kvviz.resources import DEFAULT_MODEL_NAME

@@ -35,6 +35,28 @@ def atomic_writer(path: Path | str) -> Iterator[BinaryIO]:
         raise
 
 
+@contextlib.contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """A temporary path beside `path` for a library that writes (and perhaps reads back) a file by name,
+    such as a video muxer: it replaces `path` only when the block ends without an exception; otherwise
+    nothing is left behind. Made as `atomic_writer` makes its file (mode 0o666, the umask untouched)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666))
+    try:
+        yield temporary
+        fd = os.open(temporary, os.O_RDWR | getattr(os, "O_BINARY", 0))  # Windows syncs writable files only
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
 def write_atomically(path: Path | str, data: bytes) -> Path:
     """Write `data` to `path` whole or not at all (see `atomic_writer`); returns `path`."""
     with atomic_writer(path) as handle:

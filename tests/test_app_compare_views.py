@@ -407,7 +407,7 @@ def test_compare_view_fits_a_projector_screen(qtbot, lockstep, screen):
     scroll.setWidget(view)
     scroll.setWidgetResizable(True)
     scroll.setFrameShape(QFrame.Shape.NoFrame)
-    scroll.setStyleSheet(theme.STYLESHEET)
+    scroll.setStyleSheet(theme.stylesheet())
     qtbot.addWidget(scroll)
     scroll.resize(width, height)
     scroll.show()
@@ -429,5 +429,5 @@ def test_compare_view_fits_a_projector_screen(qtbot, lockstep, screen):
     assert view.counts.geometry().right() <= view.side_splitter.width()
     assert view.side_splitter.geometry().right() <= view.width()
     gap = (view.main_splitter.geometry().bottom() + view.identity_strip.geometry().top()) // 2
-    assert scroll.grab().toImage().pixelColor(view.width() // 2, gap).name().upper() == theme.BACKGROUND, \
+    assert scroll.grab().toImage().pixelColor(view.width() // 2, gap).name().upper() == theme.DARK.background, \
         "the gaps between panels are the theme's background"

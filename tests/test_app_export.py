@@ -163,13 +163,13 @@ def test_png_has_the_width_and_the_chart_colours(chart, tmp_path):
     assert (image.width(), image.height()) == (1280, png_size(chart, 1280, CAPTION).height())
     px = pixels(image)
     assert distinct_colours(px) > 50  # text, curves, grid lines: not a blank image
-    assert count_near(px, theme.AMBER) > 500 and count_near(px, theme.TEAL) > 500
+    assert count_near(px, theme.DARK.amber) > 500 and count_near(px, theme.DARK.teal) > 500
     # The caption band sits above the chart: without it the image is shorter by that band.
     plain = QImage(str(export_widget(chart, tmp_path / "plain.png", width=1280)))
     assert plain.width() == 1280 and plain.height() < image.height()
     assert abs(plain.height() - round(chart.height() * 1280 / chart.width())) <= 1
     band = px[: image.height() - plain.height()]
-    assert count_near(band, theme.FOREGROUND, 40) > 100  # caption text drawn in the band
+    assert count_near(band, theme.DARK.foreground, 40) > 100  # caption text drawn in the band
 
 
 def test_long_prompt_caption_stays_a_few_lines(chart, tmp_path):
@@ -190,7 +190,7 @@ def test_png_scales_curve_pens_and_puts_them_back(chart, tmp_path):
     small = pixels(QImage(str(export_widget(chart, tmp_path / "small.png", width=900))))
     large = pixels(QImage(str(export_widget(chart, tmp_path / "large.png", width=2700))))
     # Three times the width: amber covers about nine times the pixels, lines keep their weight.
-    ratio = count_near(large, theme.AMBER) / count_near(small, theme.AMBER)
+    ratio = count_near(large, theme.DARK.amber) / count_near(small, theme.DARK.amber)
     assert 6 < ratio < 12
     assert chart.without_curve.curve.opts["pen"].widthF() == width_before
     assert chart.without_curve.curve.opts["segmentedLineMode"] == "auto"
@@ -201,7 +201,7 @@ def grid_columns(image: QImage) -> str:
     """The exported grid's cell columns, read from the image alone, left to right: 'T' for a teal
     column, 'A' for an amber one; the 1 px dark gaps between cells separate the columns."""
     px = pixels(image)
-    teal, amber = near(px, theme.TEAL, 4), near(px, theme.AMBER, 4)
+    teal, amber = near(px, theme.DARK.teal, 4), near(px, theme.DARK.amber, 4)
     rows = (teal | amber).sum(axis=1) > 0.1 * px.shape[1]  # the grid's cell rows, not the legend's swatches
     assert rows.sum() > 50, "no grid rows found in the image"
     kinds = np.where(teal[rows].mean(axis=0) > 0.5, "T", np.where(amber[rows].mean(axis=0) > 0.5, "A", "."))
@@ -230,7 +230,7 @@ def test_svg_parses_and_holds_the_curves_as_paths(chart, tmp_path):
     shapes = svg_stroke_shapes(root)
     caption_height = export_render.Page(chart, CAPTION).caption_height
     drawn = {}
-    for key, colour in (("without_cache", theme.AMBER), ("with_cache", theme.TEAL)):
+    for key, colour in (("without_cache", theme.DARK.amber), ("with_cache", theme.DARK.teal)):
         expected = expected_points(chart, key, caption_height)
         candidates = [pts for c, pts, _ in shapes if c == colour.lower() and len(pts) == len(expected)]
         assert candidates, f"no {colour} path with {len(expected)} points"
@@ -243,7 +243,7 @@ def test_svg_parses_and_holds_the_curves_as_paths(chart, tmp_path):
     rendered = pixels(render_svg(path))
     data = chart.curve_data()
     hidden = data["without_cache"][1] == data["with_cache"][1]  # amber under the teal curve drawn after it
-    for key, colour in (("without_cache", theme.AMBER), ("with_cache", theme.TEAL)):
+    for key, colour in (("without_cache", theme.DARK.amber), ("with_cache", theme.DARK.teal)):
         for (x, y), covered in zip(drawn[key], hidden if key == "without_cache" else hidden & False, strict=True):
             if covered:
                 continue
@@ -272,7 +272,7 @@ def test_svg_draws_like_the_png(name, request, tmp_path):
     rows = min(drawn.shape[0], png.shape[0])
     differ = (np.abs(drawn[:rows] - png[:rows]).max(axis=2) > 40).mean()
     assert differ < 0.02, f"{differ:.1%} of the SVG's pixels differ from the PNG"
-    assert count_near(drawn, theme.AMBER) > 100 and count_near(drawn, theme.TEAL) > 100
+    assert count_near(drawn, theme.DARK.amber) > 100 and count_near(drawn, theme.DARK.teal) > 100
     curves = curves_inside_their_clips(ET.parse(tmp_path / f"{name}.svg").getroot())
     assert curves >= (0 if name == "grid" else 2)
 
@@ -288,7 +288,7 @@ def curves_inside_their_clips(root: ET.Element) -> int:
         clips[clip.get("id")] = np.array(points)
     checked = 0
     for colour, points, element in svg_stroke_shapes(root):
-        if colour not in (theme.AMBER.lower(), theme.TEAL.lower()) or len(points) < 3:
+        if colour not in (theme.DARK.amber.lower(), theme.DARK.teal.lower()) or len(points) < 3:
             continue
         if element.get("vector-effect") != "non-scaling-stroke":
             continue  # not a pyqtgraph curve (the token strip's chips, for one)
@@ -335,7 +335,7 @@ def test_svg_grid_embeds_sharp_cells(grid, tmp_path):
     image = QImage.fromData(base64.b64decode(data))
     assert image.width() >= 2 * grid.image_item.image.shape[1]  # enlarged, nearest neighbour
     px = pixels(image)
-    assert count_near(px, theme.TEAL, 0) > 0 and count_near(px, theme.AMBER, 0) > 0
+    assert count_near(px, theme.DARK.teal, 0) > 0 and count_near(px, theme.DARK.amber, 0) > 0
     assert distinct_colours(px) <= 6  # cell colours and the gap colour only: no smoothing blends
     assert grid.image_item.qimage.width() == grid.image_item.image.shape[1]  # the view's own image is back
 
@@ -391,7 +391,7 @@ def test_pdf_holds_the_curves_as_paths(chart, tmp_path):
     data = export_widget(chart, tmp_path / "chart.pdf", caption=CAPTION).read_bytes()
     strokes = pdf_strokes(data)
     caption_height = export_render.Page(chart, CAPTION).caption_height
-    for key, colour in (("without_cache", theme.AMBER), ("with_cache", theme.TEAL)):
+    for key, colour in (("without_cache", theme.DARK.amber), ("with_cache", theme.DARK.teal)):
         expected = expected_points(chart, key, caption_height)
         matches = [pts for rgb_, pts in strokes
                    if np.abs(rgb_ - rgb(colour)).max() < 2 and pts.shape == expected.shape]
@@ -691,7 +691,7 @@ def test_whole_run_view_exports_each_format_at_its_step(qtbot, app_model, tmp_pa
         written.append(dialog.written)
     assert [p.name for p in written] == ["kvviz-view-step4.png", "kvviz-chart-step4.svg", "kvviz-grid-step4.pdf"]
     view_png = QImage(str(written[0]))
-    assert view_png.width() == 1920 and count_near(pixels(view_png), theme.TEAL) > 1000
+    assert view_png.width() == 1920 and count_near(pixels(view_png), theme.DARK.teal) > 1000
     assert "\u201cTime flies fast\u201d" in written[1].read_text(encoding="utf-8").replace("\u00a0", " ")
     assert svg_stroke_shapes(ET.parse(written[1]).getroot())
     assert written[2].read_bytes().startswith(b"%PDF")
@@ -737,7 +737,7 @@ def test_run_export_writes_every_file(qtbot, tmp_path):
     for path in paths:
         if path.suffix == ".png":
             image = QImage(str(path))
-            assert image.width() == 800 and count_near(pixels(image), theme.TEAL) > 50
+            assert image.width() == 800 and count_near(pixels(image), theme.DARK.teal) > 50
         elif path.suffix == ".svg":
             text = path.read_text(encoding="utf-8")
             assert "\u201cTime flies fast\u201d" in text.replace("\u00a0", " ") and "step 6" in text
@@ -756,7 +756,8 @@ def test_run_export_of_compare_mode_writes_the_compare_view(qtbot, tmp_path):
     assert [p.name for p in paths] == [f"kvviz-compare-step6.{f}" for f in ("png", "svg", "pdf")]
     image = QImage(str(paths[0]))
     assert image.width() == 900
-    assert count_near(pixels(image), theme.TEAL) > 50 and count_near(pixels(image), theme.AMBER) > 50  # both grids
+    px = pixels(image)
+    assert count_near(px, theme.DARK.teal) > 50 and count_near(px, theme.DARK.amber) > 50  # both grids
     text = paths[1].read_text(encoding="utf-8").replace("\u00a0", " ")
     assert "with and without KV cache in lockstep" in text and "broken" not in text.lower()
     ET.fromstring(text.encode())

@@ -94,7 +94,8 @@ def test_generate_stops_at_the_context_length(tiny_checkpoint, capsys):
         (["count", "--prompt-tokens", "0", "--new-tokens", "3"], "must be a positive integer"),
         (["count", "--prompt-tokens", "3", "--new-tokens", "-2"], "must be a positive integer"),
         (["count", "--prompt-tokens", "x", "--new-tokens", "2"], "not a whole number"),
-        (["export", "--prompt", "x", "--out", "o", "--format", "gif"], "unknown format 'gif'; choose from png"),
+        (["export", "--prompt", "x", "--out", "o", "--format", "bmp"], "unknown format 'bmp'; choose from png"),
+        (["export", "--prompt", "x", "--out", "o", "--format", "gif"], "--format gif: an animation; add --animate"),
     ],
 )
 def test_bad_input_gives_one_line_and_status_2(args, fragment):

@@ -153,7 +153,7 @@ def test_every_slide_with_a_run_shows_the_grid_colours(builtin_export):
     for number, (index, revealed) in enumerate(lesson.slides(), start=1):
         image = pixels(out / slide_file_name(number, BUILTIN_SLIDES))
         assert image.shape == (450, 800, 3)  # 16:9
-        coloured = count_near(image, theme.AMBER) + count_near(image, theme.TEAL)
+        coloured = count_near(image, theme.DARK.amber) + count_near(image, theme.DARK.teal)
         if lesson.steps[index].advance_to or revealed:
             assert coloured > 0.02 * image.shape[0] * image.shape[1], (number, coloured)
         else:  # before the first step: no cell computed, only the legend's swatches
@@ -284,8 +284,8 @@ def test_the_app_gets_the_lesson_to_open(monkeypatch, tmp_path):
     import kvviz.app
 
     calls = []
-    monkeypatch.setattr(kvviz.app, "launch", lambda model, prompt, lesson=None: calls.append((model, prompt, lesson))
-                        or 0)
+    monkeypatch.setattr(kvviz.app, "launch", lambda model, prompt, lesson=None, theme=None:
+                        calls.append((model, prompt, lesson)) or 0)
     path = tmp_path / "mine.toml"
     path.write_text(lesson_text({}), encoding="utf-8")
     assert main(["--lesson"]) == 0

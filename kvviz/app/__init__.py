@@ -105,9 +105,11 @@ def _close_on_interrupt(close: Callable[[], None]) -> Callable[[], None]:
     return restore
 
 
-def launch(model: str | None = None, prompt: str | None = None, lesson: str | None = None) -> int:
+def launch(model: str | None = None, prompt: str | None = None, lesson: str | None = None,
+           theme: str | None = None) -> int:
     """Show the main window at once, load the model in the background, run the event loop.
-    `lesson`: start in lesson mode with this lesson file ("" or "builtin": the built-in lesson).
+    `lesson`: start in lesson mode with this lesson file ("" or "builtin": the built-in lesson); `theme`:
+    "dark" or "light" (None: the one remembered).
     Without a display, say so in one line and return 2."""
     no_display = missing_display()
     if no_display is not None:
@@ -132,7 +134,7 @@ def launch(model: str | None = None, prompt: str | None = None, lesson: str | No
     app.setWindowIcon(QIcon(str(icon_path())))
     from kvviz.app.main_window import MainWindow
 
-    window = MainWindow(model, prompt, lesson=lesson)
+    window = MainWindow(model, prompt, lesson=lesson, theme_name=theme)
     window.show()
     restore_interrupt = _close_on_interrupt(QApplication.closeAllWindows)
     try:

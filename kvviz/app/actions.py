@@ -6,13 +6,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QMainWindow
 
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """One action: `name` keys its slot; `menu` None keeps it out of the menus (it still has its keys)."""
+    """One action: `name` keys its slot; `menu` None keeps it out of the menus (it still has its keys), and
+    "&View/&Theme" puts it in a submenu (`separator_before` on a submenu's first action goes before the
+    submenu). Checkable actions of one `group` exclude each other."""
 
     name: str
     menu: str | None
@@ -21,6 +23,7 @@ class ActionSpec:
     checkable: bool = False
     application_wide: bool = False
     separator_before: bool = False
+    group: str | None = None
 
 
 ACTIONS = (
@@ -28,6 +31,7 @@ ACTIONS = (
     ActionSpec("open_folder", "&File", "Open checkpoint &folder\u2026", ("Ctrl+Shift+O",)),
     ActionSpec("choose_model", "&File", "Choose &model", ("Ctrl+M",)),
     ActionSpec("export", "&File", "&Export\u2026", ("Ctrl+E",), separator_before=True),
+    ActionSpec("copy_image", "&File", "&Copy chart image", ("Ctrl+Shift+C",)),
     ActionSpec("quit", "&File", "&Quit", ("Ctrl+Q",), application_wide=True, separator_before=True),
     ActionSpec("step", "&Run", "&Step (one new token)", ("Space", "Right", "PgDown")),
     ActionSpec("play", "&Run", "&Play / pause", ("P",)),
@@ -41,6 +45,8 @@ ACTIONS = (
     ActionSpec("compare", "&View", "Compare &with and without cache", ("T",), checkable=True),
     ActionSpec("presenter", "&View", "&Presenter mode", ("F11",), checkable=True, separator_before=True),
     ActionSpec("colour_blind", "&View", "&Colour-blind patterns", ("B",), checkable=True),
+    ActionSpec("theme_dark", "&View/&Theme", "&Dark", checkable=True, group="theme"),
+    ActionSpec("theme_light", "&View/&Theme", "&Light", checkable=True, group="theme"),
     ActionSpec("zoom_in", "&View", "Zoom &in", ("Ctrl+=", "Ctrl++"), separator_before=True),
     ActionSpec("zoom_out", "&View", "Zoom &out", ("Ctrl+-",)),
     ActionSpec("zoom_reset", "&View", "&Actual size", ("Ctrl+0",)),
@@ -59,6 +65,7 @@ def build_actions(window: QMainWindow, slots: Mapping[str, Callable]) -> dict[st
     connect it to `slots[name]` (checkable ones get the new state), and fill the menu bar."""
     actions: dict[str, QAction] = {}
     menus: dict[str, object] = {}
+    groups: dict[str, QActionGroup] = {}
     for spec in ACTIONS:
         action = QAction(spec.text, window)
         _set_keys(action, spec.keys)
@@ -72,10 +79,20 @@ def build_actions(window: QMainWindow, slots: Mapping[str, Callable]) -> dict[st
             action.triggered.connect(lambda _checked=False, slot=slot: slot())
         window.addAction(action)
         actions[spec.name] = action
+        if spec.group is not None:
+            groups.setdefault(spec.group, QActionGroup(window)).addAction(action)  # exclusive
         if spec.menu is not None:
-            if spec.menu not in menus:
+            new_menu = spec.menu not in menus
+            parent, _, title = spec.menu.rpartition("/")
+            if new_menu and parent:
+                if parent not in menus:
+                    menus[parent] = window.menuBar().addMenu(parent)
+                if spec.separator_before:
+                    menus[parent].addSeparator()
+                menus[spec.menu] = menus[parent].addMenu(title)
+            elif new_menu:
                 menus[spec.menu] = window.menuBar().addMenu(spec.menu)
-            if spec.separator_before:
+            if spec.separator_before and not (new_menu and parent):
                 menus[spec.menu].addSeparator()
             menus[spec.menu].addAction(action)
     return actions

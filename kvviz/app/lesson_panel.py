@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QObject, QRect, QRegularExpression, Qt, Signal
-from PySide6.QtGui import QFont, QPainter, QPaintEvent, QPen, QRegularExpressionValidator, QShowEvent
+from PySide6.QtGui import QColor, QFont, QPainter, QPaintEvent, QPen, QRegularExpressionValidator, QShowEvent
 from PySide6.QtWidgets import (
     QBoxLayout,
     QFrame,
@@ -20,7 +20,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvviz.app import theme
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
 from kvviz.lesson import LessonStep
 
 GUESS_PATTERN = r"([0-9][0-9 ,.\x{2009}]{0,15}x?)?"  # empty, 90, 6.8, 6.8x, 36,864
@@ -53,13 +54,7 @@ class LessonPanel(QFrame):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("lessonPanel")
-        self.setStyleSheet(
-            "QFrame#lessonPanel { background: #20242B; border: 1px solid #3C4350; "
-            f"border-left: 4px solid {theme.FOREGROUND}; border-radius: 6px; }}"
-            " QFrame#lessonPanel QLabel { background: transparent; border: none; }"
-            f" QFrame#lessonPanel QLabel#muted {{ color: {theme.MUTED}; }}"
-            " QFrame#lessonPanel QLabel#answer { background: #2E3440; border-radius: 4px; padding: 1px 8px; }"
-            " QFrame#lessonPanel QToolButton { padding: 1px 6px; }")
+        self.set_theme(themes.current())
         self._font_scale = 1.0
         self._measured: str | None = None
         self._measuring = False
@@ -249,7 +244,16 @@ class LessonPanel(QFrame):
         return (self.position, self.notes_button, self.title, self.text, self.question, self.guess_label,
                 self.guess_edit, self.answer, self.notes)
 
-    # ----- zoom -----
+    # ----- theme and zoom -----
+    def set_theme(self, theme: Theme) -> None:
+        self.setStyleSheet(
+            f"QFrame#lessonPanel {{ background: {theme.surface}; border: 1px solid {theme.border}; "
+            f"border-left: 4px solid {theme.foreground}; border-radius: 6px; }}"
+            " QFrame#lessonPanel QLabel { background: transparent; border: none; }"
+            f" QFrame#lessonPanel QLabel#muted {{ color: {theme.muted}; }}"
+            f" QFrame#lessonPanel QLabel#answer {{ background: {theme.raised}; border-radius: 4px; padding: 1px 8px; }}"
+            " QFrame#lessonPanel QToolButton { padding: 1px 6px; }")
+
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
@@ -289,7 +293,12 @@ class FocusFrame(QWidget):
         self._target: QWidget | None = None
         self._part: Callable[[], QRect | None] | None = None
         self._watched: list[QObject] = []
+        self._colour = themes.current().frame
         self.hide()
+
+    def set_theme(self, theme: Theme) -> None:
+        self._colour = theme.frame
+        self.update()
 
     @property
     def target(self) -> QWidget | None:
@@ -332,7 +341,7 @@ class FocusFrame(QWidget):
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
-        pen = QPen(Qt.GlobalColor.white)
+        pen = QPen(QColor(self._colour))
         pen.setWidth(FRAME_WIDTH)
         painter.setPen(pen)
         half = FRAME_WIDTH / 2

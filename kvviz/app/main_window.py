@@ -7,8 +7,10 @@ from PySide6.QtCore import QEvent, QSettings, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QMainWindow, QScrollArea, QVBoxLayout, QWidget
 
+from kvviz.app import theme
 from kvviz.app.actions import build_actions
 from kvviz.app.banner import Banner
+from kvviz.app.clipboard import ImageCopier
 from kvviz.app.controls import RunControls
 from kvviz.app.dialogs import AboutDialog, ShortcutsDialog, show_error
 from kvviz.app.lesson_mode import LessonMode
@@ -34,20 +36,23 @@ class MainWindow(QMainWindow):
 
     `model` is a `--model` value (None: the one remembered, else the embedded default); `prompt`
     the starting prompt (None: the one remembered); `lesson` a lesson file to start in lesson mode with
-    ("" or "builtin": the built-in lesson; None: the free app). `unattended` (the GUI benchmark) sends errors
-    to the banner, never to a dialog nobody can close, and never falls back to the embedded model.
+    ("" or "builtin": the built-in lesson; None: the free app); `theme_name` "dark" or "light" (None: the one
+    remembered). `unattended` (the GUI benchmark) sends errors to the banner, never to a dialog nobody can
+    close, and never falls back to the embedded model.
     """
 
     run_prepared = Signal(object)  # RunPlan: a fresh run is ready (after a model load, Reset, Enter...)
     run_done = Signal(object)  # the final StepRecord of a run
 
     def __init__(self, model: str | None = None, prompt: str | None = None,
-                 settings: QSettings | None = None, unattended: bool = False, lesson: str | None = None) -> None:
+                 settings: QSettings | None = None, unattended: bool = False, lesson: str | None = None,
+                 theme_name: str | None = None) -> None:
         super().__init__()
         self.setWindowTitle("kvviz \u2014 KV cache visualiser")
         self.unattended = unattended
         self.store = settings if settings is not None else app_settings()
         self.settings = AppSettings.load(self.store)
+        theme.set_current(theme_name or self.settings.theme)  # the views are made in it
         self.session = RunSession(self, fall_back_to_embedded=not unattended)
         self.picker = ModelPicker()
         self.controls = RunControls(self.picker)
@@ -91,6 +96,8 @@ class MainWindow(QMainWindow):
         self.presentation = Presentation(self, (*views, self.lesson_panel), chrome)
         self._scenes = [view.scene() for view in self.findChildren(GraphicsView)]  # every plot's
         self.lesson = LessonMode(self, self.lesson_panel, lesson)
+        self.records: list[StepRecord] = []  # the current run's, for an animated export
+        self.copier = ImageCopier(self)  # Ctrl+Shift+C, and "Copy image" on the plots
         self.actions = build_actions(self, self._action_slots())
         self._wire()
         self._restore(prompt)
@@ -108,11 +115,14 @@ class MainWindow(QMainWindow):
             "open_file": lambda: self.picker.open_checkpoint(False),
             "open_folder": lambda: self.picker.open_checkpoint(True),
             "choose_model": self.picker.pop_up, "export": self.export, "quit": self.close,
+            "copy_image": self.copier.copy_chart,
             "step": s.step, "play": self.toggle_play, "faster": lambda: c.change_speed(+1),
             "slower": lambda: c.change_speed(-1), "reset": self.reset_run, "toggle_cache": c.cache_check.toggle,
             "edit_prompt": c.focus_prompt, "escape": self._on_escape, "presenter": p.set_presenter,
             "lesson": self.lesson.set_active, "lesson_next": self.lesson.next, "lesson_back": self.lesson.back,
             "colour_blind": self._set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
+            "theme_dark": lambda on: on and self.set_theme("dark"),
+            "theme_light": lambda on: on and self.set_theme("light"),
             "zoom_in": lambda: p.step_zoom(+1),
             "zoom_out": lambda: p.step_zoom(-1), "zoom_reset": lambda: p.set_zoom(1.0),
             "shortcuts": lambda: ShortcutsDialog(self.actions.values(), self).exec(),
@@ -125,6 +135,8 @@ class MainWindow(QMainWindow):
         s.model_load_failed.connect(self._on_model_load_failed)
         s.run_started.connect(self._on_run_started)
         s.record_computed.connect(self.scheduler.add)
+        s.run_started.connect(lambda _plan: self.records.clear())
+        s.record_computed.connect(self.records.append)
         s.run_finished.connect(self._on_run_finished)
         s.run_failed.connect(lambda message: self.banner.say(message, alert=True))
         s.playing_changed.connect(self._on_playing_changed)
@@ -147,6 +159,7 @@ class MainWindow(QMainWindow):
         self.controls.restore(self.settings, prompt)
         self.actions["colour_blind"].setChecked(self.settings.colour_blind)
         self.actions["compare"].setChecked(self.settings.compare)
+        self.actions[f"theme_{theme.current().name}"].setChecked(True)
         self.presentation.set_zoom(self.settings.zoom)
         self.run_view.main_splitter.setSizes([430, 520])
         self.run_view.bottom_splitter.setSizes([1000, 360])
@@ -162,6 +175,7 @@ class MainWindow(QMainWindow):
             self.controls.store(self.settings)
         self.settings.colour_blind = self.actions["colour_blind"].isChecked()
         self.settings.zoom = self.presentation.remembered_zoom
+        self.settings.theme = self.presentation.theme.name
         if self.session.source is not None:
             self.settings.model_source = self.session.source
         self.settings.save(self.store)
@@ -255,6 +269,14 @@ class MainWindow(QMainWindow):
         for grid in (self.grid, self.compare_view.cached_grid, self.compare_view.uncached_grid):
             grid.set_colour_blind(on)
 
+    def set_theme(self, name: str) -> None:
+        """Show the window and every view in the theme called `name` ("dark" or "light"); exports follow."""
+        chosen = theme.set_current(name)
+        self.actions[f"theme_{chosen.name}"].setChecked(True)
+        if chosen != self.presentation.theme:
+            self.presentation.set_theme(chosen)
+            self.lesson.frame.set_theme(chosen)
+
     def _on_escape(self) -> None:
         if self.lesson.escape():
             return
@@ -285,7 +307,7 @@ class MainWindow(QMainWindow):
         return {"chart": self.chart, "grid": self.grid, "view": self.run_view}
 
     def export(self) -> None:
-        from kvviz.app.export import ExportDialog, make_caption
+        from kvviz.app.export import AnimationSource, ExportDialog, make_caption
 
         self.session.pause()
         self.scheduler.flush()
@@ -295,7 +317,8 @@ class MainWindow(QMainWindow):
                                info.name if info else "no model", step, record.new_tokens if record else None,
                                plan.use_cache if plan else None, compare=plan is not None and plan.twin is not None,
                                cache_broken=plan is not None and plan.cache_broken)
-        ExportDialog(self.export_targets(), caption, self, step=step).exec()
+        animation = AnimationSource(plan, tuple(self.records)) if plan is not None and self.records else None
+        ExportDialog(self.export_targets(), caption, self, step=step, animation=animation).exec()
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.save_settings()

@@ -1,4 +1,4 @@
-"""Zoom and presenter mode: font scale for every view, full screen with less chrome."""
+"""Zoom, theme and presenter mode: font scale and colours for every view, full screen with less chrome."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QMainWindow, QWidget
 
-from kvviz.app import theme
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
 from kvviz.app.views.base import RunViewProtocol
 
 ZOOM_STEPS = (0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.4, 1.6, 1.8, 2.0, 2.3)
@@ -40,8 +41,9 @@ def fit_to_screen(window: QWidget) -> None:
 
 
 class Presentation(QObject):
-    """Owns the zoom level and presenter mode of `window`: scales the views' fonts and the
-    controls' style sheet, and in presenter mode goes full screen and hides `chrome`."""
+    """Owns the zoom level, the theme and presenter mode of `window`: scales the views' fonts and the
+    controls' style sheet, gives the window and the views the theme's colours, and in presenter mode goes
+    full screen and hides `chrome`."""
 
     presenter_changed = Signal(bool)
 
@@ -52,6 +54,7 @@ class Presentation(QObject):
         self._chrome = list(chrome)
         self._base_point_size = QFont(window.font()).pointSizeF()
         self.zoom = 1.0
+        self.theme = themes.current()
         self.presenter = False
         self._zoom_before_presenter = 1.0
 
@@ -62,14 +65,24 @@ class Presentation(QObject):
 
     def set_zoom(self, zoom: float) -> None:
         self.zoom = min(max(zoom, ZOOM_STEPS[0]), ZOOM_STEPS[-1])
-        size = self._base_point_size * self.zoom
-        # Style sheets stop font propagation, so the controls get their size from the sheet.
-        scaled = f"QWidget#controlsArea QWidget, QLabel#banner {{ font-size: {size:.1f}pt; }}"
-        self._window.setStyleSheet(theme.STYLESHEET + scaled)
+        self._style_window()
         for view in self._views:
             view.set_font_scale(self.zoom)
         if not self.presenter:
             fit_to_screen(self._window)
+
+    def set_theme(self, theme: Theme) -> None:
+        """The window's style sheet and every view in `theme`'s colours."""
+        self.theme = theme
+        self._style_window()
+        for view in self._views:
+            view.set_theme(theme)
+
+    def _style_window(self) -> None:
+        size = self._base_point_size * self.zoom
+        # Style sheets stop font propagation, so the controls get their size from the sheet.
+        scaled = f"QWidget#controlsArea QWidget, QLabel#banner {{ font-size: {size:.1f}pt; }}"
+        self._window.setStyleSheet(themes.stylesheet(self.theme) + scaled)
 
     def step_zoom(self, direction: int) -> None:
         """One zoom step in (direction > 0) or out."""

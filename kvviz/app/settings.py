@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 
 from PySide6.QtCore import QByteArray, QSettings
 
+from kvviz.app.theme import DEFAULT as DEFAULT_THEME
+from kvviz.app.theme import THEMES
 from kvviz.files import write_atomically
 
 ORGANIZATION = "kvviz"
@@ -373,7 +375,12 @@ class AppSettings(TypedSettings):
     colour_blind: bool = setting("view/colour_blind", False)
     compare: bool = setting("view/compare", False)  # compare mode; "break the cache" is never remembered
     zoom: float = setting("view/zoom", 1.0, 0.7, 2.3)
+    theme: str = setting("view/theme", DEFAULT_THEME)  # "dark" or "light"
     model_source: str = setting("model/source", "")
+
+    def __post_init__(self) -> None:
+        if self.theme not in THEMES:  # a stored name kvviz does not know: the default
+            self.theme = DEFAULT_THEME
 
 
 def load_geometry(store: QSettings) -> QByteArray | None:

@@ -6,11 +6,22 @@
 - `files`: formats, targets, `parse_formats`, `ExportError`, atomic writes;
 - `dialog`: `ExportDialog` and its remembered `ExportSettings`;
 - `headless`: `run_export`, the `kvviz export` command;
+- `animation`: `run_animation` (`kvviz export --animate`) and `write_animation`, a GIF and an MP4 of a view
+  step by step, through `encoders` (Pillow, PyAV);
 - `slides`: `export_lesson`, a lesson as 16:9 slides (a PNG each, one PDF deck), `kvviz lesson --export`.
 
 Importing this package loads Qt but never torch (the engine loads inside `run_export` and `export_lesson`).
 """
 
+from kvviz.app.export.animation import (
+    ANIMATION_FORMATS,
+    AnimationCancelled,
+    AnimationSource,
+    AnimationSpec,
+    animation_file_name,
+    run_animation,
+    write_animation,
+)
 from kvviz.app.export.caption import default_file_name, make_caption, shorten_caption
 from kvviz.app.export.dialog import ExportDialog, ExportSettings
 from kvviz.app.export.files import (
@@ -31,6 +42,7 @@ from kvviz.app.export.render import export_widget, png_size, render_png
 from kvviz.app.export.slides import DECK_NAME, LESSON_FORMATS, SLIDE_SIZE, export_lesson, slide_file_name
 
 __all__ = [
+    "ANIMATION_FORMATS",
     "DECK_NAME",
     "DEFAULT_PNG_WIDTH",
     "FORMATS",
@@ -42,9 +54,13 @@ __all__ = [
     "SLIDE_SIZE",
     "TARGETS",
     "TARGET_LABELS",
+    "AnimationCancelled",
+    "AnimationSource",
+    "AnimationSpec",
     "ExportDialog",
     "ExportError",
     "ExportSettings",
+    "animation_file_name",
     "default_file_name",
     "ensure_application",
     "export_lesson",
@@ -54,7 +70,9 @@ __all__ = [
     "parse_formats",
     "png_size",
     "render_png",
+    "run_animation",
     "run_export",
     "shorten_caption",
     "slide_file_name",
+    "write_animation",
 ]

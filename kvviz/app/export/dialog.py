@@ -1,11 +1,12 @@
-"""File > Export...: the dialog that picks a view, a format, the caption and a file, and remembers the choices."""
+"""File > Export...: the dialog that picks a view, a format (an image, or an animation of the run so far), the
+caption and a file, and remembers the choices."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -24,6 +25,19 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz.app import theme
+from kvviz.app.export.animation import (
+    ANIMATION_FORMATS,
+    ANIMATION_LABELS,
+    DEFAULT_ANIMATION_WIDTH,
+    DEFAULT_FPS,
+    DEFAULT_HOLD,
+    MAX_FPS,
+    MAX_HOLD,
+    AnimationSource,
+    AnimationSpec,
+    animation_file_name,
+)
+from kvviz.app.export.animation_panel import AnimationRows, write_with_progress
 from kvviz.app.export.caption import default_file_name
 from kvviz.app.export.files import (
     DEFAULT_PNG_WIDTH,
@@ -42,21 +56,33 @@ from kvviz.app.settings import TypedSettings, app_settings, setting
 
 @dataclass
 class ExportSettings(TypedSettings):
-    """The export dialog's remembered choices: the last folder, view, format, PNG width and caption."""
+    """The export dialog's remembered choices: the last folder, view, format, widths, caption and animation speed."""
 
     folder: str = setting("export/folder", "")
     target: str = setting("export/target", "chart")
     image_format: str = setting("export/format", "png")
     width: int = setting("export/width", DEFAULT_PNG_WIDTH, MIN_PNG_WIDTH, MAX_PNG_WIDTH)
     caption: bool = setting("export/caption", True)
+    animation_width: int = setting("export/animation_width", DEFAULT_ANIMATION_WIDTH, MIN_PNG_WIDTH, MAX_PNG_WIDTH)
+    fps: float = setting("export/fps", DEFAULT_FPS, 0.1, MAX_FPS)
+    hold: float = setting("export/hold", DEFAULT_HOLD, 0.0, MAX_HOLD)
+
+
+ALL_FORMATS = (*FORMATS, *ANIMATION_FORMATS)
 
 
 class ExportDialog(QDialog):
     """File > Export...: what to export (chart, grid, whole view), as PNG, SVG or PDF, with or
     without the caption, and where. Remembers its choices and the last folder in QSettings.
 
+    Given `animation` (the run's plan and records so far), it also writes a GIF or an MP4 of the view
+    step by step (steps first to last, frames a second, width), rendered from those records on fresh
+    views at `kvviz export`'s sizes, under a progress dialog whose Cancel leaves no file.
+
     `exec()` returns Accepted once a file was written; `written` is its path.
     """
+
+    frame_done = Signal(object, int, int)  # QProgressDialog, frames rendered, frames in all: while animating
 
     def __init__(
         self,
@@ -66,6 +92,7 @@ class ExportDialog(QDialog):
         initial: str | None = None,
         step: int | None = None,
         settings: QSettings | None = None,
+        animation: AnimationSource | None = None,
     ) -> None:
         super().__init__(parent)
         if not targets:
@@ -73,7 +100,7 @@ class ExportDialog(QDialog):
         self.setWindowTitle("Export image")
         # The app's theme colours text light but styles no dialog background and no list: give this
         # dialog, and the message boxes and file dialog it opens, the theme whole.
-        self.setStyleSheet(theme.STYLESHEET)
+        self.setStyleSheet(theme.stylesheet())
         self._targets = dict(targets)
         self._caption = caption
         self._step = step  # names the default file; the caption is only drawn, never read
@@ -81,6 +108,9 @@ class ExportDialog(QDialog):
         self._remembered = ExportSettings.load(self._store)
         self._auto_name = True  # the file name follows the choices until the user types one
         self._confirmed_overwrite: Path | None = None  # the file dialog already asked about replacing it
+        self._animation = animation if animation is not None and animation.steps > 0 else None
+        self._widths = {False: self._remembered.width, True: self._remembered.animation_width}  # by animating
+        self._width_kind: bool | None = None
         self.written: Path | None = None
 
         self.target_box = QComboBox()
@@ -90,6 +120,11 @@ class ExportDialog(QDialog):
         self.format_box = QComboBox()
         for fmt in FORMATS:
             self.format_box.addItem(f"{FORMAT_LABELS[fmt]} (.{fmt})", fmt)
+        for fmt in ANIMATION_FORMATS:
+            self.format_box.addItem(f"{ANIMATION_LABELS[fmt]} of the run (.{fmt})", fmt)
+            self._enable_item(self.format_box, fmt, self._animation is not None)
+        self.animation_rows = AnimationRows(self._animation.steps if self._animation is not None else 1,
+                                            self._remembered.fps, self._remembered.hold, self)
         self.width_box = QSpinBox()
         self.width_box.setRange(MIN_PNG_WIDTH, MAX_PNG_WIDTH)
         self.width_box.setSingleStep(160)
@@ -116,6 +151,7 @@ class ExportDialog(QDialog):
         form = QFormLayout()
         what_label, format_label, width_label, file_label = (
             QLabel("&What:"), QLabel("&Format:"), QLabel("PNG &width:"), QLabel("&Save to:"))
+        self.width_label = width_label
         what_label.setBuddy(self.target_box)
         format_label.setBuddy(self.format_box)
         width_label.setBuddy(self.width_box)
@@ -123,6 +159,7 @@ class ExportDialog(QDialog):
         form.addRow(what_label, self.target_box)
         form.addRow(format_label, self.format_box)
         form.addRow(width_label, width_row)
+        self.animation_rows.add_to(form)
         form.addRow("", self.caption_box)
         form.addRow("", caption_preview)
         form.addRow(file_label, path_row)
@@ -138,6 +175,7 @@ class ExportDialog(QDialog):
         self.target_box.currentIndexChanged.connect(self._on_choice_changed)
         self.format_box.currentIndexChanged.connect(self._on_choice_changed)
         self.width_box.valueChanged.connect(self._update_size_label)
+        self.animation_rows.changed.connect(self._on_animation_changed)
         self.caption_box.toggled.connect(self._update_size_label)
         self.path_edit.textEdited.connect(self._on_path_edited)
         self.browse_button.clicked.connect(self._on_browse_clicked)
@@ -153,6 +191,18 @@ class ExportDialog(QDialog):
     def image_format(self) -> str:
         return self.format_box.currentData()
 
+    def animating(self) -> bool:
+        return self.image_format() in ANIMATION_FORMATS
+
+    def animation_spec(self) -> AnimationSpec:
+        return self.animation_rows.spec(self.width_box.value(), self.caption_box.isChecked())
+
+    @staticmethod
+    def _enable_item(box: QComboBox, key: str, enabled: bool) -> None:
+        item = box.model().item(box.findData(key))
+        flags = item.flags()
+        item.setFlags(flags | Qt.ItemFlag.ItemIsEnabled if enabled else flags & ~Qt.ItemFlag.ItemIsEnabled)
+
     def path(self) -> Path:
         return Path(self.path_edit.text().strip()).expanduser()
 
@@ -163,39 +213,73 @@ class ExportDialog(QDialog):
         return Path(saved) if saved and Path(saved).is_dir() else Path.home()
 
     def _default_path(self) -> Path:
+        if self.animating():
+            spec = self.animation_spec()
+            return self._folder() / animation_file_name(self.target(), self.image_format(), spec.first, spec.last)
         return self._folder() / default_file_name(self.target(), self.image_format(), self._step)
 
     def _restore_settings(self, initial: str | None) -> None:
         remembered = self._remembered
         self.target_box.setCurrentIndex(max(0, self.target_box.findData(initial or remembered.target)))
-        self.format_box.setCurrentIndex(max(0, self.format_box.findData(remembered.image_format)))
-        self.width_box.setValue(remembered.width)
+        remembered_format = remembered.image_format
+        if remembered_format in ANIMATION_FORMATS and self._animation is None:
+            remembered_format = "png"  # nothing to animate yet
+        self.format_box.setCurrentIndex(max(0, self.format_box.findData(remembered_format)))
         self.caption_box.setChecked(remembered.caption)
+        self._sync_kind()
         self.path_edit.setText(str(self._default_path()))
 
     def _save_settings(self, path: Path) -> None:
+        self._widths[self.animating()] = self.width_box.value()
         self._remembered = ExportSettings(
             folder=str(path.parent), target=self.target(), image_format=self.image_format(),
-            width=self.width_box.value(), caption=self.caption_box.isChecked())
+            width=self._widths[False], caption=self.caption_box.isChecked(), animation_width=self._widths[True],
+            fps=self.animation_rows.fps_box.value(), hold=self.animation_rows.hold_box.value())
         self._remembered.save(self._store)
 
     # ----- slots -----
+    def _sync_kind(self) -> None:
+        """The rows and views that fit a still image or an animation; each kind keeps its own width."""
+        animating = self.animating()
+        if self._width_kind is not None:
+            self._widths[self._width_kind] = self.width_box.value()
+        if self._width_kind != animating:
+            self.width_box.setValue(self._widths[animating])
+        self._width_kind = animating
+        self.animation_rows.set_shown(animating)
+        self.width_label.setText("&Width:" if animating else "PNG &width:")
+        self.width_box.setEnabled(animating or self.image_format() == "png")
+        animatable = self._animation.targets if self._animation is not None else ()
+        for index in range(self.target_box.count()):
+            key = self.target_box.itemData(index)
+            self._enable_item(self.target_box, key, not animating or key in animatable)
+        if animating and self.target() not in animatable:
+            self.target_box.setCurrentIndex(self.target_box.findData("view" if "view" in animatable else animatable[0]))
+
     def _on_choice_changed(self, *_args) -> None:
-        is_png = self.image_format() == "png"
-        self.width_box.setEnabled(is_png)
+        self._sync_kind()
         if self._auto_name:
             self.path_edit.setText(str(self._default_path()))
         else:
             path = self.path()
             if path.name and path.suffix.lower().lstrip(".") != self.image_format():
-                stem = path.stem if path.suffix.lower().lstrip(".") in FORMATS else path.name
+                stem = path.stem if path.suffix.lower().lstrip(".") in ALL_FORMATS else path.name
                 self.path_edit.setText(str(path.with_name(f"{stem}.{self.image_format()}")))
+        self._update_size_label()
+
+    def _on_animation_changed(self) -> None:
+        if self._auto_name and self.animating():
+            self.path_edit.setText(str(self._default_path()))
         self._update_size_label()
 
     def _update_size_label(self, *_args) -> None:
         widget = self._targets[self.target()]
         caption = self._caption if self.caption_box.isChecked() else None
-        if self.image_format() == "png":
+        if self.animating():
+            spec = self.animation_spec()
+            self.size_label.setText(f"\u2192 {spec.width} px wide, {spec.frames} frame{'s' * (spec.frames != 1)}, "
+                                    f"{spec.frames / spec.fps + spec.hold:.1f} s")
+        elif self.image_format() == "png":
             size = png_size(widget, self.width_box.value(), caption)
             self.size_label.setText(f"\u2192 {size.width()} \u00d7 {size.height()} px")
         else:
@@ -217,7 +301,7 @@ class ExportDialog(QDialog):
         if not path.suffix:
             path = path.with_suffix(f".{fmt}")
         suffix = path.suffix.lower().lstrip(".")
-        if suffix in FORMATS and suffix != fmt:
+        if suffix in ALL_FORMATS and suffix != fmt and self._format_enabled(suffix):
             self.format_box.setCurrentIndex(self.format_box.findData(suffix))
         self._auto_name = False
         self.path_edit.setText(str(path))
@@ -231,8 +315,8 @@ class ExportDialog(QDialog):
         if not path.suffix:
             path = path.with_suffix(f".{self.image_format()}")
         suffix = path.suffix.lower().lstrip(".")
-        if suffix in FORMATS and suffix != self.image_format():  # a typed .pdf wins over the menu
-            self._auto_name = False
+        if suffix in ALL_FORMATS and suffix != self.image_format() and self._format_enabled(suffix):
+            self._auto_name = False  # a typed .pdf wins over the menu
             self.format_box.setCurrentIndex(self.format_box.findData(suffix))
         if path.exists() and self._confirmed_overwrite != path:
             answer = QMessageBox.question(
@@ -240,15 +324,32 @@ class ExportDialog(QDialog):
                 QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.No)
             if answer != QMessageBox.StandardButton.Yes:
                 return
-        caption = self._caption if self.caption_box.isChecked() else None
-        try:
-            export_widget(self._targets[self.target()], path, self.width_box.value(), caption)
-        except ExportError as exc:
-            self._fail(f"Could not export: {exc}.")
-            return
+        if self.animating():
+            if not self._export_animation(path):
+                return
+        else:
+            caption = self._caption if self.caption_box.isChecked() else None
+            try:
+                export_widget(self._targets[self.target()], path, self.width_box.value(), caption)
+            except ExportError as exc:
+                self._fail(f"Could not export: {exc}.")
+                return
         self.written = path
         self._save_settings(path)
         self.accept()
+
+    def _format_enabled(self, fmt: str) -> bool:
+        return bool(self.format_box.model().item(self.format_box.findData(fmt)).flags() & Qt.ItemFlag.ItemIsEnabled)
+
+    def _export_animation(self, path: Path) -> bool:
+        """Write the animation to `path` under a progress dialog; False when it failed or was cancelled
+        (nothing written either way)."""
+        try:
+            return write_with_progress(self, self._animation, self.target(), path, self.animation_spec(),
+                                       self.frame_done.emit)
+        except ExportError as exc:
+            self._fail(f"Could not export: {exc}.")
+            return False
 
     def _fail(self, sentence: str) -> None:
         QMessageBox.warning(self, "Export failed", sentence)

@@ -75,7 +75,7 @@ def build_view_area() -> RunView:
     from kvviz.app.views.run_view import RunView
 
     area = RunView()
-    area.setStyleSheet(theme.STYLESHEET)
+    area.setStyleSheet(theme.stylesheet())
     area.layout().setContentsMargins(8, 6, 8, 6)
     area.bottom_splitter.setSizes([3 * VIEW_SIZE[0] // 4 - 60, VIEW_SIZE[0] // 4 + 60])  # the counter's labels fit
     return area
@@ -91,6 +91,7 @@ def run_export(
     width: int = DEFAULT_PNG_WIDTH,
     compare: bool = False,
     break_cache: bool = False,
+    theme: str = "dark",
 ) -> list[Path]:
     """Generate `new_tokens` tokens and write kvviz-{chart,grid,view}-stepN.{fmt} into `out_dir`.
 
@@ -101,7 +102,12 @@ def run_export(
 
     With `compare`, the cached and the uncached run go in lockstep (kvviz.compare) and the one image per
     format is the compare view, kvviz-compare-stepN.{fmt}; `break_cache` plants the teaching bug.
+    `theme` is "dark" or "light" (kvviz.app.theme): the images' colours.
     """
+    from kvviz.app import theme as themes
+
+    if theme not in themes.THEMES:
+        raise ExportError(f"theme must be {' or '.join(themes.THEMES)}, got {theme!r}")
     formats = parse_formats(formats)
     if not str(out_dir).strip():
         raise ExportError("no output folder given (an empty name would mean the current folder)")
@@ -125,12 +131,12 @@ def run_export(
 
         plan = plan_lockstep(engine, prompt_ids, new_tokens, use_cache, cache_fault=fault, prompt=prompt,
                              model_name=loaded.name)
-        with without_offscreen_chatter():
+        with without_offscreen_chatter(), themes.using(theme):
             return _render_compare(app, plan, list(Lockstep(engine, plan).records()), out_dir, formats, width)
     plan = engine.plan(prompt_ids, new_tokens, use_cache, prompt=prompt, model_name=loaded.name,
                        cache_fault=fault if use_cache else "")
 
-    with without_offscreen_chatter():
+    with without_offscreen_chatter(), themes.using(theme):
         return _render_run(app, engine, plan, out_dir, formats, width)
 
 
@@ -142,7 +148,7 @@ def _render_compare(app: QApplication, plan: RunPlan, records: list, out_dir: Pa
     from kvviz.app.views.compare_view import CompareView
 
     view = CompareView()
-    view.setStyleSheet(theme.STYLESHEET)
+    view.setStyleSheet(theme.stylesheet())
     try:
         view.reset(plan)
         view.apply(records)

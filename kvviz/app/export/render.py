@@ -77,11 +77,12 @@ class Page:
         painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
         painter.setRenderHint(QPainter.RenderHint.TextAntialiasing, True)
         painter.setRenderHint(QPainter.RenderHint.LosslessImageRendering, True)
-        painter.fillRect(QRectF(0, 0, self.width, self.height), QColor(theme.BACKGROUND))
+        colours = theme.current()
+        painter.fillRect(QRectF(0, 0, self.width, self.height), QColor(colours.background))
         if self.caption is not None:
             painter.save()
             painter.setFont(self.font)
-            painter.setPen(QColor(theme.FOREGROUND))
+            painter.setPen(QColor(colours.foreground))
             box = QRectF(self.pad, 0, self.width - 2 * self.pad, self.caption_height)
             painter.drawText(box, self._text_flags(), self.caption)
             painter.restore()
@@ -216,7 +217,7 @@ def render_png(widget: QWidget, width: int = DEFAULT_PNG_WIDTH, caption: str | N
     dots_per_metre = round(96 / 0.0254 * scale)  # so the image prints at the window's size
     image.setDotsPerMeterX(dots_per_metre)
     image.setDotsPerMeterY(dots_per_metre)
-    image.fill(QColor(theme.BACKGROUND))
+    image.fill(QColor(theme.current().background))
     with prepared_for_export(widget, pen_scale=scale), painting(image, "a PNG image") as painter:
         painter.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform, False)  # grid cells stay sharp
         painter.scale(scale, scale)

@@ -33,7 +33,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QWidget
 
-from kvviz.app import theme
+from kvviz.app import theme as themes
 from kvviz.app.export.caption import shorten_caption
 from kvviz.app.export.files import DEFAULT_PNG_WIDTH, ExportError, check_png_width, parse_formats, write_export
 from kvviz.app.export.headless import ensure_application, without_offscreen_chatter
@@ -222,19 +222,20 @@ def paint_slide(painter: QPainter, text: SlideText, view: QWidget) -> None:
     painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
     painter.setRenderHint(QPainter.RenderHint.TextAntialiasing, True)
     painter.setRenderHint(QPainter.RenderHint.LosslessImageRendering, True)
-    painter.fillRect(QRectF(0, 0, *SLIDE_SIZE), QColor(theme.BACKGROUND))
+    colours = themes.current()
+    painter.fillRect(QRectF(0, 0, *SLIDE_SIZE), QColor(colours.background))
     place_font = _font(22)
     place_width = QFontMetricsF(place_font).horizontalAdvance(text.place) + 24
     title_box = TITLE_BOX.adjusted(0, 0, -place_width, 0)
     flags = int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
     _draw_text(painter, title_box, text.title, _fitting_font(text.title, title_box, 46, 26, True, flags),
-               theme.FOREGROUND, flags)
-    _draw_text(painter, TITLE_BOX, text.place, place_font, theme.MUTED,
+               colours.foreground, flags)
+    _draw_text(painter, TITLE_BOX, text.place, place_font, colours.muted,
                int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter))
-    _draw_text(painter, TEXT_BOX, text.text, _fitting_font(text.text, TEXT_BOX, 26, 15), theme.FOREGROUND)
+    _draw_text(painter, TEXT_BOX, text.text, _fitting_font(text.text, TEXT_BOX, 26, 15), colours.foreground)
     if text.question:
         _paint_question(painter, text)
-    _draw_text(painter, FOOTER_BOX, text.footer, _font(17), theme.MUTED, WRAP_MIDDLE)
+    _draw_text(painter, FOOTER_BOX, text.footer, _font(17), colours.muted, WRAP_MIDDLE)
     region = view_rect(text)
     painter.save()
     painter.translate(region.topLeft())
@@ -246,9 +247,10 @@ def paint_slide(painter: QPainter, text: SlideText, view: QWidget) -> None:
 
 
 def _paint_question(painter: QPainter, text: SlideText) -> None:
+    colours = themes.current()
     painter.save()
-    painter.setPen(QPen(QColor(theme.MUTED), 1.5))
-    painter.setBrush(QColor(theme.EMPTY))
+    painter.setPen(QPen(QColor(colours.muted), 1.5))
+    painter.setBrush(QColor(colours.empty))
     painter.drawRoundedRect(QUESTION_BOX, 10, 10)
     painter.restore()
     inner = QUESTION_BOX.adjusted(18, 6, -18, -6)
@@ -256,13 +258,13 @@ def _paint_question(painter: QPainter, text: SlideText) -> None:
     answer_box = QRectF(inner.right() - ANSWER_WIDTH + 24, inner.top(), ANSWER_WIDTH - 24, inner.height())
     question = f"Question: {text.question}"
     _draw_text(painter, question_box, question, _fitting_font(question, question_box, 26, 15, True, WRAP_MIDDLE),
-               theme.FOREGROUND, WRAP_MIDDLE)
+               colours.foreground, WRAP_MIDDLE)
     right = int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter | Qt.TextFlag.TextWordWrap)
     if text.answer:
         _draw_text(painter, answer_box, text.answer, _fitting_font(text.answer, answer_box, 40, 20, True, right),
-                   theme.FOREGROUND, right)
+                   colours.foreground, right)
     else:
-        _draw_text(painter, answer_box, PROMPT_FOR_A_GUESS, _font(24), theme.MUTED, right)
+        _draw_text(painter, answer_box, PROMPT_FOR_A_GUESS, _font(24), colours.muted, right)
 
 
 def slide_png(text: SlideText, view: QWidget, width: int) -> bytes:
@@ -351,7 +353,7 @@ class _Stage:
         self.run_view.layout().setContentsMargins(0, 0, 0, 0)
         self.compare_view = CompareView()
         for view in (self.run_view, self.compare_view):
-            view.setStyleSheet(theme.STYLESHEET)
+            view.setStyleSheet(themes.stylesheet())
             view.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen, True)  # even when a display is there
 
     def show(self, step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], region: QRectF) -> QWidget:
@@ -392,16 +394,20 @@ def export_lesson(
     width: int | None = None,
     model: str | None = None,
     progress: Callable[[str], None] | None = None,
+    theme: str = "dark",
 ) -> list[Path]:
     """Write `lesson`'s slides into `out_dir`: kvviz-lesson-01.png, ... (PNG, `width` pixels wide, 16:9)
     and kvviz-lesson.pdf (a page per slide); returns the paths, in order. `model` runs the steps before
     the first that names its own model. `progress` gets one line per slide written, and one for the deck.
+    `theme`: "dark" or "light" (kvviz.app.theme), the slides' colours.
 
     Formats, width and folder are checked before any model loads; every model before the first slide is
     drawn. Everything or nothing: a failure removes what this call wrote, and the folders it made.
     Errors are KvvizError (ExportError, LessonError, ModelLoadError) with a one-line message.
     """
     chosen = lesson_formats(formats)
+    if theme not in themes.THEMES:
+        raise ExportError(f"theme must be {' or '.join(themes.THEMES)}, got {theme!r}")
     width = check_png_width(DEFAULT_PNG_WIDTH if width is None else width, "width")
     if not str(out_dir).strip():
         raise ExportError("no output folder given (an empty name would mean the current folder)")
@@ -412,7 +418,7 @@ def export_lesson(
     app = ensure_application()
     engines = _step_engines(lesson, model)
     runs = [run_step(engine, name, lesson, index) for index, (name, engine) in enumerate(engines)]
-    with without_offscreen_chatter(), _all_or_nothing(out_dir) as written:
+    with without_offscreen_chatter(), themes.using(theme), _all_or_nothing(out_dir) as written:
         stage = _Stage(app)
         deck = Deck(lesson.title) if "pdf" in chosen else None
         try:

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from kvviz.app.theme import Theme
 from kvviz.records import RunPlan, StepRecord
 
 
@@ -17,6 +18,7 @@ class RunViewProtocol(Protocol):
     - `apply(records)`: take these records, in order; draw nothing yet.
     - `refresh()`: draw what changed since the last draw (cheap when nothing did).
     - `set_font_scale(scale)`: zoom and presenter mode.
+    - `set_theme(theme)`: draw in this theme's colours from now on (a view starts in the current one).
 
     A view whose drawing is costly may also offer `redraw_slices()`: its refresh in pieces, which
     the redraw scheduler draws in separate passes of the event loop.
@@ -29,6 +31,8 @@ class RunViewProtocol(Protocol):
     def refresh(self) -> None: ...
 
     def set_font_scale(self, scale: float) -> None: ...
+
+    def set_theme(self, theme: Theme) -> None: ...
 
 
 def redraw_slices(view: RunViewProtocol) -> list[Callable[[], None]]:
@@ -49,6 +53,14 @@ def cache_axes(plot_item: object) -> None:
     for name in ("left", "bottom", "right", "top"):
         axis = plot_item.getAxis(name)
         axis.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+
+
+def style_plot(plot_item: object, theme: Theme) -> None:
+    """`plot_item`'s axes, tick labels, axis titles and grid lines in `theme`'s muted colour."""
+    for name in ("left", "bottom", "right", "top"):
+        axis = plot_item.getAxis(name)
+        axis.setPen(theme.muted)
+        axis.setTextPen(theme.muted)
 
 
 def nice_ceiling(value: float) -> float:

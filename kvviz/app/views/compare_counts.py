@@ -8,13 +8,14 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QFont, QResizeEvent
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
 
-from kvviz.app import theme
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
 from kvviz.records import RunPlan, StepRecord
 
 ROWS = ("with_cache", "without_cache", "avoided", "ratio")
 ROW_TITLES = {"with_cache": "with cache", "without_cache": "without cache", "avoided": "avoided", "ratio": "ratio"}
-ROW_COLOURS = {"with_cache": theme.TEAL, "without_cache": theme.AMBER, "avoided": theme.FOREGROUND,
-               "ratio": theme.FOREGROUND}
+# each row's colour, a Theme field
+ROW_COLOURS = {"with_cache": "teal", "without_cache": "amber", "avoided": "foreground", "ratio": "foreground"}
 DASH = "\u2013"
 
 
@@ -34,10 +35,7 @@ class CompareCounts(QFrame):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("compareCounts")
-        self.setStyleSheet("QFrame#compareCounts { border: 1px solid #3C4350; border-radius: 6px; "
-                           "background: #20242B; } "
-                           "QFrame#compareCounts QLabel { background: transparent; border: none; }"
-                           f" QFrame#compareCounts QLabel#muted {{ color: {theme.MUTED}; }}")
+        self._theme = themes.current()
         self._plan: RunPlan | None = None
         self._cached: StepRecord | None = None  # the cached run's latest pass
         self._uncached: StepRecord | None = None
@@ -61,8 +59,6 @@ class CompareCounts(QFrame):
         self._all_layers: dict[str, QLabel] = {}
         for row, key in enumerate(ROWS, start=1):
             name, per_layer, all_layers = QLabel(ROW_TITLES[key]), QLabel(DASH), QLabel(DASH)
-            for label in (name, per_layer, all_layers):
-                label.setStyleSheet(f"color: {ROW_COLOURS[key]};")
             per_layer.setAlignment(Qt.AlignmentFlag.AlignRight)
             all_layers.setAlignment(Qt.AlignmentFlag.AlignRight)
             grid.addWidget(name, row, 0)
@@ -80,6 +76,7 @@ class CompareCounts(QFrame):
         layout.addLayout(grid)
         layout.addWidget(self.progress)
         layout.addStretch(1)
+        self._apply_theme()
         self._apply_fonts()
 
     # ----- public interface -----
@@ -145,6 +142,21 @@ class CompareCounts(QFrame):
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
+
+    def set_theme(self, theme: Theme) -> None:
+        if theme != self._theme:
+            self._theme = theme
+            self._apply_theme()
+
+    def _apply_theme(self) -> None:
+        theme = self._theme
+        self.setStyleSheet(f"QFrame#compareCounts {{ border: 1px solid {theme.border}; border-radius: 6px; "
+                           f"background: {theme.surface}; }} "
+                           "QFrame#compareCounts QLabel { background: transparent; border: none; }"
+                           f" QFrame#compareCounts QLabel#muted {{ color: {theme.muted}; }}")
+        for key in ROWS:
+            for label in (self._names[key], self._per_layer[key], self._all_layers[key]):
+                label.setStyleSheet(f"color: {getattr(theme, ROW_COLOURS[key])};")
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802
         """Tall enough for every line at the current width (the wrapped note included), as CounterPanel."""

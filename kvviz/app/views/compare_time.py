@@ -10,8 +10,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont, QFontMetrics
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from kvviz.app import theme
-from kvviz.app.views.base import cache_axes, nice_ceiling
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
+from kvviz.app.views.base import cache_axes, nice_ceiling, style_plot
 from kvviz.records import RunPlan, StepRecord
 
 RUNS = ("cached", "uncached")  # row 0 and row 1 of the arrays
@@ -38,19 +39,17 @@ class CompareTimePlot(QWidget):
         self._steps = [0, 0]  # token steps each run has reached
         self._tops: tuple[float, float] | None = None  # the y frames last given to the plots
         self._dirty = False
+        self._theme = themes.current()
 
         self.ratio = QLabel("")
         self.ratio.setWordWrap(True)
         self.ratio.setTextFormat(Qt.TextFormat.RichText)
         self.layout_widget = pg.GraphicsLayoutWidget()
-        self.layout_widget.setBackground(theme.BACKGROUND)
         self.layout_widget.ci.setSpacing(4)
         self.ms_plot = self.layout_widget.addPlot(row=0, col=0)
         self.seconds_plot = self.layout_widget.addPlot(row=1, col=0)
-        cached_pen, uncached_pen = pg.mkPen(theme.TEAL, width=2), pg.mkPen(theme.AMBER, width=2)
-        self.ms_curves = (self.ms_plot.plot([], [], pen=cached_pen), self.ms_plot.plot([], [], pen=uncached_pen))
-        self.seconds_curves = (self.seconds_plot.plot([], [], pen=cached_pen),
-                               self.seconds_plot.plot([], [], pen=uncached_pen))
+        self.ms_curves = (self.ms_plot.plot([], []), self.ms_plot.plot([], []))  # cached, uncached
+        self.seconds_curves = (self.seconds_plot.plot([], []), self.seconds_plot.plot([], []))
         for plot in (self.ms_plot, self.seconds_plot):
             plot.setMenuEnabled(False)
             plot.hideButtons()
@@ -63,13 +62,12 @@ class CompareTimePlot(QWidget):
 
         self.setObjectName("compareTime")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        self.setStyleSheet(f"QWidget#compareTime {{ background: {theme.BACKGROUND}; }} "
-                           f"QWidget#compareTime QLabel {{ color: {theme.FOREGROUND}; background: transparent; }}")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 0)
         layout.setSpacing(2)
         layout.addWidget(self.ratio)
         layout.addWidget(self.layout_widget, 1)
+        self._apply_theme()
         self._apply_fonts()
         self._frame(1, 1.0, 1.0)
 
@@ -106,7 +104,7 @@ class CompareTimePlot(QWidget):
         if plan is None:
             for curve in (*self.ms_curves, *self.seconds_curves):
                 curve.setData([], [])
-            self.ratio.setText(f"<span style='color:{theme.MUTED}'>measured time: no compare run</span>")
+            self.ratio.setText(f"<span style='color:{self._theme.muted}'>measured time: no compare run</span>")
             return
         for run in range(2):
             n = self._steps[run]
@@ -124,6 +122,27 @@ class CompareTimePlot(QWidget):
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
+
+    def set_theme(self, theme: Theme) -> None:
+        if theme == self._theme:
+            return
+        self._theme = theme
+        self._apply_theme()
+        self._apply_fonts()  # the titles carry their colour
+        if self.ratio.text():  # and the ratio line, once it says something
+            self._dirty = True
+            self.refresh()
+
+    def _apply_theme(self) -> None:
+        theme = self._theme
+        self.layout_widget.setBackground(theme.background)
+        for plot in (self.ms_plot, self.seconds_plot):
+            style_plot(plot, theme)
+        for curves in (self.ms_curves, self.seconds_curves):
+            for curve, colour in zip(curves, (theme.teal, theme.amber), strict=True):
+                curve.setPen(pg.mkPen(colour, width=2))
+        self.setStyleSheet(f"QWidget#compareTime {{ background: {theme.background}; }} "
+                           f"QWidget#compareTime QLabel {{ color: {theme.foreground}; background: transparent; }}")
 
     def curve_data(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The drawn series as (x, y), x the 1-based token step: `cached_ms` / `uncached_ms` the measured
@@ -149,9 +168,10 @@ class CompareTimePlot(QWidget):
         cached, uncached = self.totals()
         ratio = self.time_ratio()
         if ratio is None:
-            return f"<b>measured time</b> <span style='color:{theme.MUTED}'>appears with the first step</span>"
-        return (f"<b>measured time</b> &nbsp; <span style='color:{theme.TEAL}'>with cache {cached:.3g} s</span>, "
-                f"<span style='color:{theme.AMBER}'>without {uncached:.3g} s</span>: "
+            return f"<b>measured time</b> <span style='color:{self._theme.muted}'>appears with the first step</span>"
+        teal, amber = self._theme.teal, self._theme.amber
+        return (f"<b>measured time</b> &nbsp; <span style='color:{teal}'>with cache {cached:.3g} s</span>, "
+                f"<span style='color:{amber}'>without {uncached:.3g} s</span>: "
                 f"without cache took <b>{ratio:.2f}\u00d7</b> the time")
 
     def _frame(self, last_x: int, ms_top: float, seconds_top: float) -> None:
@@ -174,8 +194,8 @@ class CompareTimePlot(QWidget):
             # a fixed width: tick labels that change width would re-layout (and repaint) the plots
             plot.getAxis("left").setWidth(metrics.horizontalAdvance("00000") + metrics.height())
         small = f"{max(7, round(9 * self._font_scale))}pt"
-        self.ms_plot.setTitle("ms per token step", color=theme.MUTED, size=small)
-        self.seconds_plot.setTitle("seconds so far", color=theme.MUTED, size=small)
+        self.ms_plot.setTitle("ms per token step", color=self._theme.muted, size=small)
+        self.seconds_plot.setTitle("seconds so far", color=self._theme.muted, size=small)
         label_font = QFont(self.font())
         label_font.setPointSizeF(10.0 * self._font_scale)
         self.ratio.setFont(label_font)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
+from kvviz.app.theme import Theme
 from kvviz.app.views.compare_counts import CompareCounts
 from kvviz.app.views.compare_time import CompareTimePlot
 from kvviz.app.views.divergence_banner import DivergenceBanner
@@ -77,3 +78,7 @@ class CompareView(QWidget):
     def set_font_scale(self, scale: float) -> None:
         for view in self.views():
             view.set_font_scale(scale)
+
+    def set_theme(self, theme: Theme) -> None:
+        for view in self.views():
+            view.set_theme(theme)

@@ -8,7 +8,8 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QFont, QResizeEvent
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
 
-from kvviz.app import theme
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
 from kvviz.records import RunPlan, StepRecord
 
 ROWS = ("with_cache", "without_cache", "avoided", "ratio")
@@ -18,8 +19,8 @@ ROW_TITLES = {
     "avoided": "avoided",
     "ratio": "ratio",
 }
-ROW_COLOURS = {"with_cache": theme.TEAL, "without_cache": theme.AMBER, "avoided": theme.FOREGROUND,
-               "ratio": theme.FOREGROUND}
+# each row's colour, a Theme field
+ROW_COLOURS = {"with_cache": "teal", "without_cache": "amber", "avoided": "foreground", "ratio": "foreground"}
 STOP_REASONS = {
     "max_new_tokens": "done: max new tokens reached",
     "context_full": "context full: the model's {n_ctx} positions are used up",
@@ -41,8 +42,7 @@ class CounterPanel(QFrame):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("counter")
-        self.setStyleSheet("QFrame#counter { border: 1px solid #3C4350; border-radius: 6px; background: #20242B; }"
-                           " QFrame#counter QLabel { background: transparent; border: none; }")
+        self._theme = themes.current()
         self._plan: RunPlan | None = None
         self._record: StepRecord | None = None
         self._dirty = False
@@ -67,8 +67,6 @@ class CounterPanel(QFrame):
         for row, key in enumerate(ROWS, start=1):
             name = QLabel(ROW_TITLES[key])
             per_layer, all_layers = QLabel("\u2013"), QLabel("\u2013")
-            for label in (name, per_layer, all_layers):
-                label.setStyleSheet(f"color: {ROW_COLOURS[key]};")
             per_layer.setAlignment(Qt.AlignmentFlag.AlignRight)
             all_layers.setAlignment(Qt.AlignmentFlag.AlignRight)
             grid.addWidget(name, row, 0)
@@ -94,6 +92,7 @@ class CounterPanel(QFrame):
         layout.addWidget(self.progress)
         layout.addWidget(self.stop)
         layout.addStretch(1)
+        self._apply_theme()
         self._apply_fonts()
 
     def reset(self, plan: RunPlan) -> None:
@@ -155,9 +154,7 @@ class CounterPanel(QFrame):
                               f"new tokens; step {rec.step + 1}{fill}")
         if rec.final:
             reason = STOP_REASONS.get(rec.stop_reason, rec.stop_reason or "done").format(n_ctx=plan.n_ctx)
-            alert = rec.stop_reason == "context_full"
-            colour = theme.ALERT if alert else theme.TEAL
-            self.stop.setStyleSheet(f"color: {colour}; font-weight: bold;")
+            self._style_stop()
             self.stop.setText(reason[0].upper() + reason[1:])
             self.stop.show()
         else:
@@ -177,6 +174,27 @@ class CounterPanel(QFrame):
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
+
+    def set_theme(self, theme: Theme) -> None:
+        if theme != self._theme:
+            self._theme = theme
+            self._apply_theme()
+
+    def _apply_theme(self) -> None:
+        theme = self._theme
+        self.setStyleSheet(f"QFrame#counter {{ border: 1px solid {theme.border}; border-radius: 6px; "
+                           f"background: {theme.surface}; }}"
+                           " QFrame#counter QLabel { background: transparent; border: none; }"
+                           f" QFrame#counter QLabel#muted {{ color: {theme.muted}; }}")
+        for key in ROWS:
+            for label in (self._names[key], self._per_layer[key], self._all_layers[key]):
+                label.setStyleSheet(f"color: {getattr(theme, ROW_COLOURS[key])};")
+        self._style_stop()
+
+    def _style_stop(self) -> None:
+        alert = self._record is not None and self._record.stop_reason == "context_full"
+        colour = self._theme.alert if alert else self._theme.teal
+        self.stop.setStyleSheet(f"color: {colour}; font-weight: bold;")
 
     def _apply_fonts(self) -> None:
         base = QFont(self.font())

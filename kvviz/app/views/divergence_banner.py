@@ -8,7 +8,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from kvviz.app import theme
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
 from kvviz.app.views.lockstep import token_step
 from kvviz.records import RunPlan, StepRecord
 
@@ -66,6 +67,7 @@ class DivergenceBanner(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.label)
         self._font_scale = 1.0
+        self._theme = themes.current()
         self._broken = False
         self._cached: list[str] = []  # each token step's token text, per run
         self._uncached: list[str] = []
@@ -132,8 +134,13 @@ class DivergenceBanner(QWidget):
         self._apply_style()
         self.label.fit_height()
 
+    def set_theme(self, theme: Theme) -> None:
+        self._theme = theme
+        self._apply_style()
+
     def _apply_style(self) -> None:
         # its own style sheet, as the window's banner has: a font set on a QFont does not reach a styled label
-        self.label.setStyleSheet(f"QLabel#divergenceBanner {{ background: #3A1815; color: {theme.ALERT}; "
-                                 f"border: 1px solid {theme.ALERT}; border-radius: 4px; padding: 4px 8px; "
+        alert, tint = self._theme.alert, self._theme.alert_tint
+        self.label.setStyleSheet(f"QLabel#divergenceBanner {{ background: {tint}; color: {alert}; "
+                                 f"border: 1px solid {alert}; border-radius: 4px; padding: 4px 8px; "
                                  f"font-weight: bold; font-size: {10.0 * self._font_scale:.1f}pt; }}")

@@ -10,7 +10,8 @@ from PySide6.QtCore import QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QScrollArea, QSizePolicy, QWidget
 
-from kvviz.app import theme
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
 from kvviz.app.views.base import chip_text
 from kvviz.app.views.lockstep import format_logit_diff, token_step
 from kvviz.records import RunPlan, StepRecord
@@ -58,11 +59,11 @@ class _Titles(QWidget):
         self._strip = strip
 
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
-        rows = self._strip._rows
+        rows, theme = self._strip._rows, self._strip._theme
         painter = QPainter(self)
-        painter.fillRect(self.rect(), QColor(theme.BACKGROUND))
+        painter.fillRect(self.rect(), QColor(theme.background))
         painter.setFont(rows.font)
-        colours = (theme.MUTED, theme.TEAL, theme.AMBER, theme.MUTED)
+        colours = (theme.muted, theme.teal, theme.amber, theme.muted)
         for index, (title, colour) in enumerate(zip(ROW_TITLES, colours, strict=True)):
             painter.setPen(QColor(colour))
             painter.drawText(rows.row(index, 4, self.width() - 8),
@@ -82,14 +83,14 @@ class _Entries(QWidget):
         self.setAttribute(Qt.WidgetAttribute.WA_StaticContents, True)
 
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
-        strip, rows = self._strip, self._strip._rows
+        strip, rows, theme = self._strip, self._strip._rows, self._strip._theme
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         exposed = event.rect()
-        painter.fillRect(exposed, QColor(theme.BACKGROUND))
+        painter.fillRect(exposed, QColor(theme.background))
         painter.setFont(rows.font)
         if not strip._entries:
-            painter.setPen(QColor(theme.MUTED))
+            painter.setPen(QColor(theme.muted))
             left_middle = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
             painter.drawText(self.rect().adjusted(6, 0, 0, 0), left_middle, strip._placeholder)
             painter.end()
@@ -100,17 +101,17 @@ class _Entries(QWidget):
         centre = Qt.AlignmentFlag.AlignCenter
         for i in range(first, min(last, len(strip._entries))):
             entry, left, width = strip._entries[i], lefts[i], strip._widths[i] - GAP
-            painter.setPen(QColor(theme.MUTED))
+            painter.setPen(QColor(theme.muted))
             painter.drawText(rows.row(0, left, width), centre, str(entry.step))
-            edge_alert = QColor(theme.ALERT)
-            for row, text, colour in ((1, entry.cached, theme.TEAL), (2, entry.uncached, theme.AMBER)):
+            edge_alert = QColor(theme.alert)
+            for row, text, colour in ((1, entry.cached, theme.teal), (2, entry.uncached, theme.amber)):
                 rect = rows.row(row, left, width)
                 painter.setPen(QPen(QColor(colour) if entry.same else edge_alert, 1.2))
-                painter.setBrush(QColor("#2E3440") if entry.same else QColor("#3A1815"))
+                painter.setBrush(QColor(theme.raised) if entry.same else QColor(theme.alert_tint))
                 painter.drawRoundedRect(rect, 4, 4)
-                painter.setPen(QColor(theme.FOREGROUND))
+                painter.setPen(QColor(theme.foreground))
                 painter.drawText(rect, centre, text)
-            painter.setPen(QColor(theme.TEAL if entry.same else theme.ALERT))
+            painter.setPen(QColor(theme.teal if entry.same else theme.alert))
             painter.drawText(rows.row(3, left, width), centre, f"{entry.mark} {entry.logit_diff}")
         painter.end()
 
@@ -136,6 +137,7 @@ class IdentityStrip(QWidget):
         self._placeholder = PLACEHOLDER
         self._follow_newest = True
         self._width_of: dict[str, float] = {}
+        self._theme = themes.current()
 
         self.titles = _Titles(self)
         self.canvas = _Entries(self)
@@ -145,7 +147,6 @@ class IdentityStrip(QWidget):
         self.scroll.setFrameShape(QFrame.Shape.NoFrame)
         self.scroll.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
-        self.scroll.setStyleSheet(f"QScrollArea, QScrollArea > QWidget > QWidget {{ background: {theme.BACKGROUND}; }}")
         bar = self.scroll.horizontalScrollBar()
         bar.rangeChanged.connect(self._on_range_changed)
         bar.valueChanged.connect(self._on_value_changed)
@@ -155,6 +156,7 @@ class IdentityStrip(QWidget):
         layout.addWidget(self.titles)
         layout.addWidget(self.scroll, 1)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self._apply_theme()
         self._apply_fonts()
 
     # ----- public interface -----
@@ -196,6 +198,16 @@ class IdentityStrip(QWidget):
         self._apply_fonts()
         self._layout_from(0)
         self._resize_canvas()
+        self.canvas.update()
+
+    def set_theme(self, theme: Theme) -> None:
+        self._theme = theme
+        self._apply_theme()
+
+    def _apply_theme(self) -> None:
+        background = self._theme.background
+        self.scroll.setStyleSheet(f"QScrollArea, QScrollArea > QWidget > QWidget {{ background: {background}; }}")
+        self.titles.update()
         self.canvas.update()
 
     def sizeHint(self) -> QSize:  # noqa: N802

@@ -10,9 +10,10 @@ from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QAction, QCursor, QFont, QFontMetrics, QImage, QPixmap, QResizeEvent
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
-from kvviz.app import theme
+from kvviz.app import theme as themes
 from kvviz.app.flow_layout import FlowLayout
-from kvviz.app.views.base import cache_axes, chip_text
+from kvviz.app.theme import Theme
+from kvviz.app.views.base import cache_axes, chip_text, style_plot
 from kvviz.records import RunPlan, StepRecord
 
 # Cell states, the values of `KVGridView.cell_states()`.
@@ -21,7 +22,6 @@ PENDING = 1  # the token exists, its K/V has not been computed yet
 COMPUTED = 2  # K/V computed in this pass (amber)
 REUSED = 3  # K/V read from the cache in this pass (teal)
 
-STATE_COLOURS = {EMPTY: theme.EMPTY, PENDING: theme.PENDING, COMPUTED: theme.AMBER, REUSED: theme.TEAL}
 STATE_NAMES = {
     EMPTY: "not generated yet",
     PENDING: "token without K/V yet",
@@ -35,11 +35,16 @@ LOCKSTEP_RUNS = ("cached", "uncached")  # which run of a compare-mode lockstep a
 BROKEN_NOTE = "BROKEN on purpose (teaching switch)"
 
 
-def _tile(state: int, size: int, colour_blind: bool) -> np.ndarray:
+def state_colours(theme: Theme) -> dict[int, str]:
+    """Each cell state's colour in `theme`."""
+    return {EMPTY: theme.empty, PENDING: theme.pending, COMPUTED: theme.amber, REUSED: theme.teal}
+
+
+def _tile(state: int, size: int, colour_blind: bool, theme: Theme) -> np.ndarray:
     """(size, size, 4) RGBA pixels of one cell; a 1 px gap when cells are big, patterns for colour-blind mode."""
     tile = np.empty((size, size, 4), dtype=np.uint8)
-    tile[:] = theme.rgba(STATE_COLOURS[state])
-    dark = np.array(theme.rgba(theme.GRID_LINE), dtype=np.uint8)
+    tile[:] = themes.rgba(state_colours(theme)[state])
+    dark = np.array(themes.rgba(theme.grid_line), dtype=np.uint8)
     if colour_blind and size >= 5:
         yy, xx = np.mgrid[0:size, 0:size]
         if state == COMPUTED:  # diagonal stripes
@@ -50,14 +55,16 @@ def _tile(state: int, size: int, colour_blind: bool) -> np.ndarray:
         elif state == PENDING:  # a horizontal bar
             tile[size // 2, :] = dark
     if size >= 4:
-        tile[-1, :] = dark
-        tile[:, -1] = dark
+        gap = max(1, round(size * theme.cell_gap))
+        tile[-gap:, :] = dark
+        tile[:, -gap:] = dark
     return tile
 
 
-def state_swatch(state: int, colour_blind: bool, size: int = 14) -> QPixmap:
+def state_swatch(state: int, colour_blind: bool, theme: Theme, size: int = 14) -> QPixmap:
     """A legend swatch drawn with the same tile as the grid."""
-    tile = np.ascontiguousarray(_tile(state, size, colour_blind)[:-1, :-1] if size >= 4 else _tile(state, size, False))
+    tile = np.ascontiguousarray(_tile(state, size, colour_blind, theme)[:-1, :-1] if size >= 4
+                                else _tile(state, size, False, theme))
     h, w = tile.shape[:2]
     image = QImage(tile.data, w, h, 4 * w, QImage.Format.Format_RGBA8888)
     return QPixmap.fromImage(image.copy())
@@ -89,6 +96,7 @@ class KVGridView(QWidget):
         self._ticks: tuple | None = None  # (left, bottom, label) last given to the axes
         self._colour_blind = False
         self._font_scale = 1.0
+        self._theme = themes.current()
         self._tiles: dict[tuple[int, bool], np.ndarray] = {}
         self._labels: list[str] = []
         self._states = np.zeros((1, 1), dtype=np.uint8)
@@ -99,7 +107,7 @@ class KVGridView(QWidget):
         self._dirty = False
         self._hover: tuple[int, int] | None = None
 
-        self.plot_widget = pg.PlotWidget(background=theme.BACKGROUND)
+        self.plot_widget = pg.PlotWidget()
         self.plot_widget.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.plot_widget.setMouseTracking(True)
         self.plot_widget.setMinimumHeight(PLOT_MIN_HEIGHT)
@@ -140,9 +148,6 @@ class KVGridView(QWidget):
 
         self.setObjectName("kvGrid")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        self.setStyleSheet(f"QWidget#kvGrid {{ background: {theme.BACKGROUND}; }} "
-                           f"QWidget#kvGrid QLabel {{ color: {theme.FOREGROUND}; background: transparent; }} "
-                           f"QWidget#kvGrid QLabel#muted {{ color: {theme.MUTED}; }}")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(4)
@@ -151,7 +156,7 @@ class KVGridView(QWidget):
         layout.addLayout(self.legend_row)
         for index in range(self.legend_row.count()):
             self.legend_row.itemAt(index).widget().setVisible(legend)  # hidden entries take no room
-        self._update_legend()
+        self._apply_theme()
         self._apply_fonts()
 
     # ----- public interface -----
@@ -207,7 +212,7 @@ class KVGridView(QWidget):
         self._dirty = False
         self._draw_image()
         self._update_ticks()
-        self.title.setText(f"<b>{self._mode_name()}</b> &nbsp; <span style='color:{theme.MUTED}'>"
+        self.title.setText(f"<b>{self._mode_name()}</b> &nbsp; <span style='color:{self._theme.muted}'>"
                            "no compare run: this grid shows one run of compare mode</span>")
 
     def _mode_name(self, plan: RunPlan | None = None) -> str:
@@ -254,6 +259,28 @@ class KVGridView(QWidget):
         self._dirty = True
         self.refresh()
 
+    def set_theme(self, theme: Theme) -> None:
+        """Draw the cells, axes, labels and background in `theme`'s colours."""
+        if theme == self._theme:
+            return
+        self._theme = theme
+        self._apply_theme()
+        if self._plan is not None:
+            self._dirty = True
+            self.refresh()
+        elif self._was_reset:
+            self._show_nothing()  # an empty lockstep grid: its title's colours
+
+    def _apply_theme(self) -> None:
+        theme = self._theme
+        self._tiles = {}
+        self.plot_widget.setBackground(theme.background)
+        style_plot(self.plot_item, theme)
+        self.setStyleSheet(f"QWidget#kvGrid {{ background: {theme.background}; }} "
+                           f"QWidget#kvGrid QLabel {{ color: {theme.foreground}; background: transparent; }} "
+                           f"QWidget#kvGrid QLabel#muted {{ color: {theme.muted}; }}")
+        self._update_legend()
+
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
@@ -298,7 +325,8 @@ class KVGridView(QWidget):
     def _tiles_for(self, size: int) -> np.ndarray:
         key = (size, self._colour_blind)
         if key not in self._tiles:
-            self._tiles[key] = np.stack([_tile(s, size, self._colour_blind) for s in range(4)])  # (4, s, s, 4)
+            self._tiles[key] = np.stack([_tile(s, size, self._colour_blind, self._theme)
+                                         for s in range(4)])  # (4, s, s, 4)
         return self._tiles[key]
 
     def _draw_image(self) -> None:
@@ -351,26 +379,26 @@ class KVGridView(QWidget):
             return
         mode = self._mode_name(plan)
         if plan.cache_fault:
-            mode = f"<span style='color:{theme.ALERT}'>{mode} \u2014 {BROKEN_NOTE}</span>"
+            mode = f"<span style='color:{self._theme.alert}'>{mode} \u2014 {BROKEN_NOTE}</span>"
         size = f"{plan.n_layer} layers \u00d7 {plan.width} positions"
         if self.lockstep is None:
             head = f"<b>K/V per layer and position</b> &nbsp; {size}, {mode}"
         else:
-            colour = theme.TEAL if plan.use_cache else theme.AMBER
+            colour = self._theme.teal if plan.use_cache else self._theme.amber
             head = f"<b><span style='color:{colour}'>{mode}</span></b> &nbsp; K/V per layer and position, {size}"
         if rec is None:
             detail = f"prompt of {plan.prompt_tokens} tokens ready; press Space to compute step 1"
         else:
             fed = rec.fed_stop - rec.fed_start
-            amber = f"<span style='color:{theme.AMBER}'>computed {fed} position{'s' if fed != 1 else ''}</span>"
-            teal = f"<span style='color:{theme.TEAL}'>reused {rec.fed_start}</span>"
+            amber = f"<span style='color:{self._theme.amber}'>computed {fed} position{'s' if fed != 1 else ''}</span>"
+            teal = f"<span style='color:{self._theme.teal}'>reused {rec.fed_start}</span>"
             what = "cache fill, no new token" if rec.token_id is None else f"token {rec.new_tokens}"
             detail = f"step {rec.step + 1} ({what}): {amber} \u00d7 {rec.n_layer} layers, {teal}"
-        self.title.setText(f"{head}<br><span style='color:{theme.MUTED}'>{detail}</span>")
+        self.title.setText(f"{head}<br><span style='color:{self._theme.muted}'>{detail}</span>")
 
     def _update_legend(self) -> None:
         for swatch, _text, state in self._legend_labels:
-            swatch.setPixmap(state_swatch(state, self._colour_blind))
+            swatch.setPixmap(state_swatch(state, self._colour_blind, self._theme))
 
     def _apply_fonts(self) -> None:
         font = QFont(self.font())

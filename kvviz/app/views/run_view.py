@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
+from kvviz.app.theme import Theme
 from kvviz.app.views.counter import CounterPanel
 from kvviz.app.views.kv_grid import KVGridView
 from kvviz.app.views.token_strip import TokenStrip
@@ -61,3 +62,7 @@ class RunView(QWidget):
     def set_font_scale(self, scale: float) -> None:
         for view in self.views():
             view.set_font_scale(scale)
+
+    def set_theme(self, theme: Theme) -> None:
+        for view in self.views():
+            view.set_theme(theme)

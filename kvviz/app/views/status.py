@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 from PySide6.QtWidgets import QLabel, QWidget
 
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
 from kvviz.records import RunPlan, StepRecord
 
 
@@ -22,6 +24,7 @@ class StatusLine(QLabel):
         self._record: StepRecord | None = None
         self._dirty = False
         self._sticky = False
+        self._theme = themes.current()
 
     def show_message(self, text: str, sticky: bool = True) -> None:
         """Say `text` instead of the run's line (see the class)."""
@@ -59,7 +62,15 @@ class StatusLine(QLabel):
         else:
             text += f"{rec.new_tokens}/{plan.budget} tokens \u00b7 step {rec.step + 1} took {rec.seconds * 1000:.1f} ms"
         self.setText(text)
-        self.setStyleSheet("color: #c62828; font-weight: bold;" if plan.cache_broken else "")
+        self._style()
+
+    def _style(self) -> None:
+        broken = self._plan is not None and self._plan.cache_broken
+        self.setStyleSheet(f"color: {self._theme.alert}; font-weight: bold;" if broken else "")
+
+    def set_theme(self, theme: Theme) -> None:
+        self._theme = theme
+        self._style()
 
     def set_font_scale(self, scale: float) -> None:
         pass  # the status bar keeps the system font: it is hidden in presenter mode

@@ -9,7 +9,8 @@ from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from kvviz.app import theme
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
 from kvviz.app.views.base import chip_text
 from kvviz.records import RunPlan, StepRecord
 
@@ -84,6 +85,7 @@ class TokenStrip(QWidget):
         self._fed = (0, 0)
         self._font_scale = 1.0
         self._widths: list[float] = []
+        self._theme = themes.current()
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self._apply_fonts()
 
@@ -121,6 +123,10 @@ class TokenStrip(QWidget):
         self.updateGeometry()
         self.update()
 
+    def set_theme(self, theme: Theme) -> None:
+        self._theme = theme
+        self.update()
+
     def _apply_fonts(self) -> None:
         font = QFont(self.font())
         font.setPointSizeF(11.0 * self._font_scale)
@@ -152,10 +158,11 @@ class TokenStrip(QWidget):
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        painter.fillRect(self.rect(), QColor(theme.BACKGROUND))
+        theme = self._theme
+        painter.fillRect(self.rect(), QColor(theme.background))
         painter.setFont(self._font)
         if not self._labels:
-            painter.setPen(QColor(theme.MUTED))
+            painter.setPen(QColor(theme.muted))
             align = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
             painter.drawText(self.rect().adjusted(6, 0, 0, 0), align, "Tokens appear here once the model is loaded.")
             painter.end()
@@ -166,22 +173,22 @@ class TokenStrip(QWidget):
         for i, rect in layout.chips:
             generated = i >= self._prompt_tokens
             if i == newest:
-                fill, edge, ink = QColor(theme.AMBER), QColor(theme.AMBER), QColor("#1B1E24")
+                fill, edge, ink = QColor(theme.amber), QColor(theme.amber), QColor(theme.on_amber)
             elif generated:
-                fill, edge, ink = QColor("#2E3440"), QColor(theme.AMBER), QColor(theme.FOREGROUND)
+                fill, edge, ink = QColor(theme.raised), QColor(theme.amber), QColor(theme.foreground)
             else:
-                fill, edge, ink = QColor("#3A404C"), QColor("#6A7282"), QColor(theme.FOREGROUND)
+                fill, edge, ink = QColor(theme.chip), QColor(theme.chip_edge), QColor(theme.foreground)
             painter.setPen(QPen(edge, 1.2))
             painter.setBrush(fill)
             painter.drawRoundedRect(rect, 4, 4)
             painter.setPen(ink)
             painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, self._labels[i])
             if fed_start <= i < fed_stop:
-                painter.setPen(QPen(QColor(theme.AMBER), 3.0))
+                painter.setPen(QPen(QColor(theme.amber), 3.0))
                 painter.drawLine(QPointF(rect.left() + 3, rect.bottom() + 4.0),
                                  QPointF(rect.right() - 3, rect.bottom() + 4.0))
         if layout.label is not None:
-            painter.setPen(QColor(theme.MUTED))
+            painter.setPen(QColor(theme.muted))
             painter.drawText(layout.label, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                              earlier_label(layout.hidden))
         painter.end()

@@ -10,8 +10,9 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QAction, QFont, QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
-from kvviz.app import theme
-from kvviz.app.views.base import cache_axes, nice_ceiling
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
+from kvviz.app.views.base import cache_axes, nice_ceiling, style_plot
 from kvviz.records import RunPlan, StepRecord
 
 SERIES = ("without_cache", "with_cache", "ms_per_step", "cache_mib")
@@ -45,9 +46,9 @@ class WorkChart(QWidget):
         self._mib: list[float] = []
         self._dirty_work = self._dirty_time = self._dirty_memory = False
         self._ms_top: float | None = None
+        self._theme = themes.current()
 
         self.layout_widget = pg.GraphicsLayoutWidget()
-        self.layout_widget.setBackground(theme.BACKGROUND)
         self.layout_widget.ci.setSpacing(6)
         self.work_plot = self.layout_widget.addPlot(row=0, col=0, colspan=2)
         self.ms_plot = self.layout_widget.addPlot(row=1, col=0)
@@ -55,25 +56,16 @@ class WorkChart(QWidget):
         self.layout_widget.ci.layout.setRowStretchFactor(0, 5)
         self.layout_widget.ci.layout.setRowStretchFactor(1, 2)
 
-        self.legend = self.work_plot.addLegend(offset=(10, 10), labelTextColor=theme.FOREGROUND,
-                                               brush=pg.mkBrush(27, 30, 36, 200))
-        amber_pen = pg.mkPen(theme.AMBER, width=3)
-        teal_pen = pg.mkPen(theme.TEAL, width=3)
-        self.without_curve = self.work_plot.plot([], [], pen=amber_pen, name="without cache",
-                                                 symbolBrush=theme.AMBER, symbolPen=None, symbolSize=6)
-        self.with_curve = self.work_plot.plot([], [], pen=teal_pen, name="with cache",
-                                              symbolBrush=theme.TEAL, symbolPen=None, symbolSize=6)
+        self.legend = self.work_plot.addLegend(offset=(10, 10))
+        self.without_curve = self.work_plot.plot([], [], name="without cache", symbolPen=None, symbolSize=6)
+        self.with_curve = self.work_plot.plot([], [], name="with cache", symbolPen=None, symbolSize=6)
         self.work_plot.setLabel("left", "K/V computed")
         self.work_plot.setLabel("bottom", "step")
-        self.work_plot.setTitle("Cumulative K/V computations per layer", color=theme.FOREGROUND)
-        self.ms_curve = self.ms_plot.plot([], [], pen=pg.mkPen(theme.FOREGROUND, width=2), stepMode=None)
-        self.ms_plot.setTitle("measured ms per step", color=theme.MUTED)
+        self.ms_curve = self.ms_plot.plot([], [], stepMode=None)
         self.ms_plot.setLabel("bottom", "step")
-        self.mem_curve = self.mem_plot.plot([], [], pen=pg.mkPen(theme.TEAL, width=2),
-                                            fillLevel=0, brush=pg.mkBrush(31, 166, 160, 60))
-        self.mem_plot.setTitle("KV cache memory (MiB)", color=theme.MUTED)
+        self.mem_curve = self.mem_plot.plot([], [], fillLevel=0)
         self.mem_plot.setLabel("bottom", "step")
-        self.mem_note = pg.TextItem("", color=theme.MUTED, anchor=(0.5, 0.5))
+        self.mem_note = pg.TextItem("", anchor=(0.5, 0.5))
         self.mem_plot.addItem(self.mem_note, ignoreBounds=True)
         for plot in (self.work_plot, self.ms_plot, self.mem_plot):
             plot.setMenuEnabled(False)
@@ -91,6 +83,7 @@ class WorkChart(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.layout_widget)
         self._small_plots_shown = True
+        self._apply_theme()
         self._apply_fonts()
 
     # ----- public interface -----
@@ -192,6 +185,29 @@ class WorkChart(QWidget):
         self._apply_fonts()
         self._fit_small_plots()
 
+    def set_theme(self, theme: Theme) -> None:
+        """Draw the background, axes, curves, titles and legend in `theme`'s colours."""
+        if theme != self._theme:
+            self._theme = theme
+            self._apply_theme()
+            self._apply_fonts()  # the titles and the legend's labels carry their colour
+
+    def _apply_theme(self) -> None:
+        theme = self._theme
+        self.layout_widget.setBackground(theme.background)
+        for plot in (self.work_plot, self.ms_plot, self.mem_plot):
+            style_plot(plot, theme)
+        self.legend.setBrush(pg.mkBrush(*themes.rgba(theme.background, 200)))
+        self.legend.setLabelTextColor(theme.foreground)
+        for curve, colour in ((self.without_curve, theme.amber), (self.with_curve, theme.teal)):
+            curve.setPen(pg.mkPen(colour, width=3))
+            curve.setSymbolBrush(colour)
+            curve.scatter.setBrush(colour)  # the legend's sample reads it, before the first point too
+        self.ms_curve.setPen(pg.mkPen(theme.foreground, width=2))
+        self.mem_curve.setPen(pg.mkPen(theme.teal, width=2))
+        self.mem_curve.setBrush(pg.mkBrush(*themes.rgba(theme.teal, 60)))
+        self.mem_note.setColor(theme.muted)
+
     @property
     def small_plots_shown(self) -> bool:
         """Whether the time and memory plots are on screen (a short chart gives their room to the work plot)."""
@@ -231,13 +247,14 @@ class WorkChart(QWidget):
             plot.getAxis("left").setWidth(metrics.horizontalAdvance(widest) + 2 * metrics.height())
         size = f"{max(8, round(11 * self._font_scale))}pt"
         small = f"{max(7, round(9 * self._font_scale))}pt"
-        self.work_plot.setTitle("Cumulative K/V computations per layer", color=theme.FOREGROUND, size=size)
-        self.ms_plot.setTitle("measured ms per step", color=theme.MUTED, size=small)
-        self.mem_plot.setTitle("KV cache memory (MiB)", color=theme.MUTED, size=small)
+        theme = self._theme
+        self.work_plot.setTitle("Cumulative K/V computations per layer", color=theme.foreground, size=size)
+        self.ms_plot.setTitle("measured ms per step", color=theme.muted, size=small)
+        self.mem_plot.setTitle("KV cache memory (MiB)", color=theme.muted, size=small)
         self._style_legend()
         self.mem_note.setFont(font)
 
     def _style_legend(self) -> None:
         size = f"{max(8, round(10 * self._font_scale))}pt"
         for _sample, label in self.legend.items:
-            label.setText(label.text, size=size, color=theme.FOREGROUND)
+            label.setText(label.text, size=size, color=self._theme.foreground)
