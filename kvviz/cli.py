@@ -48,6 +48,7 @@ import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 from kvviz import bench  # noqa: E402  (torch-free at import: the benchmarks load it when they run)
+from kvviz.cli_export import app_export, cmd_export  # noqa: E402
 from kvviz.cli_parser import (  # noqa: E402
     BROKEN_CACHE_FAULT,
     GUI_BENCH_REPEAT,
@@ -189,48 +190,6 @@ def _print_result(result: dict, as_json: bool, title: str) -> None:
         print(f"  {key:<34}" + (f"{value:,.3f}" if isinstance(value, float) else f"{value}"))
 
 
-def _app_export(name: str, command: str) -> Callable:  # kvviz.app.export's `name`, if the app's packages load
-    try:
-        import kvviz.app.export as export
-    except ImportError as exc:
-        raise UsageError(f"{command} needs PySide6 and pyqtgraph ({exc})") from exc
-    return getattr(export, name)
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    if args.animate:
-        return cmd_export_animation(args)
-    animation_only = {"--target": args.target, "--steps": args.steps, "--fps": args.fps, "--hold-last": args.hold_last}
-    for option, value in animation_only.items():
-        if value is not None:
-            raise UsageError(f"{option} is for an animation: add --animate")
-    for fmt in (args.format or "").split(","):
-        if fmt.strip().lower().lstrip(".") in ("gif", "mp4"):
-            raise UsageError(f"--format {fmt.strip()}: an animation; add --animate (stills are png, svg, pdf)")
-    run_export = _app_export("run_export", "export")
-    if args.break_cache and not args.compare:
-        raise UsageError("--break-cache shows in the compare view: add --compare")
-    paths = run_export(args.model, args.prompt, args.new_tokens, args.out, args.format or "png,svg,pdf",
-                       use_cache=not args.no_cache, width=args.width or 1920, compare=args.compare,
-                       break_cache=args.break_cache, theme=args.theme)  # checked first thing
-    print(*paths, sep="\n")
-    return 0
-
-
-def cmd_export_animation(args: argparse.Namespace) -> int:
-    """`kvviz export --animate`: a GIF and/or an MP4 of one view, a frame per step."""
-    run_animation = _app_export("run_animation", "export --animate")
-    if args.break_cache and not args.compare:
-        raise UsageError("--break-cache shows in the compare view: add --compare")
-    given = {"formats": args.format, "width": args.width, "target": args.target, "steps": args.steps,
-             "fps": args.fps, "hold": args.hold_last}
-    paths = run_animation(args.model, args.prompt, args.new_tokens, args.out, use_cache=not args.no_cache,
-                          compare=args.compare, break_cache=args.break_cache, theme=args.theme,
-                          **{name: value for name, value in given.items() if value is not None})
-    print(*paths, sep="\n")
-    return 0
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -263,7 +222,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_lesson(args: argparse.Namespace) -> int:
     from kvviz.cli_lesson import run_lesson
 
-    return run_lesson(args, lambda: _app_export("export_lesson", "lesson --export"))  # the app for --export only
+    return run_lesson(args, lambda: app_export("export_lesson", "lesson --export"))  # the app for --export only
 
 
 def cmd_gui(args: argparse.Namespace) -> int:
