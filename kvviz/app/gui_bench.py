@@ -218,7 +218,7 @@ def _timed_gui_run(window, wait, prepared_run, new_tokens: int) -> dict:
     clock.start()
     stall_timer.start()
     window.toggle_play()
-    wait(lambda: session.finished, "the autoplay run", window.run_done)
+    wait(lambda: bool(finished_at), "the autoplay run", window.run_done)  # run_done comes after `finished`
     gui_cpu_seconds = time.thread_time() - cpu0
     seconds = finished_at[-1] - t0  # to the GUI thread taking the final record, not to the next poll
     stall_timer.stop()

@@ -208,6 +208,7 @@ class RunSession(QObject):
         self.state_changed.emit()
 
     def _on_playing_changed(self, playing: bool) -> None:
+        worker_thread_guards.hold_old_generations(playing)
         self.playing = playing
         self.playing_changed.emit(playing)
         self.state_changed.emit()

@@ -45,6 +45,12 @@ class WorkerThreadGuards:
             self._timer.start()
         self._holders += 1
 
+    def hold_old_generations(self, hold: bool) -> None:
+        """While autoplay runs, collect only the youngest generation (a few ms); the older ones, whose
+        collections take tens of ms, wait for the pause."""
+        if self._collector is not None:
+            self._collector.hold_old = hold
+
     def settle(self) -> None:
         """After a model load (the GUI thread, while the load's own pause lasts): collect everything
         once, then freeze what is left, so that later full collections only look at objects made
@@ -79,6 +85,7 @@ class GuiThreadCollector:
 
     def __init__(self) -> None:
         self._long_lived_total = len(gc.get_objects(generation=2))
+        self.hold_old = False  # only the youngest generation for now (autoplay)
 
     def rebase(self) -> None:
         """Count long-lived objects afresh (after a freeze)."""
@@ -87,6 +94,8 @@ class GuiThreadCollector:
     def collect(self) -> int:
         """Collect what Python would have by now; returns the number of unreachable objects found."""
         counts, thresholds = gc.get_count(), gc.get_threshold()
+        if self.hold_old:
+            return gc.collect(0) if counts[0] > 0 else 0
         if counts[1] > thresholds[1] and counts[2] > thresholds[2]:
             long_lived = len(gc.get_objects(generation=2))
             if long_lived - self._long_lived_total > self._long_lived_total // 4:
