@@ -349,8 +349,8 @@ def test_counts_show_both_runs_measured_work(view, lockstep, primary_cached):
     last_uncached = [p for r in records for p in r.lockstep_passes()[1]][-1]
     assert (values["with_cache"], values["without_cache"]) == (last_cached.kv_computed_total,
                                                               last_uncached.kv_computed_total)
-    assert view.counts._per_layer["with_cache"].text() == str(P + N)
-    assert view.counts._per_layer["ratio"].text() == f"{values['ratio']:.2f}\u00d7"
+    assert view.counts.table.labels["with_cache"][1].text() == str(P + N)
+    assert view.counts.table.labels["ratio"][1].text() == f"{values['ratio']:.2f}\u00d7"
 
 
 def test_counts_during_the_run_are_each_runs_latest_totals(view, lockstep):

@@ -84,7 +84,7 @@ def test_space_steps_match_engine(qtbot, window, app_model):
     assert (values["with_cache"], values["without_cache"], values["avoided"]) == (15, 102, 87)
     assert values["ratio"] == pytest.approx(6.8)
     assert values["with_cache_all_layers"] == 15 * window.session.plan.n_layer
-    assert window.counter._per_layer["without_cache"].text().replace("\u2009", "") == "102"
+    assert window.counter.table.labels["without_cache"][1].text().replace("\u2009", "") == "102"
 
     ids, records = engine_run(app_model, PROMPT, N)
     from kvviz.tokenizer import get_tokenizer
@@ -298,11 +298,11 @@ def test_export_dialog_gets_the_caption_and_the_step_from_the_run(qtbot, window,
 
 
 def test_presenter_mode_and_zoom(qtbot, window):
-    font_before = window.counter._per_layer["with_cache"].font().pointSizeF()
+    font_before = window.counter.table.labels["with_cache"][1].font().pointSizeF()
     press(qtbot, window, Qt.Key.Key_F11)
     assert window.presentation.presenter and window.menuBar().isHidden()
     assert all(w.isHidden() for w in window.controls.settings_widgets)
-    assert window.counter._per_layer["with_cache"].font().pointSizeF() > font_before
+    assert window.counter.table.labels["with_cache"][1].font().pointSizeF() > font_before
     press(qtbot, window, Qt.Key.Key_Space)  # stepping still works without the menu bar
     wait_tokens(qtbot, window, 1)
     press(qtbot, window, Qt.Key.Key_Escape)

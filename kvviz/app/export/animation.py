@@ -32,7 +32,7 @@ from PySide6.QtWidgets import QApplication, QWidget
 from kvviz.app import theme as themes
 from kvviz.app.export.caption import make_caption
 from kvviz.app.export.encoders import GifFrames, Mp4Encoder, padded
-from kvviz.app.export.files import ExportError, check_png_width, check_target_path, write_export
+from kvviz.app.export.files import ExportError, all_or_nothing, check_png_width, check_target_path, write_export
 from kvviz.app.export.headless import (
     CHART_SIZE,
     COMPARE_SIZE,
@@ -40,6 +40,7 @@ from kvviz.app.export.headless import (
     VIEW_SIZE,
     build_view_area,
     ensure_application,
+    planned_run,
     without_offscreen_chatter,
 )
 from kvviz.app.export.render import png_size, render_png
@@ -247,14 +248,7 @@ def write_animation(source: AnimationSource, target: str, paths: Sequence[Path |
             raise ExportError(f"{path}: an animation is a .gif or an .mp4 file")
         by_format[fmt] = path
     folders = {path.parent for path in by_format.values()}
-    made = [f for folder in folders for f in (folder, *folder.parents) if not f.exists()]
-    written: list[Path] = []
-    try:
-        for folder in folders:
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ExportError(f"{folder}: cannot create the folder ({exc.strerror or exc})") from exc
+    with all_or_nothing(*folders) as written:
         for path in by_format.values():
             check_target_path(path)
         frames = _Frames(source, target, spec)
@@ -268,14 +262,6 @@ def write_animation(source: AnimationSource, target: str, paths: Sequence[Path |
             data = _write(by_format["gif"], lambda: gif.encode(spec.gif_durations_ms()))
             written.append(_write(by_format["gif"], lambda: write_export(by_format["gif"], data)))
         return [path for path in map(Path, paths) if path in written]
-    except BaseException:
-        for path in written:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        for folder in sorted(made, key=lambda f: len(f.parts), reverse=True):  # innermost first
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise
 
 
 def _write(path: Path, action: Callable):
@@ -352,24 +338,10 @@ def run_animation(model: str | None, prompt: str, new_tokens: int, out_dir: Path
         raise ExportError(f"{out_dir}: {problem}")
 
     ensure_application()
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
-
-    loaded = load_model(model)
-    engine = Engine(loaded.model)
-    prompt_ids = engine.encode_prompt(prompt)
-    fault = "late_write" if break_cache else ""
-    if compare:
-        from kvviz.compare import Lockstep, plan_lockstep
-
-        plan = plan_lockstep(engine, prompt_ids, new_tokens, use_cache, cache_fault=fault, prompt=prompt,
-                             model_name=loaded.name)
-    else:
-        plan = engine.plan(prompt_ids, new_tokens, use_cache, prompt=prompt, model_name=loaded.name,
-                           cache_fault=fault if use_cache else "")
+    plan, run = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache)
     first, last = steps if steps is not None else (1, plan.passes)
     check_steps(first, last, plan.passes)  # before the run: the plan knows its passes
-    records = tuple(Lockstep(engine, plan).records() if compare else engine.run(plan))
+    records = tuple(run())
     spec = AnimationSpec(first, min(last, len(records)), fps, hold, width)
     paths = [out_dir / animation_file_name(target, fmt, spec.first, spec.last) for fmt in formats]
     with without_offscreen_chatter(), themes.using(theme):

@@ -7,6 +7,8 @@ process umask is never read or changed (the worker thread may be creating files 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from kvviz.errors import KvvizError
@@ -80,3 +82,27 @@ def write_export(path: Path, data: bytes) -> Path:
         return write_atomically(path, data)
     except OSError as exc:
         raise ExportError(f"{path}: could not be written ({exc.strerror or exc})") from exc
+
+
+@contextlib.contextmanager
+def all_or_nothing(*folders: Path) -> Iterator[list[Path]]:
+    """Make `folders`, and give a list to note each written file in: on any failure (a full disk, an
+    interrupt, a closed output, a cancel) those files and the folders made here are removed."""
+    made = sorted({f for folder in folders for f in (folder, *folder.parents) if not f.exists()},
+                  key=lambda f: len(f.parts), reverse=True)  # innermost first
+    written: list[Path] = []
+    try:
+        for folder in folders:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ExportError(f"{folder}: cannot create the folder ({exc.strerror or exc})") from exc
+        yield written
+    except BaseException:
+        for path in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        for folder in made:  # one that holds something else stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise

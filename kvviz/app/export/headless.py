@@ -8,19 +8,26 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvviz.app.export.caption import default_file_name, make_caption
-from kvviz.app.export.files import DEFAULT_PNG_WIDTH, TARGETS, ExportError, check_png_width, parse_formats
+from kvviz.app.export.files import (
+    DEFAULT_PNG_WIDTH,
+    TARGETS,
+    ExportError,
+    all_or_nothing,
+    check_png_width,
+    parse_formats,
+)
 from kvviz.files import folder_problem
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication
 
     from kvviz.app.views.run_view import RunView
-    from kvviz.engine import Engine
-    from kvviz.records import RunPlan
+    from kvviz.records import RunPlan, StepRecord
 
 CHART_SIZE = (1000, 640)  # logical pixels of each standalone view; PNGs scale the whole rendering to `width`
 GRID_SIZE = (1200, 620)
@@ -119,6 +126,16 @@ def run_export(
 
     app = ensure_application()
 
+    plan, records = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache)
+    render = _render_compare if compare else _render_run
+    with without_offscreen_chatter(), themes.using(theme):
+        return render(app, plan, list(records()), out_dir, formats, width)
+
+
+def planned_run(model: str | None, prompt: str, new_tokens: int, use_cache: bool = True, compare: bool = False,
+                break_cache: bool = False) -> tuple[RunPlan, Callable[[], Iterator[StepRecord]]]:
+    """The plan of a headless run (a lockstep one with `compare`; `break_cache` plants the teaching bug), checked,
+    and a function that runs it: the callers check what the plan tells them before the work starts."""
     from kvviz.engine import Engine
     from kvviz.weights import load_model
 
@@ -131,13 +148,10 @@ def run_export(
 
         plan = plan_lockstep(engine, prompt_ids, new_tokens, use_cache, cache_fault=fault, prompt=prompt,
                              model_name=loaded.name)
-        with without_offscreen_chatter(), themes.using(theme):
-            return _render_compare(app, plan, list(Lockstep(engine, plan).records()), out_dir, formats, width)
+        return plan, lambda: Lockstep(engine, plan).records()
     plan = engine.plan(prompt_ids, new_tokens, use_cache, prompt=prompt, model_name=loaded.name,
                        cache_fault=fault if use_cache else "")
-
-    with without_offscreen_chatter(), themes.using(theme):
-        return _render_run(app, engine, plan, out_dir, formats, width)
+    return plan, lambda: engine.run(plan)
 
 
 def _render_compare(app: QApplication, plan: RunPlan, records: list, out_dir: Path, formats: list[str],
@@ -169,7 +183,7 @@ def _render_compare(app: QApplication, plan: RunPlan, records: list, out_dir: Pa
         app.processEvents()
 
 
-def _render_run(app: QApplication, engine: Engine, plan: RunPlan, out_dir: Path, formats: list[str],
+def _render_run(app: QApplication, plan: RunPlan, records: list, out_dir: Path, formats: list[str],
                 width: int) -> list[Path]:
     from PySide6.QtCore import Qt
 
@@ -184,7 +198,6 @@ def _render_run(app: QApplication, engine: Engine, plan: RunPlan, out_dir: Path,
     try:
         for v in views:
             v.reset(plan)
-        records = list(engine.run(plan))
         if not records:
             raise ExportError("the run produced no step to export")
         for v in views:
@@ -214,24 +227,10 @@ def _write_all(targets: dict, formats: list[str], out_dir: Path, step: int, widt
     and the folders it made."""
     from kvviz.app.export.render import export_widget
 
-    made = [folder for folder in (out_dir, *out_dir.parents) if not folder.exists()]
-    written: list[Path] = []
-    try:
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ExportError(f"{out_dir}: cannot create the folder ({exc.strerror or exc})") from exc
+    with all_or_nothing(out_dir) as written:
         for name in [t for t in TARGETS if t in targets] + [t for t in targets if t not in TARGETS]:
             widget = targets[name][0]
             for fmt in formats:
                 path = out_dir / default_file_name(name, fmt, step)
                 written.append(export_widget(widget, path, width if fmt == "png" else None, caption))
         return written
-    except BaseException:
-        for path in written:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        for folder in made:  # innermost first; one that holds something else stays
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise

@@ -12,8 +12,7 @@ Qt loads with this module; torch and the engine only when `export_lesson` runs.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,7 +34,14 @@ from PySide6.QtWidgets import QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.export.caption import shorten_caption
-from kvviz.app.export.files import DEFAULT_PNG_WIDTH, ExportError, check_png_width, parse_formats, write_export
+from kvviz.app.export.files import (
+    DEFAULT_PNG_WIDTH,
+    ExportError,
+    all_or_nothing,
+    check_png_width,
+    parse_formats,
+    write_export,
+)
 from kvviz.app.export.headless import ensure_application, without_offscreen_chatter
 from kvviz.app.export.render import painting, prepared_for_export
 from kvviz.errors import KvvizError, first_line
@@ -418,7 +424,7 @@ def export_lesson(
     app = ensure_application()
     engines = _step_engines(lesson, model)
     runs = [run_step(engine, name, lesson, index) for index, (name, engine) in enumerate(engines)]
-    with without_offscreen_chatter(), themes.using(theme), _all_or_nothing(out_dir) as written:
+    with without_offscreen_chatter(), themes.using(theme), all_or_nothing(out_dir) as written:
         stage = _Stage(app)
         deck = Deck(lesson.title) if "pdf" in chosen else None
         try:
@@ -449,25 +455,3 @@ def export_lesson(
                 deck.close()
             stage.close()
         return list(written)
-
-
-@contextlib.contextmanager
-def _all_or_nothing(out_dir: Path) -> Iterator[list[Path]]:
-    """The folder made, and a list to note each written file in: on any failure (a full disk, an
-    interrupt, a closed output) those files and the folders made are removed."""
-    made = [folder for folder in (out_dir, *out_dir.parents) if not folder.exists()]
-    written: list[Path] = []
-    try:
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ExportError(f"{out_dir}: cannot create the folder ({exc.strerror or exc})") from exc
-        yield written
-    except BaseException:
-        for path in written:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        for folder in made:  # innermost first; one that holds something else stays
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise

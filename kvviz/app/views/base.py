@@ -35,6 +35,34 @@ class RunViewProtocol(Protocol):
     def set_theme(self, theme: Theme) -> None: ...
 
 
+class ViewGroup:
+    """Several views laid out together (RunView, CompareView) act as one: each call goes to every view of
+    `views()`, in redraw order."""
+
+    def views(self) -> tuple:
+        raise NotImplementedError
+
+    def reset(self, plan: RunPlan) -> None:
+        for view in self.views():
+            view.reset(plan)
+
+    def apply(self, records: Sequence[StepRecord]) -> None:
+        for view in self.views():
+            view.apply(records)
+
+    def refresh(self) -> None:
+        for view in self.views():
+            view.refresh()
+
+    def set_font_scale(self, scale: float) -> None:
+        for view in self.views():
+            view.set_font_scale(scale)
+
+    def set_theme(self, theme) -> None:
+        for view in self.views():
+            view.set_theme(theme)
+
+
 def redraw_slices(view: RunViewProtocol) -> list[Callable[[], None]]:
     """The pieces `view` draws in, one pass of the event loop each."""
     slices = getattr(view, "redraw_slices", None)

@@ -4,23 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QSize
 from PySide6.QtGui import QFont, QResizeEvent
-from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
+from kvviz.app.views.count_table import CountTable
 from kvviz.records import RunPlan, StepRecord
-
-ROWS = ("with_cache", "without_cache", "avoided", "ratio")
-ROW_TITLES = {"with_cache": "with cache", "without_cache": "without cache", "avoided": "avoided", "ratio": "ratio"}
-# each row's colour, a Theme field
-ROW_COLOURS = {"with_cache": "teal", "without_cache": "amber", "avoided": "foreground", "ratio": "foreground"}
-DASH = "\u2013"
-
-
-def _fmt(value: int) -> str:
-    return f"{value:,}".replace(",", "\u2009")
 
 
 class CompareCounts(QFrame):
@@ -45,26 +36,7 @@ class CompareCounts(QFrame):
         self.heading = QLabel("K/V computations, both measured")
         self.heading.setToolTip("One key and value row, for one layer and one token position; "
                                 "each run counts the rows it really projected.")
-        grid = QGridLayout()
-        grid.setHorizontalSpacing(14)
-        grid.setVerticalSpacing(2)
-        self.per_layer_header = QLabel("per layer")
-        self.all_layers_header = QLabel("all layers")
-        for col, header in ((1, self.per_layer_header), (2, self.all_layers_header)):
-            header.setObjectName("muted")
-            header.setAlignment(Qt.AlignmentFlag.AlignRight)
-            grid.addWidget(header, 0, col)
-        self._names: dict[str, QLabel] = {}
-        self._per_layer: dict[str, QLabel] = {}
-        self._all_layers: dict[str, QLabel] = {}
-        for row, key in enumerate(ROWS, start=1):
-            name, per_layer, all_layers = QLabel(ROW_TITLES[key]), QLabel(DASH), QLabel(DASH)
-            per_layer.setAlignment(Qt.AlignmentFlag.AlignRight)
-            all_layers.setAlignment(Qt.AlignmentFlag.AlignRight)
-            grid.addWidget(name, row, 0)
-            grid.addWidget(per_layer, row, 1)
-            grid.addWidget(all_layers, row, 2)
-            self._names[key], self._per_layer[key], self._all_layers[key] = name, per_layer, all_layers
+        self.table = CountTable((14, 2))
         self.progress = QLabel("")
         self.progress.setObjectName("muted")
         self.progress.setWordWrap(True)
@@ -73,7 +45,7 @@ class CompareCounts(QFrame):
         layout.setContentsMargins(10, 6, 10, 6)
         layout.setSpacing(4)
         layout.addWidget(self.heading)
-        layout.addLayout(grid)
+        layout.addLayout(self.table)
         layout.addWidget(self.progress)
         layout.addStretch(1)
         self._apply_theme()
@@ -122,19 +94,11 @@ class CompareCounts(QFrame):
         self._dirty = False
         plan = self._plan
         if plan is None:
-            for key in ROWS:
-                self._per_layer[key].setText(DASH)
-                self._all_layers[key].setText(DASH)
+            self.table.clear()
             self.progress.setText("no compare run")
             return
-        self.all_layers_header.setText(f"all {plan.n_layer} layers")
-        v = self.values()
-        for key in ("with_cache", "without_cache", "avoided"):
-            self._per_layer[key].setText(DASH if v[key] is None else _fmt(int(v[key])))
-            self._all_layers[key].setText(DASH if v[key] is None else _fmt(int(v[f"{key}_all_layers"])))
-        ratio = DASH if v["ratio"] is None else f"{v['ratio']:.2f}\u00d7"
-        self._per_layer["ratio"].setText(ratio)
-        self._all_layers["ratio"].setText(ratio)
+        self.table.show_layers(plan.n_layer)
+        self.table.show_values(self.values())
         steps = max((r.new_tokens for r in (self._cached, self._uncached) if r is not None), default=0)
         self.progress.setText(f"P = {plan.prompt_tokens}, N = {steps} of {plan.budget} tokens; "
                               "each run counts what it projected")
@@ -154,9 +118,7 @@ class CompareCounts(QFrame):
                            f"background: {theme.surface}; }} "
                            "QFrame#compareCounts QLabel { background: transparent; border: none; }"
                            f" QFrame#compareCounts QLabel#muted {{ color: {theme.muted}; }}")
-        for key in ROWS:
-            for label in (self._names[key], self._per_layer[key], self._all_layers[key]):
-                label.setStyleSheet(f"color: {getattr(theme, ROW_COLOURS[key])};")
+        self.table.set_theme(theme)
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802
         """Tall enough for every line at the current width (the wrapped note included), as CounterPanel."""
@@ -178,9 +140,5 @@ class CompareCounts(QFrame):
         heading.setPointSizeF(10.5 * self._font_scale)
         heading.setBold(True)
         self.heading.setFont(heading)
-        for label in (self.progress, self.per_layer_header, self.all_layers_header):
-            label.setFont(normal)
-        for key in ROWS:
-            self._names[key].setFont(normal)
-            self._per_layer[key].setFont(big)
-            self._all_layers[key].setFont(normal)
+        self.progress.setFont(normal)
+        self.table.set_fonts(normal, big)

@@ -3,21 +3,18 @@ whether they chose the same tokens."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
-from kvviz.app.theme import Theme
+from kvviz.app.views.base import ViewGroup
 from kvviz.app.views.compare_counts import CompareCounts
 from kvviz.app.views.compare_time import CompareTimePlot
 from kvviz.app.views.divergence_banner import DivergenceBanner
 from kvviz.app.views.identity_strip import IdentityStrip
 from kvviz.app.views.kv_grid import KVGridView
-from kvviz.records import RunPlan, StepRecord
 
 
-class CompareView(QWidget):
+class CompareView(ViewGroup, QWidget):
     """The divergence banner on top; the cached run's K/V grid over the uncached run's, column for
     column, with the time plot and the counts beside them; the identity strip at the bottom.
 
@@ -62,23 +59,3 @@ class CompareView(QWidget):
     def views(self) -> tuple[DivergenceBanner, KVGridView, KVGridView, CompareTimePlot, CompareCounts, IdentityStrip]:
         """The views it holds, in redraw order; each follows views.base.RunViewProtocol."""
         return (self.banner, self.cached_grid, self.uncached_grid, self.time_plot, self.counts, self.identity_strip)
-
-    def reset(self, plan: RunPlan) -> None:
-        for view in self.views():
-            view.reset(plan)
-
-    def apply(self, records: Sequence[StepRecord]) -> None:
-        for view in self.views():
-            view.apply(records)
-
-    def refresh(self) -> None:
-        for view in self.views():
-            view.refresh()
-
-    def set_font_scale(self, scale: float) -> None:
-        for view in self.views():
-            view.set_font_scale(scale)
-
-    def set_theme(self, theme: Theme) -> None:
-        for view in self.views():
-            view.set_theme(theme)

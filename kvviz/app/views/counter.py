@@ -4,31 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QSize
 from PySide6.QtGui import QFont, QResizeEvent
-from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
+from kvviz.app.views.count_table import ROW_TITLES, CountTable
 from kvviz.records import RunPlan, StepRecord
 
-ROWS = ("with_cache", "without_cache", "avoided", "ratio")
-ROW_TITLES = {
-    "with_cache": "with cache",
-    "without_cache": "without cache",
-    "avoided": "avoided",
-    "ratio": "ratio",
-}
-# each row's colour, a Theme field
-ROW_COLOURS = {"with_cache": "teal", "without_cache": "amber", "avoided": "foreground", "ratio": "foreground"}
 STOP_REASONS = {
     "max_new_tokens": "done: max new tokens reached",
     "context_full": "context full: the model's {n_ctx} positions are used up",
 }
-
-
-def _fmt(value: int) -> str:
-    return f"{value:,}".replace(",", "\u2009")
 
 
 class CounterPanel(QFrame):
@@ -51,28 +39,7 @@ class CounterPanel(QFrame):
         self.heading = QLabel("K/V computations")
         unit = "The unit of the lab: one key and value row, for one layer and one token position."
         self.heading.setToolTip(unit)
-        grid = QGridLayout()
-        grid.setHorizontalSpacing(18)
-        grid.setVerticalSpacing(4)
-        self.per_layer_header = QLabel("per layer")
-        self.all_layers_header = QLabel("all layers")
-        for col, header in ((1, self.per_layer_header), (2, self.all_layers_header)):
-            header.setToolTip(unit)
-            header.setObjectName("muted")
-            header.setAlignment(Qt.AlignmentFlag.AlignRight)
-            grid.addWidget(header, 0, col)
-        self._names: dict[str, QLabel] = {}
-        self._per_layer: dict[str, QLabel] = {}
-        self._all_layers: dict[str, QLabel] = {}
-        for row, key in enumerate(ROWS, start=1):
-            name = QLabel(ROW_TITLES[key])
-            per_layer, all_layers = QLabel("\u2013"), QLabel("\u2013")
-            per_layer.setAlignment(Qt.AlignmentFlag.AlignRight)
-            all_layers.setAlignment(Qt.AlignmentFlag.AlignRight)
-            grid.addWidget(name, row, 0)
-            grid.addWidget(per_layer, row, 1)
-            grid.addWidget(all_layers, row, 2)
-            self._names[key], self._per_layer[key], self._all_layers[key] = name, per_layer, all_layers
+        self.table = CountTable((18, 4), unit)
         self.measured_note = QLabel("")
         self.measured_note.setObjectName("muted")
         self.measured_note.setWordWrap(True)
@@ -87,7 +54,7 @@ class CounterPanel(QFrame):
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
         layout.addWidget(self.heading)
-        layout.addLayout(grid)
+        layout.addLayout(self.table)
         layout.addWidget(self.measured_note)
         layout.addWidget(self.progress)
         layout.addWidget(self.stop)
@@ -131,24 +98,17 @@ class CounterPanel(QFrame):
         plan, rec = self._plan, self._record
         if plan is None:
             return
-        self.all_layers_header.setText(f"all {plan.n_layer} layers")
+        self.table.show_layers(plan.n_layer)
         measured = "with_cache" if plan.use_cache else "without_cache"
         counted = "without_cache" if measured == "with_cache" else "with_cache"
         self.measured_note.setText(f"measured in this run: {ROW_TITLES[measured]}; "
                                    f"{ROW_TITLES[counted]} is counted for the same text")
         if rec is None:
-            for key in ROWS:
-                self._per_layer[key].setText("\u2013")
-                self._all_layers[key].setText("\u2013")
+            self.table.clear()
             self.progress.setText(f"P = {plan.prompt_tokens} prompt tokens, N = 0 of {plan.budget} new tokens")
             self.stop.hide()
             return
-        v = self.values()
-        for key in ("with_cache", "without_cache", "avoided"):
-            self._per_layer[key].setText(_fmt(int(v[key])))
-            self._all_layers[key].setText(_fmt(int(v[f"{key}_all_layers"])))
-        self._per_layer["ratio"].setText(f"{v['ratio']:.2f}\u00d7")
-        self._all_layers["ratio"].setText(f"{v['ratio']:.2f}\u00d7")
+        self.table.show_values(self.values())
         fill = " + cache fill" if rec.token_id is None else ""
         self.progress.setText(f"P = {plan.prompt_tokens} prompt tokens, N = {rec.new_tokens} of {plan.budget} "
                               f"new tokens; step {rec.step + 1}{fill}")
@@ -186,9 +146,7 @@ class CounterPanel(QFrame):
                            f"background: {theme.surface}; }}"
                            " QFrame#counter QLabel { background: transparent; border: none; }"
                            f" QFrame#counter QLabel#muted {{ color: {theme.muted}; }}")
-        for key in ROWS:
-            for label in (self._names[key], self._per_layer[key], self._all_layers[key]):
-                label.setStyleSheet(f"color: {getattr(theme, ROW_COLOURS[key])};")
+        self.table.set_theme(theme)
         self._style_stop()
 
     def _style_stop(self) -> None:
@@ -207,10 +165,6 @@ class CounterPanel(QFrame):
         heading.setPointSizeF(12.0 * self._font_scale)
         heading.setBold(True)
         self.heading.setFont(heading)
-        for label in (self.measured_note, self.progress, self.stop, self.per_layer_header,
-                      self.all_layers_header):
+        for label in (self.measured_note, self.progress, self.stop):
             label.setFont(normal)
-        for key in ROWS:
-            self._names[key].setFont(normal)
-            self._per_layer[key].setFont(big)
-            self._all_layers[key].setFont(normal)
+        self.table.set_fonts(normal, big)

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
-from kvviz.app.theme import Theme
+from kvviz.app.views.base import ViewGroup
 from kvviz.app.views.counter import CounterPanel
 from kvviz.app.views.kv_grid import KVGridView
 from kvviz.app.views.token_strip import TokenStrip
 from kvviz.app.views.work_chart import WorkChart
-from kvviz.records import RunPlan, StepRecord
 
 
-class RunView(QWidget):
+class RunView(ViewGroup, QWidget):
     """Everything a viewer looks at, laid out once for the main window and for `kvviz export`."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -46,23 +43,3 @@ class RunView(QWidget):
     def views(self) -> tuple[TokenStrip, KVGridView, WorkChart, CounterPanel]:
         """The views it holds, in redraw order; each follows views.base.RunViewProtocol."""
         return (self.token_strip, self.grid, self.chart, self.counter)
-
-    def reset(self, plan: RunPlan) -> None:
-        for view in self.views():
-            view.reset(plan)
-
-    def apply(self, records: Sequence[StepRecord]) -> None:
-        for view in self.views():
-            view.apply(records)
-
-    def refresh(self) -> None:
-        for view in self.views():
-            view.refresh()
-
-    def set_font_scale(self, scale: float) -> None:
-        for view in self.views():
-            view.set_font_scale(scale)
-
-    def set_theme(self, theme: Theme) -> None:
-        for view in self.views():
-            view.set_theme(theme)

@@ -1,0 +1,76 @@
+"""The table both counters show: K/V computations with and without the cache, avoided, and the ratio,
+per layer and over all layers. It shows the numbers a view gives it; it reads no records."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QGridLayout, QLabel
+
+from kvviz.app.theme import Theme
+
+ROWS = ("with_cache", "without_cache", "avoided", "ratio")
+ROW_TITLES = {"with_cache": "with cache", "without_cache": "without cache", "avoided": "avoided", "ratio": "ratio"}
+# each row's colour, a Theme field
+ROW_COLOURS = {"with_cache": "teal", "without_cache": "amber", "avoided": "foreground", "ratio": "foreground"}
+DASH = "\u2013"
+
+
+def format_count(value: int) -> str:
+    return f"{value:,}".replace(",", "\u2009")
+
+
+class CountTable(QGridLayout):
+    """Headers "per layer" and "all N layers", and a row per entry of ROWS. `labels[key]` holds a row's
+    (name, per layer, all layers) labels."""
+
+    def __init__(self, spacing: tuple[int, int], tooltip: str = "") -> None:
+        super().__init__()
+        self.setHorizontalSpacing(spacing[0])
+        self.setVerticalSpacing(spacing[1])
+        self.per_layer_header = QLabel("per layer")
+        self.all_layers_header = QLabel("all layers")
+        for col, header in ((1, self.per_layer_header), (2, self.all_layers_header)):
+            header.setToolTip(tooltip)
+            header.setObjectName("muted")
+            header.setAlignment(Qt.AlignmentFlag.AlignRight)
+            self.addWidget(header, 0, col)
+        self.labels: dict[str, tuple[QLabel, QLabel, QLabel]] = {}
+        for row, key in enumerate(ROWS, start=1):
+            name, per_layer, all_layers = QLabel(ROW_TITLES[key]), QLabel(DASH), QLabel(DASH)
+            per_layer.setAlignment(Qt.AlignmentFlag.AlignRight)
+            all_layers.setAlignment(Qt.AlignmentFlag.AlignRight)
+            for col, label in enumerate((name, per_layer, all_layers)):
+                self.addWidget(label, row, col)
+            self.labels[key] = (name, per_layer, all_layers)
+
+    def show_layers(self, n_layer: int) -> None:
+        self.all_layers_header.setText(f"all {n_layer} layers")
+
+    def show_values(self, values: dict[str, object]) -> None:
+        """`values` as the counters' `values()` give them: a row's per-layer number under its key, the
+        all-layers one under `{key}_all_layers`, None where there is nothing to show yet."""
+        for key in ("with_cache", "without_cache", "avoided"):
+            per_layer, all_layers = values.get(key), values.get(f"{key}_all_layers")
+            self.labels[key][1].setText(DASH if per_layer is None else format_count(int(per_layer)))
+            self.labels[key][2].setText(DASH if all_layers is None else format_count(int(all_layers)))
+        ratio = values.get("ratio")
+        text = DASH if ratio is None else f"{ratio:.2f}\u00d7"
+        self.labels["ratio"][1].setText(text)
+        self.labels["ratio"][2].setText(text)
+
+    def clear(self) -> None:
+        self.show_values({})
+
+    def set_fonts(self, normal: QFont, big: QFont) -> None:
+        for label in (self.per_layer_header, self.all_layers_header):
+            label.setFont(normal)
+        for name, per_layer, all_layers in self.labels.values():
+            name.setFont(normal)
+            per_layer.setFont(big)
+            all_layers.setFont(normal)
+
+    def set_theme(self, theme: Theme) -> None:
+        for key, labels in self.labels.items():
+            for label in labels:
+                label.setStyleSheet(f"color: {getattr(theme, ROW_COLOURS[key])};")
