@@ -12,8 +12,9 @@ from PySide6.QtWidgets import QFrame, QLabel, QScrollArea
 from kvviz.app import theme
 from kvviz.app.views.base import chip_text
 from kvviz.app.views.compare_view import CompareView
+from kvviz.app.views.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
 from kvviz.app.views.identity_strip import DIFFERENT, SAME, IdentityStrip
-from kvviz.app.views.kv_grid import COMPUTED, EMPTY, PENDING, REUSED, KVGridView
+from kvviz.app.views.kv_grid import KVGridView
 from kvviz.app.views.lockstep import format_logit_diff
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QMessageBox, QScrollArea
 from kvviz.app.main_window import MainWindow
 from kvviz.app.presentation import presenter_zoom
 from kvviz.app.settings import AppSettings, app_settings
-from kvviz.app.views.kv_grid import COMPUTED, EMPTY, PENDING, REUSED
+from kvviz.app.views.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
 
 FREE_PROMPT = "hello"  # the free app's prompt: a lesson never leaves its own behind in the settings
 TITLE_BAR = 30

@@ -75,7 +75,7 @@ def test_the_light_theme_is_light_and_the_dark_theme_dark():
 
 
 def test_colour_blind_patterns_show_in_both_themes(qtbot):
-    from kvviz.app.views.kv_grid import COMPUTED, PENDING, REUSED, state_swatch
+    from kvviz.app.views.grid_cells import COMPUTED, PENDING, REUSED, state_swatch
 
     for palette in (DARK, LIGHT):
         line = np.array(theme.rgba(palette.grid_line)[:3])

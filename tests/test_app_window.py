@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QMessageBox
 from kvviz.app.main_window import MainWindow
 from kvviz.app.settings import app_settings
 from kvviz.app.views.base import chip_text
-from kvviz.app.views.kv_grid import COMPUTED, EMPTY, PENDING, REUSED
+from kvviz.app.views.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 N = 12

@@ -20,8 +20,8 @@ from helpers_checkpoints import save_kvviz_folder
 from PySide6.QtGui import QImage
 
 from kvviz.app import theme
-from kvviz.app.export import ExportError, export_lesson, slide_file_name
-from kvviz.app.export import slides as slides_module
+from kvviz.app.export import ExportError, export_lesson, slide_file_name, slides
+from kvviz.app.export import slide_layout as slides_module
 from kvviz.cli import main
 from kvviz.lesson import LessonError, load_lesson, parse_lesson
 
@@ -191,13 +191,13 @@ def test_a_question_reveals_the_run_one_step_further(tiny):
         {"prompt": "Time flies fast", "advance_to": 11, "budget": 12, "extra": 'question = "avoided_after_next"'},
         {"cache": "false", "advance_to": 0, "budget": 3, "extra": 'question = "next_kv_without_cache"'},
         {"cache": '"compare"', "advance_to": 3, "budget": 3}), "test.toml")
-    last = slides_module.run_step(engine, "tiny", lesson, 0)
+    last = slides.run_step(engine, "tiny", lesson, 0)
     assert [r.new_tokens for r in last.shown] == list(range(1, 12))
     assert [r.new_tokens for r in last.advanced] == [*range(1, 13), 12]  # and the pass that fills the cache
     assert last.advanced[-1].token_id is None and last.answer == 87
-    first = slides_module.run_step(engine, "tiny", lesson, 1)
+    first = slides.run_step(engine, "tiny", lesson, 1)
     assert first.shown == () and len(first.advanced) == 1 and first.answer == 2
-    both = slides_module.run_step(engine, "tiny", lesson, 2)
+    both = slides.run_step(engine, "tiny", lesson, 2)
     assert both.plan.twin is not None and both.answer is None and both.shown == both.advanced
     assert [r.new_tokens for r in both.shown] == [1, 2, 3, 3] and all(r.twin for r in both.shown[:3])
 

@@ -39,7 +39,8 @@ from kvviz.app.export.files import (
 )
 from kvviz.app.export.headless import ensure_application, run_export
 from kvviz.app.export.render import export_widget, png_size, render_png
-from kvviz.app.export.slides import DECK_NAME, LESSON_FORMATS, SLIDE_SIZE, export_lesson, slide_file_name
+from kvviz.app.export.slide_layout import SLIDE_SIZE
+from kvviz.app.export.slides import DECK_NAME, LESSON_FORMATS, export_lesson, slide_file_name
 
 __all__ = [
     "ANIMATION_FORMATS",

@@ -7,67 +7,21 @@ from collections.abc import Sequence
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QAction, QCursor, QFont, QFontMetrics, QImage, QPixmap, QResizeEvent
+from PySide6.QtGui import QAction, QCursor, QFont, QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.flow_layout import FlowLayout
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import cache_axes, chip_text, style_plot
+from kvviz.app.views.grid_cells import COMPUTED, EMPTY, PENDING, REUSED, STATE_NAMES, cell_tile, state_swatch
 from kvviz.records import RunPlan, StepRecord
 
-# Cell states, the values of `KVGridView.cell_states()`.
-EMPTY = 0  # the position does not exist yet
-PENDING = 1  # the token exists, its K/V has not been computed yet
-COMPUTED = 2  # K/V computed in this pass (amber)
-REUSED = 3  # K/V read from the cache in this pass (teal)
-
-STATE_NAMES = {
-    EMPTY: "not generated yet",
-    PENDING: "token without K/V yet",
-    COMPUTED: "K/V computed this step",
-    REUSED: "K/V reused from the cache",
-}
 MAX_IMAGE_PIXELS = 1800  # upsampled image size limit per axis, so a redraw stays cheap
 PLOT_MIN_HEIGHT = 80  # pixels at zoom 1: the grid never collapses into a strip
 TICK_LABEL_LIMIT = 40  # label columns with their tokens up to this many positions
 LOCKSTEP_RUNS = ("cached", "uncached")  # which run of a compare-mode lockstep a grid can show
 BROKEN_NOTE = "BROKEN on purpose (teaching switch)"
-
-
-def state_colours(theme: Theme) -> dict[int, str]:
-    """Each cell state's colour in `theme`."""
-    return {EMPTY: theme.empty, PENDING: theme.pending, COMPUTED: theme.amber, REUSED: theme.teal}
-
-
-def _tile(state: int, size: int, colour_blind: bool, theme: Theme) -> np.ndarray:
-    """(size, size, 4) RGBA pixels of one cell; a 1 px gap when cells are big, patterns for colour-blind mode."""
-    tile = np.empty((size, size, 4), dtype=np.uint8)
-    tile[:] = themes.rgba(state_colours(theme)[state])
-    dark = np.array(themes.rgba(theme.grid_line), dtype=np.uint8)
-    if colour_blind and size >= 5:
-        yy, xx = np.mgrid[0:size, 0:size]
-        if state == COMPUTED:  # diagonal stripes
-            tile[(xx + yy) % 4 == 0] = dark
-        elif state == REUSED:  # a centred dot
-            c = (size - 1) / 2
-            tile[(xx - c) ** 2 + (yy - c) ** 2 <= max(1.0, (size / 5) ** 2)] = dark
-        elif state == PENDING:  # a horizontal bar
-            tile[size // 2, :] = dark
-    if size >= 4:
-        gap = max(1, round(size * theme.cell_gap))
-        tile[-gap:, :] = dark
-        tile[:, -gap:] = dark
-    return tile
-
-
-def state_swatch(state: int, colour_blind: bool, theme: Theme, size: int = 14) -> QPixmap:
-    """A legend swatch drawn with the same tile as the grid."""
-    tile = np.ascontiguousarray(_tile(state, size, colour_blind, theme)[:-1, :-1] if size >= 4
-                                else _tile(state, size, False, theme))
-    h, w = tile.shape[:2]
-    image = QImage(tile.data, w, h, 4 * w, QImage.Format.Format_RGBA8888)
-    return QPixmap.fromImage(image.copy())
 
 
 class KVGridView(QWidget):
@@ -325,7 +279,7 @@ class KVGridView(QWidget):
     def _tiles_for(self, size: int) -> np.ndarray:
         key = (size, self._colour_blind)
         if key not in self._tiles:
-            self._tiles[key] = np.stack([_tile(s, size, self._colour_blind, self._theme)
+            self._tiles[key] = np.stack([cell_tile(s, size, self._colour_blind, self._theme)
                                          for s in range(4)])  # (4, s, s, 4)
         return self._tiles[key]
 

@@ -1,0 +1,57 @@
+"""The K/V grid's cells: their states, colours and the pixels of one cell (patterns in colour-blind mode)."""
+
+from __future__ import annotations
+
+import numpy as np
+from PySide6.QtGui import QImage, QPixmap
+
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
+
+# Cell states, the values of `KVGridView.cell_states()`.
+EMPTY = 0  # the position does not exist yet
+PENDING = 1  # the token exists, its K/V has not been computed yet
+COMPUTED = 2  # K/V computed in this pass (amber)
+REUSED = 3  # K/V read from the cache in this pass (teal)
+
+STATE_NAMES = {
+    EMPTY: "not generated yet",
+    PENDING: "token without K/V yet",
+    COMPUTED: "K/V computed this step",
+    REUSED: "K/V reused from the cache",
+}
+
+
+def state_colours(theme: Theme) -> dict[int, str]:
+    """Each cell state's colour in `theme`."""
+    return {EMPTY: theme.empty, PENDING: theme.pending, COMPUTED: theme.amber, REUSED: theme.teal}
+
+
+def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme) -> np.ndarray:
+    """(size, size, 4) RGBA pixels of one cell; a 1 px gap when cells are big, patterns for colour-blind mode."""
+    tile = np.empty((size, size, 4), dtype=np.uint8)
+    tile[:] = themes.rgba(state_colours(theme)[state])
+    dark = np.array(themes.rgba(theme.grid_line), dtype=np.uint8)
+    if colour_blind and size >= 5:
+        yy, xx = np.mgrid[0:size, 0:size]
+        if state == COMPUTED:  # diagonal stripes
+            tile[(xx + yy) % 4 == 0] = dark
+        elif state == REUSED:  # a centred dot
+            c = (size - 1) / 2
+            tile[(xx - c) ** 2 + (yy - c) ** 2 <= max(1.0, (size / 5) ** 2)] = dark
+        elif state == PENDING:  # a horizontal bar
+            tile[size // 2, :] = dark
+    if size >= 4:
+        gap = max(1, round(size * theme.cell_gap))
+        tile[-gap:, :] = dark
+        tile[:, -gap:] = dark
+    return tile
+
+
+def state_swatch(state: int, colour_blind: bool, theme: Theme, size: int = 14) -> QPixmap:
+    """A legend swatch drawn with the same tile as the grid."""
+    tile = np.ascontiguousarray(cell_tile(state, size, colour_blind, theme)[:-1, :-1] if size >= 4
+                                else cell_tile(state, size, False, theme))
+    h, w = tile.shape[:2]
+    image = QImage(tile.data, w, h, 4 * w, QImage.Format.Format_RGBA8888)
+    return QPixmap.fromImage(image.copy())
