@@ -4,6 +4,7 @@ teaching switch that breaks the cache is never remembered and always shown."""
 from __future__ import annotations
 
 import pytest
+from helpers_qt import LayoutRequests
 
 from kvviz.app.main_window import MainWindow
 from kvviz.app.settings import AppSettings, app_settings
@@ -135,3 +136,19 @@ def test_switching_panels_keeps_the_keys_on_the_grid(qtbot, window):
     window.actions["compare"].trigger()
     wait_plan(qtbot, window, False, 0)
     assert QApplication.focusWidget() is window.grid.plot_widget
+
+
+def test_compare_steps_relayout_nothing_around_the_views(qtbot, window):
+    """As in the single view: the identity strip grows, numbers and captions change, and no layout
+    around them is asked to redo itself (each relayout climbed to the window and cost milliseconds)."""
+    window.actions["compare"].trigger()
+    wait_plan(qtbot, window, True, 0)
+    steps(qtbot, window, 1)
+    compare = window.compare_view
+    watched = [window, window.centralWidget(), compare, compare.main_splitter, compare.grid_splitter,
+               compare.side_splitter, compare.time_plot, compare.counts, compare.cached_grid,
+               compare.uncached_grid, compare.identity_strip, window.statusBar()]
+    with LayoutRequests(watched) as requests:
+        steps(qtbot, window, 8)
+    assert [e.step for e in compare.identity_strip.entries()] == list(range(1, 10))
+    assert requests.count == 0

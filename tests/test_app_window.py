@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from helpers_qt import LayoutRequests
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
@@ -180,6 +181,36 @@ def test_worker_runs_below_the_gui_priority(window):
     expected = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + WORKER_NICENESS)
     assert os.getpriority(os.PRIO_PROCESS, worker_id) == expected
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == os.getpriority(os.PRIO_PROCESS, os.getpid())
+    # the idle class: the worker yields its core the moment the GUI thread wakes
+    assert os.sched_getscheduler(worker_id) == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def test_redraw_slices_take_the_gil_back_quickly(qtbot, window):
+    from kvviz.app.shared_interpreter import GIL_DRAWING_SWITCH_INTERVAL_S, GIL_SWITCH_INTERVAL_S
+
+    seen = []
+    refresh = window.grid.refresh
+    window.grid.refresh = lambda: (seen.append(sys.getswitchinterval()), refresh())
+    press(qtbot, window, Qt.Key.Key_Space)
+    qtbot.waitUntil(lambda: bool(seen) and not window.scheduler.pending, timeout=30_000)
+    assert seen and all(interval == pytest.approx(GIL_DRAWING_SWITCH_INTERVAL_S) for interval in seen)
+    assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)  # and back after the slice
+
+
+def test_steps_of_a_run_relayout_nothing_around_the_views(qtbot, window):
+    """New numbers and captions repaint their labels only: a relayout climbs to the window and resizes
+    (and fully repaints) the plots beside a label whose size changed (it cost 15-25 ms a redraw)."""
+    press(qtbot, window, Qt.Key.Key_Space)
+    wait_tokens(qtbot, window, 1)
+    watched = [window, window.centralWidget(), window.run_view, window.run_view.main_splitter,
+               window.run_view.bottom_splitter, window.counter, window.grid, window.chart, window.statusBar()]
+    with LayoutRequests(watched) as requests:
+        for n in range(2, 12):
+            press(qtbot, window, Qt.Key.Key_Space)
+            wait_tokens(qtbot, window, n)
+    assert window.counter.values()["without_cache"] == 11 * 3 + 11 * 10 // 2  # N*P + N(N-1)/2 by hand
+    assert requests.count == 0
 
 
 def test_gui_and_worker_hand_the_gil_over_quickly(window):

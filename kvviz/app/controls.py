@@ -68,7 +68,11 @@ class RunControls(QWidget):
         self.step_button = self._button("Step \u25b8", "Compute one new token (Space, Right, PageDown)",
                                         self.step_clicked)
         self.step_button.setObjectName("primary")
-        self.play_button = self._button("Play", "Play / pause (P)", self.play_clicked)
+        self.play_button = self._button("Pause", "Play / pause (P)", self.play_clicked)
+        # as wide as "Pause" from the start: a button that changes width when a run starts or ends
+        # moves the whole window's layout, and repaints every view
+        self.play_button.setMinimumWidth(self.play_button.sizeHint().width())
+        self.play_button.setText("Play")
         self.reset_button = self._button("Reset", "Start the run again from the prompt (R)", self.reset_clicked)
         self.speed_slider = QSlider(Qt.Orientation.Horizontal)
         self.speed_slider.setRange(0, len(SPEEDS) - 1)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QWidget
 
+from kvviz.app.shared_interpreter import gui_thread_first
 from kvviz.app.views.base import RunViewProtocol, redraw_slices
 from kvviz.records import RunPlan, StepRecord
 
@@ -102,9 +103,10 @@ class RedrawScheduler(QObject):
         self._slice_timer.stop()
         started = time.perf_counter()
         self._slices_left = []
-        for draw in self._slices():
-            draw()
-        self._paint_now()
+        with gui_thread_first():
+            for draw in self._slices():
+                draw()
+            self._paint_now()
         spent = time.perf_counter() - started
         self.max_slice_ms = max(self.max_slice_ms, spent * 1000)  # one pass of the event loop, all of it
         self._account(spent)
@@ -134,8 +136,9 @@ class RedrawScheduler(QObject):
         if not self._slices_left:
             return
         started = time.perf_counter()
-        self._slices_left.pop(0)()
-        self._paint_now()
+        with gui_thread_first():
+            self._slices_left.pop(0)()
+            self._paint_now()
         spent = time.perf_counter() - started
         self.max_slice_ms = max(self.max_slice_ms, spent * 1000)
         self._slices_seconds += spent

@@ -1,7 +1,9 @@
 """What the GUI thread and a worker thread need while they share one Python interpreter.
 
 - The GIL changes hands every GIL_SWITCH_INTERVAL_S instead of Python's 5 ms, so neither thread waits
-  long for the other (GUI stalls, slower tokens).
+  long for the other (GUI stalls, slower tokens); while the GUI thread draws (`gui_thread_first`), every
+  GIL_DRAWING_SWITCH_INTERVAL_S: painting returns from Qt (which lets the GIL go) dozens of times a
+  slice and waited up to the whole interval for the worker at each return.
 - Python's automatic garbage collection is off and the GUI thread collects on a timer instead. The
   automatic collector runs on whichever thread happens to allocate; when that is the worker, it
   destroys Qt widgets caught in reference cycles (a closed window, a chart built for an export) on
@@ -14,10 +16,13 @@ from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from PySide6.QtCore import QCoreApplication, QTimer
 
 GIL_SWITCH_INTERVAL_S = 0.001
+GIL_DRAWING_SWITCH_INTERVAL_S = 0.0001
 GUI_COLLECT_INTERVAL_MS = 50
 
 
@@ -63,6 +68,11 @@ class WorkerThreadGuards:
         if self._collector is not None:
             self._collector.rebase()
 
+    @property
+    def active(self) -> bool:
+        """A worker thread exists."""
+        return self._holders > 0
+
     def release(self) -> None:
         if self._holders == 0:
             return
@@ -107,3 +117,18 @@ class GuiThreadCollector:
         return gc.collect(0) if counts[0] > 0 else 0
 
 worker_thread_guards = WorkerThreadGuards()
+
+
+@contextmanager
+def gui_thread_first() -> Iterator[None]:
+    """While a worker thread exists, a worker holding the GIL hands it to the GUI thread after
+    GIL_DRAWING_SWITCH_INTERVAL_S inside this block (a redraw slice) instead of GIL_SWITCH_INTERVAL_S."""
+    if not worker_thread_guards.active:
+        yield
+        return
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_DRAWING_SWITCH_INTERVAL_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)

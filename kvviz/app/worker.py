@@ -39,8 +39,10 @@ class StepAborted(Exception):
 
 
 def lower_thread_priority(niceness: int = WORKER_NICENESS) -> bool:
-    """Run the calling thread (and the compute threads torch starts from it) `niceness` steps
-    below the process, so the GUI thread always gets a core to paint on. Linux only; True if done."""
+    """Run the calling thread (and the compute threads torch starts from it, which inherit it) below
+    the GUI: in Linux's idle scheduling class, which yields a core to the GUI thread the moment it
+    wakes (a niced thread still holds it for milliseconds), and `niceness` steps below the process
+    where that class is refused. Linux only; True if done."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -48,6 +50,10 @@ def lower_thread_priority(niceness: int = WORKER_NICENESS) -> bool:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, target))
     except OSError:
         return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+    except (OSError, AttributeError):
+        pass
     return True
 
 

@@ -10,7 +10,8 @@ from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.count_table import CountTable
+from kvviz.app.views.count_table import CountTable, final_values
+from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
 
@@ -37,9 +38,8 @@ class CompareCounts(QFrame):
         self.heading.setToolTip("One key and value row, for one layer and one token position; "
                                 "each run counts the rows it really projected.")
         self.table = CountTable((14, 2))
-        self.progress = QLabel("")
+        self.progress = LiveLabel("", rich=False, wrap=True)
         self.progress.setObjectName("muted")
-        self.progress.setWordWrap(True)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 6, 10, 6)
@@ -54,6 +54,9 @@ class CompareCounts(QFrame):
     # ----- public interface -----
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan if plan.twin is not None else None
+        if self._plan is not None:
+            self.table.reserve(final_values(plan))
+            self.progress.reserve(self._progress_text(plan, plan.budget))
         self._cached = self._uncached = None
         self._dirty = True
         self.refresh()
@@ -100,8 +103,11 @@ class CompareCounts(QFrame):
         self.table.show_layers(plan.n_layer)
         self.table.show_values(self.values())
         steps = max((r.new_tokens for r in (self._cached, self._uncached) if r is not None), default=0)
-        self.progress.setText(f"P = {plan.prompt_tokens}, N = {steps} of {plan.budget} tokens; "
-                              "each run counts what it projected")
+        self.progress.setText(self._progress_text(plan, steps))
+
+    @staticmethod
+    def _progress_text(plan: RunPlan, steps: int) -> str:
+        return f"P = {plan.prompt_tokens}, N = {steps} of {plan.budget} tokens; each run counts what it projected"
 
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale

@@ -8,11 +8,12 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont, QFontMetrics
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import cache_axes, nice_ceiling, style_plot
+from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
 RUNS = ("cached", "uncached")  # row 0 and row 1 of the arrays
@@ -41,9 +42,7 @@ class CompareTimePlot(QWidget):
         self._dirty = False
         self._theme = themes.current()
 
-        self.ratio = QLabel("")
-        self.ratio.setWordWrap(True)
-        self.ratio.setTextFormat(Qt.TextFormat.RichText)
+        self.ratio = LiveLabel("", wrap=True)
         self.layout_widget = pg.GraphicsLayoutWidget()
         self.layout_widget.ci.setSpacing(4)
         self.ms_plot = self.layout_widget.addPlot(row=0, col=0)
@@ -96,7 +95,26 @@ class CompareTimePlot(QWidget):
                         self._steps[run] = max(self._steps[run], index + 1)
                         self._dirty = True
 
+    def redraw_slices(self) -> list:
+        """The ms plot, then the seconds plot with the ratio line: two passes of the event loop."""
+        return [self._refresh_ms, self._refresh_seconds]
+
     def refresh(self) -> None:
+        for draw in self.redraw_slices():
+            draw()
+
+    def _refresh_ms(self) -> None:
+        if not self._dirty:
+            return
+        if self._plan is None:
+            self._refresh_seconds()
+            return
+        for run in range(2):
+            n = self._steps[run]
+            self.ms_curves[run].setData(self._x[:n], self._ms[run, :n])
+        self._refresh_frame()
+
+    def _refresh_seconds(self) -> None:
         if not self._dirty:
             return
         self._dirty = False
@@ -110,14 +128,16 @@ class CompareTimePlot(QWidget):
             n = self._steps[run]
             np.cumsum(self._ms[run, :n], out=self._cumulative[run, :n])
             self._cumulative[run, :n] /= 1000.0
-            self.ms_curves[run].setData(self._x[:n], self._ms[run, :n])
             self.seconds_curves[run].setData(self._x[:n], self._cumulative[run, :n])
-        tops = (nice_ceiling(float(self._ms.max(initial=0.0))),
-                nice_ceiling(float(self._cumulative.max(initial=0.0))))
+        self._refresh_frame()
+        self.ratio.setText(self._ratio_text())
+
+    def _refresh_frame(self) -> None:
+        cumulative_top = max(float(self._ms[run].sum()) for run in range(2)) / 1000.0
+        tops = (nice_ceiling(float(self._ms.max(initial=0.0))), nice_ceiling(cumulative_top))
         if tops != self._tops:  # 1-2-2.5-5 steps: a rare change, and a repaint of the axes
             self._tops = tops
-            self._frame(max(1, plan.budget), *tops)
-        self.ratio.setText(self._ratio_text())
+            self._frame(max(1, self._plan.budget), *tops)
 
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
@@ -164,9 +184,12 @@ class CompareTimePlot(QWidget):
         return uncached / cached if cached > 0 and uncached > 0 else None
 
     # ----- drawing -----
-    def _ratio_text(self) -> str:
-        cached, uncached = self.totals()
-        ratio = self.time_ratio()
+    def _ratio_text(self, cached: float | None = None, uncached: float | None = None,
+                    ratio: float | None = None) -> str:
+        """The ratio line for the times so far (or for the given ones)."""
+        if cached is None or uncached is None:
+            cached, uncached = self.totals()
+            ratio = self.time_ratio()
         if ratio is None:
             return f"<b>measured time</b> <span style='color:{self._theme.muted}'>appears with the first step</span>"
         teal, amber = self._theme.teal, self._theme.amber
@@ -199,3 +222,5 @@ class CompareTimePlot(QWidget):
         label_font = QFont(self.font())
         label_font.setPointSizeF(10.0 * self._font_scale)
         self.ratio.setFont(label_font)
+        # room for the widest line ("%.3g" is widest below 1 s): new numbers never move the plots
+        self.ratio.reserve(self._ratio_text(0.0888, 0.0888, 88.88))

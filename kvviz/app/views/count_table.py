@@ -8,6 +8,8 @@ from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QGridLayout, QLabel
 
 from kvviz.app.theme import Theme
+from kvviz.app.views.live_label import LiveLabel
+from kvviz.records import RunPlan
 
 ROWS = ("with_cache", "without_cache", "avoided", "ratio")
 ROW_TITLES = {"with_cache": "with cache", "without_cache": "without cache", "avoided": "avoided", "ratio": "ratio"}
@@ -18,6 +20,18 @@ DASH = "\u2013"
 
 def format_count(value: int) -> str:
     return f"{value:,}".replace(",", "\u2009")
+
+
+def final_values(plan: RunPlan) -> dict[str, object]:
+    """The numbers a counter shows at the end of `plan`'s run, in `CountTable.show_values`' form:
+    the widest each row gets."""
+    with_cache, without_cache = plan.final_with_cache, plan.final_without_cache
+    values: dict[str, object] = {"with_cache": with_cache, "without_cache": without_cache,
+                                 "avoided": without_cache - with_cache,
+                                 "ratio": without_cache / with_cache if with_cache else 0.0}
+    for key in ("with_cache", "without_cache", "avoided"):
+        values[f"{key}_all_layers"] = int(values[key]) * plan.n_layer
+    return values
 
 
 class CountTable(QGridLayout):
@@ -35,9 +49,11 @@ class CountTable(QGridLayout):
             header.setObjectName("muted")
             header.setAlignment(Qt.AlignmentFlag.AlignRight)
             self.addWidget(header, 0, col)
-        self.labels: dict[str, tuple[QLabel, QLabel, QLabel]] = {}
+        self.labels: dict[str, tuple[QLabel, LiveLabel, LiveLabel]] = {}
+        self._reserved: dict[str, object] = {}
         for row, key in enumerate(ROWS, start=1):
-            name, per_layer, all_layers = QLabel(ROW_TITLES[key]), QLabel(DASH), QLabel(DASH)
+            name = QLabel(ROW_TITLES[key])
+            per_layer, all_layers = LiveLabel(DASH, rich=False), LiveLabel(DASH, rich=False)
             per_layer.setAlignment(Qt.AlignmentFlag.AlignRight)
             all_layers.setAlignment(Qt.AlignmentFlag.AlignRight)
             for col, label in enumerate((name, per_layer, all_layers)):
@@ -50,14 +66,27 @@ class CountTable(QGridLayout):
     def show_values(self, values: dict[str, object]) -> None:
         """`values` as the counters' `values()` give them: a row's per-layer number under its key, the
         all-layers one under `{key}_all_layers`, None where there is nothing to show yet."""
+        for label, text in self._texts(values):
+            label.setText(text)
+
+    def reserve(self, values: dict[str, object]) -> None:
+        """Keep each number's column as wide as `values` (a run's final counts, from its plan) need, so
+        that the growing numbers of a run never change the table's width: a wider panel would relayout
+        the splitter beside it and repaint its neighbours on every new digit."""
+        self._reserved = dict(values)
+        for label, text in self._texts(values):
+            label.reserve(text)
+
+    def _texts(self, values: dict[str, object]) -> list[tuple[LiveLabel, str]]:
+        texts = []
         for key in ("with_cache", "without_cache", "avoided"):
             per_layer, all_layers = values.get(key), values.get(f"{key}_all_layers")
-            self.labels[key][1].setText(DASH if per_layer is None else format_count(int(per_layer)))
-            self.labels[key][2].setText(DASH if all_layers is None else format_count(int(all_layers)))
+            texts.append((self.labels[key][1], DASH if per_layer is None else format_count(int(per_layer))))
+            texts.append((self.labels[key][2], DASH if all_layers is None else format_count(int(all_layers))))
         ratio = values.get("ratio")
         text = DASH if ratio is None else f"{ratio:.2f}\u00d7"
-        self.labels["ratio"][1].setText(text)
-        self.labels["ratio"][2].setText(text)
+        texts += [(self.labels["ratio"][1], text), (self.labels["ratio"][2], text)]
+        return texts
 
     def clear(self) -> None:
         self.show_values({})

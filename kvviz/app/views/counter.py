@@ -10,7 +10,8 @@ from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.count_table import ROW_TITLES, CountTable
+from kvviz.app.views.count_table import ROW_TITLES, CountTable, final_values
+from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
 STOP_REASONS = {
@@ -43,12 +44,12 @@ class CounterPanel(QFrame):
         self.measured_note = QLabel("")
         self.measured_note.setObjectName("muted")
         self.measured_note.setWordWrap(True)
-        self.progress = QLabel("")
+        self.progress = LiveLabel("", rich=False, wrap=True)
         self.progress.setObjectName("muted")
-        self.progress.setWordWrap(True)
         self.stop = QLabel("")
         self.stop.setWordWrap(True)
         self.stop.hide()
+        self._stop_style = ""
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
@@ -65,6 +66,10 @@ class CounterPanel(QFrame):
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
         self._record = None
+        self.table.reserve(final_values(plan))
+        self.progress.reserve(self._progress_text(plan, plan.budget, plan.passes, True))
+        self.stop.setText(self._stop_text(plan.stop_reason))  # set now: the end of the run only shows it
+        self._style_stop()
         self._dirty = True
         self.refresh()
 
@@ -109,16 +114,26 @@ class CounterPanel(QFrame):
             self.stop.hide()
             return
         self.table.show_values(self.values())
-        fill = " + cache fill" if rec.token_id is None else ""
-        self.progress.setText(f"P = {plan.prompt_tokens} prompt tokens, N = {rec.new_tokens} of {plan.budget} "
-                              f"new tokens; step {rec.step + 1}{fill}")
+        self.progress.setText(self._progress_text(plan, rec.new_tokens, rec.step + 1, rec.token_id is None))
         if rec.final:
-            reason = STOP_REASONS.get(rec.stop_reason, rec.stop_reason or "done").format(n_ctx=plan.n_ctx)
+            text = self._stop_text(rec.stop_reason)
+            if text != self.stop.text():
+                self.stop.setText(text)
             self._style_stop()
-            self.stop.setText(reason[0].upper() + reason[1:])
             self.stop.show()
         else:
             self.stop.hide()
+
+    @staticmethod
+    def _progress_text(plan: RunPlan, new_tokens: int, step: int, cache_fill: bool) -> str:
+        fill = " + cache fill" if cache_fill else ""
+        return (f"P = {plan.prompt_tokens} prompt tokens, N = {new_tokens} of {plan.budget} new tokens; "
+                f"step {step}{fill}")
+
+    def _stop_text(self, stop_reason: str | None) -> str:
+        n_ctx = self._plan.n_ctx if self._plan is not None else 0
+        reason = STOP_REASONS.get(stop_reason or "", stop_reason or "done").format(n_ctx=n_ctx)
+        return reason[0].upper() + reason[1:]
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802
         """Tall enough for every line at the current width (wrapped notes included): the splitter and
@@ -150,9 +165,13 @@ class CounterPanel(QFrame):
         self._style_stop()
 
     def _style_stop(self) -> None:
-        alert = self._record is not None and self._record.stop_reason == "context_full"
+        source = self._record if self._record is not None else self._plan
+        alert = source is not None and source.stop_reason == "context_full"
         colour = self._theme.alert if alert else self._theme.teal
-        self.stop.setStyleSheet(f"color: {colour}; font-weight: bold;")
+        style = f"color: {colour}; font-weight: bold;"
+        if style != self._stop_style:  # setting a style sheet re-polishes the label, even the same one
+            self._stop_style = style
+            self.stop.setStyleSheet(style)
 
     def _apply_fonts(self) -> None:
         base = QFont(self.font())

@@ -240,7 +240,9 @@ class IdentityStrip(QWidget):
 
     def _resize_canvas(self) -> None:
         width = int(self._lefts[-1] + self._widths[-1]) + 1 if self._entries else 600
-        self.canvas.setFixedSize(width, self._rows.height)
+        # resize, not setFixedSize: a new minimum size would ask every layout up to the window to redo
+        # itself on each new entry; the scroll area only needs the canvas's size
+        self.canvas.resize(width, self._rows.height)
 
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
         if self._follow_newest:

@@ -15,6 +15,7 @@ from kvviz.app.flow_layout import FlowLayout
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import cache_axes, chip_text, style_plot
 from kvviz.app.views.grid_cells import COMPUTED, EMPTY, PENDING, REUSED, STATE_NAMES, cell_tile, state_swatch
+from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
 MAX_IMAGE_PIXELS = 1800  # upsampled image size limit per axis, so a redraw stays cheap
@@ -84,9 +85,9 @@ class KVGridView(QWidget):
         self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.plot_widget.installEventFilter(self)
 
-        self.title = QLabel("K/V cache: no run yet" if lockstep is None else f"{self._mode_name()}: no compare run")
-        self.title.setTextFormat(Qt.TextFormat.RichText)
-        self.title.setWordWrap(True)  # a narrow screen wraps it instead of widening the window
+        # wrapped: a narrow screen wraps it instead of widening the window
+        self.title = LiveLabel("K/V cache: no run yet" if lockstep is None else f"{self._mode_name()}: no compare run",
+                               wrap=True)
         self.legend_row = FlowLayout(spacing=14)  # wraps on a narrow screen, one swatch and its words together
         self._legend_labels: list[tuple[QLabel, QLabel, int]] = []
         for state in (COMPUTED, REUSED, PENDING, EMPTY):
@@ -340,15 +341,22 @@ class KVGridView(QWidget):
         else:
             colour = self._theme.teal if plan.use_cache else self._theme.amber
             head = f"<b><span style='color:{colour}'>{mode}</span></b> &nbsp; K/V per layer and position, {size}"
+        muted = self._theme.muted
         if rec is None:
             detail = f"prompt of {plan.prompt_tokens} tokens ready; press Space to compute step 1"
+            # room for the longest caption of the run: its numbers grow without moving the grid
+            widest = self._step_caption(plan.passes, "cache fill, no new token", plan.width, plan.n_layer, plan.width)
+            self.title.reserve(f"{head}<br><span style='color:{muted}'>{widest}</span>")
         else:
-            fed = rec.fed_stop - rec.fed_start
-            amber = f"<span style='color:{self._theme.amber}'>computed {fed} position{'s' if fed != 1 else ''}</span>"
-            teal = f"<span style='color:{self._theme.teal}'>reused {rec.fed_start}</span>"
             what = "cache fill, no new token" if rec.token_id is None else f"token {rec.new_tokens}"
-            detail = f"step {rec.step + 1} ({what}): {amber} \u00d7 {rec.n_layer} layers, {teal}"
-        self.title.setText(f"{head}<br><span style='color:{self._theme.muted}'>{detail}</span>")
+            detail = self._step_caption(rec.step + 1, what, rec.fed_stop - rec.fed_start, rec.n_layer, rec.fed_start)
+        self.title.setText(f"{head}<br><span style='color:{muted}'>{detail}</span>")
+
+    def _step_caption(self, step: int, what: str, computed: int, n_layer: int, reused: int) -> str:
+        amber = (f"<span style='color:{self._theme.amber}'>computed {computed} "
+                 f"position{'s' if computed != 1 else ''}</span>")
+        teal = f"<span style='color:{self._theme.teal}'>reused {reused}</span>"
+        return f"step {step} ({what}): {amber} \u00d7 {n_layer} layers, {teal}"
 
     def _update_legend(self) -> None:
         for swatch, _text, state in self._legend_labels:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtWidgets import QLabel, QWidget
+from PySide6.QtWidgets import QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
+from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
 
-class StatusLine(QLabel):
+class StatusLine(LiveLabel):
     """A view (views.base.RunViewProtocol) for the status bar: the run's line, or a message.
 
     `show_message` says something else (loading, a cancelled download...): a sticky message stays
@@ -19,12 +20,13 @@ class StatusLine(QLabel):
     """
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__("No model", parent)
+        super().__init__("No model", parent, rich=False)
         self._plan: RunPlan | None = None
         self._record: StepRecord | None = None
         self._dirty = False
         self._sticky = False
         self._theme = themes.current()
+        self._style_sheet = ""
 
     def show_message(self, text: str, sticky: bool = True) -> None:
         """Say `text` instead of the run's line (see the class)."""
@@ -66,7 +68,10 @@ class StatusLine(QLabel):
 
     def _style(self) -> None:
         broken = self._plan is not None and self._plan.cache_broken
-        self.setStyleSheet(f"color: {self._theme.alert}; font-weight: bold;" if broken else "")
+        style = f"color: {self._theme.alert}; font-weight: bold;" if broken else ""
+        if style != self._style_sheet:  # setting a style sheet, even the same, re-polishes the label
+            self._style_sheet = style
+            self.setStyleSheet(style)
 
     def set_theme(self, theme: Theme) -> None:
         self._theme = theme
