@@ -77,6 +77,13 @@ def _load(model: str | None, device: str, dtype_name: str = "float32"):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from kvviz.cli_compare import dtype_honoured
+
+    with dtype_honoured(args.dtype, args.device):
+        return _generate(args)
+
+
+def _generate(args: argparse.Namespace) -> int:
     import codecs
 
     from kvviz.cli_compare import broken_cache_note
@@ -86,7 +93,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.break_cache and args.no_cache:
         raise UsageError("--break-cache breaks the KV cache, so it needs one: leave out --no-cache")
     sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-    loaded = _load(args.model, args.device)
+    loaded = _load(args.model, args.device, args.dtype)
     engine = Engine(loaded.model, device=args.device)
     prompt_ids = engine.encode_prompt(args.prompt)
     use_cache = not args.no_cache
@@ -121,6 +128,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "output_ids": ids,
             "text": text,
             "cache": use_cache,
+            "dtype": args.dtype,
             "break_cache": bool(fault),
             "kv_computed_per_layer": last.kv_computed_total,
             "kv_without_cache_per_layer": last.without_cache_total,
@@ -236,8 +244,14 @@ def cmd_gui(args: argparse.Namespace) -> int:
     return launch(args.gui_model, args.gui_prompt, lesson=lesson, theme=args.gui_theme)
 
 
+def cmd_memory(args: argparse.Namespace) -> int:
+    from kvviz.cli_memory import cmd_memory as run_memory
+
+    return run_memory(args)
+
+
 COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "count": cmd_count, "bench": cmd_bench,
-            "export": cmd_export, "train": cmd_train, "lesson": cmd_lesson}
+            "export": cmd_export, "train": cmd_train, "lesson": cmd_lesson, "memory": cmd_memory}
 
 
 class _GuardedStdout:
@@ -341,7 +355,7 @@ _TORCH_SIDE = ("torch", "kvviz.engine", "kvviz.weights", "safetensors.torch", "g
 PRELOADS = {"count": ("kvviz.counting",), "generate": _TORCH_SIDE, "compare": ("kvviz.compare", *_TORCH_SIDE),
             "bench": _TORCH_SIDE,
             "export": ("pyqtgraph", "kvviz.app.export", *_TORCH_SIDE), "train": ("kvviz.train", *_TORCH_SIDE),
-            "lesson": ("kvviz.cli_lesson",)}
+            "lesson": ("kvviz.cli_lesson",), "memory": ("kvviz.cli_memory", "kvviz.memory")}
 GUI_BENCH_PRELOAD = ("pyqtgraph", "kvviz.app.gui_bench", "kvviz.app.main_window")  # torch loads with the model
 
 

@@ -23,7 +23,7 @@ DTYPE_UNSUPPORTED = ("not implemented for", "not supported", "does not support",
 
 
 @contextlib.contextmanager
-def _dtype_honoured(dtype_name: str, device: str) -> Iterator[None]:
+def dtype_honoured(dtype_name: str, device: str) -> Iterator[None]:
     """A number type the device (or this torch) cannot compute in becomes one line, status 2."""
     try:
         yield
@@ -122,7 +122,7 @@ def _compare_summary_lines(summary, steps: list[dict], parted_texts: tuple[str, 
 
 def run_compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
     """`kvviz compare`: `load(model, device, dtype)` loads the model, `say` prints a one-line note."""
-    with _dtype_honoured(args.dtype, args.device):
+    with dtype_honoured(args.dtype, args.device):
         return _compare(args, load, say)
 
 

@@ -13,6 +13,8 @@ from kvviz.records import CACHE_FAULTS
 DEFAULT_BENCH_PROMPT = "Hello, I am"
 # GUI and headless runs of a few seconds each: on a shared machine one pair can differ by 10% by chance alone.
 GUI_BENCH_REPEAT = 3
+MAX_CONTEXT = 10**9  # tokens of context for `kvviz memory`
+MAX_BATCH = 1_000_000
 MAX_TOKENS = 1_000_000  # new tokens (and top-k): far past any context; generation stops at the model's anyway
 MAX_SEED = 2**63 - 1
 TEMPERATURES = (0.01, 100.0)  # besides 0 (greedy); below 0.01 the softmax of a float32 model overflows
@@ -171,6 +173,11 @@ def _add_device(parser: argparse.ArgumentParser) -> None:
                         help="where the model runs (default: cpu); cuda and mps only where torch supports them")
 
 
+def _add_dtype(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="the number type of the weights and the KV cache (default: float32)")
+
+
 def _add_sampling(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=temperature, default=0.0, metavar="T",
                         help="0 picks the most likely token (greedy, the default); "
@@ -205,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("generate", help="continue a prompt and print the text",
                             description="Continue a prompt, token by token, and print the text.")
     _add_model(p)
-    p.add_argument("--prompt", type=prompt_text, required=True, metavar="TEXT", help=PROMPT_HELP)
+    p.add_argument("--prompt", type=prompt_text, default=DEFAULT_BENCH_PROMPT, metavar="TEXT",
+                   help=f"{PROMPT_HELP} (default: {DEFAULT_BENCH_PROMPT!r})")
     p.add_argument("--max-new-tokens", type=whole_number(1, MAX_TOKENS), default=40, metavar="N",
                    help="how many tokens to generate (default: 40); stops earlier at the model's context length")
     p.add_argument("--no-cache", action="store_true",
@@ -213,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(same tokens, more work)")
     p.add_argument("--break-cache", action="store_true", help=BREAK_CACHE_HELP + "; needs the cache")
     _add_sampling(p)
+    _add_dtype(p)
     _add_device(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
 
@@ -241,6 +250,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=count_type, required=True, metavar="N", help="tokens generated")
     p.add_argument("--layers", type=count_type, default=1, metavar="L",
                    help="layers, for the all-layers totals (default: 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = commands.add_parser("memory", help="KV-cache bytes per token and at a context length, by formula",
+                            description="Bytes the KV cache takes: per token, 2 x layers x KV heads x head dim x "
+                                        "bytes per element (x batch), and at a context length, for a kvviz model "
+                                        "(read from its config) or a reference architecture from its published "
+                                        "config (grouped-query, multi-query, sliding-window and latent attention).")
+    _add_model(p)
+    p.add_argument("--arch", type=_no_nul, default=None, metavar="NAME",
+                   help="a reference architecture instead of a model (e.g. Llama-3-8B); 'list' names them all")
+    p.add_argument("--context", type=whole_number(1, MAX_CONTEXT), default=1024, metavar="N",
+                   help="context length in tokens (default: 1024)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="the cache's number type (default: float32)")
+    p.add_argument("--batch", type=whole_number(1, MAX_BATCH), default=1, metavar="B",
+                   help="sequences cached side by side (default: 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = commands.add_parser("bench", help="time generation with and without the cache",
