@@ -93,9 +93,28 @@ CACHED_REPEAT = 3  # cached runs take seconds: by default, three turns each
 UNCACHED_REPEAT = 1  # uncached runs take ~10 times longer: one each
 
 
+def memory_read_rate(device: str = "cpu", megabytes: int = 512, repeat: int = 10) -> float:
+    """Bytes per second this machine reads from memory, measured: the best of `repeat` sums over a buffer
+    far larger than any cache."""
+    import torch
+
+    buffer = torch.ones(megabytes * 1024 * 1024 // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        float(buffer.sum())
+        best = min(best, time.perf_counter() - started)
+    return buffer.numel() * buffer.element_size() / best
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the model's parameters (a tied embedding once): what a decode step reads at least."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def run_bench(
     model: str | None, prompt: str, new_tokens: int, device: str = "cpu", peer: bool = False,
-    repeat: int | None = None,
+    repeat: int | None = None, dtype: str = "float32",
 ) -> dict:
     """Cached and uncached tokens/s of kvviz (and, with `peer`, of transformers) in one process.
 
@@ -109,7 +128,7 @@ def run_bench(
     from kvviz.engine import Engine, generate_ids
     from kvviz.weights import load_model
 
-    loaded = load_model(model, device=device)
+    loaded = load_model(model, device=device, dtype=getattr(torch, dtype))
     engine = Engine(loaded.model, device=device)
     prompt_ids = engine.encode_prompt(prompt)
     for use_cache in (True, False):
@@ -125,8 +144,12 @@ def run_bench(
     cached, peer_cached = best_of(cached_repeat, engine, reference, prompt_ids, new_tokens, True)
     uncached, peer_uncached = best_of(uncached_repeat, engine, reference, prompt_ids, new_tokens, False)
     n = len(cached.ids)
+    read_rate = memory_read_rate(device)
+    weights = weight_bytes(loaded.model)
+    bound = read_rate / weights  # tokens/s if a decode step cost nothing but reading the weights once
     result: dict = {
         "model": loaded.name,
+        "dtype": dtype,
         "device": device,
         "threads": torch.get_num_threads(),
         "prompt_tokens": len(prompt_ids),
@@ -136,6 +159,10 @@ def run_bench(
         "speedup": uncached.seconds / cached.seconds * n / max(1, len(uncached.ids)),
         "identical": cached.ids == uncached.ids,
         "cache_bytes": cached.cache_bytes,
+        "weight_bytes": weights,
+        "memory_read_bytes_per_second": read_rate,
+        "bandwidth_bound_tokens_per_second": bound,
+        "fraction_of_bound": (n / cached.seconds) / bound,
         "cached_runs": cached_repeat,
         "uncached_runs": uncached_repeat,
     }

@@ -169,6 +169,8 @@ def cmd_count(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.compare and not args.gui:
         raise UsageError("--compare times compare mode in the window: add --gui (or use kvviz compare)")
+    if args.gui and args.dtype != "float32":
+        raise UsageError("--dtype is for the headless bench; the window runs in float32")
     if args.gui:
         try:
             from kvviz.app.gui_bench import GuiBenchError, format_report, run_gui_bench
@@ -183,8 +185,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps(result) if args.json else format_report(result))
         return 0
     _check_device(args.device)
-    result = bench.run_bench(args.model, args.prompt, args.new_tokens, device=args.device, peer=args.peer,
-                             repeat=args.repeat)
+    from kvviz.cli_compare import dtype_honoured
+
+    with dtype_honoured(args.dtype, args.device):
+        result = bench.run_bench(args.model, args.prompt, args.new_tokens, device=args.device, peer=args.peer,
+                                 repeat=args.repeat, dtype=args.dtype)
     _print_result(result, args.json, "kvviz bench")
     return 0
 

@@ -274,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"prompt (default: {DEFAULT_BENCH_PROMPT!r})")
     p.add_argument("--new-tokens", type=whole_number(1, MAX_TOKENS), default=200, metavar="N",
                    help="tokens to generate (default: 200)")
+    _add_dtype(p)
     _add_device(p)
     p.add_argument("--peer", action="store_true",
                    help="also time transformers' GPT2LMHeadModel.generate on the same weights (needs transformers)")

@@ -154,6 +154,28 @@ def test_bench_reports_speed_and_identity(tiny_checkpoint, capsys):
     assert (result["cached_runs"], result["uncached_runs"]) == (2, 2)
 
 
+def test_bench_dtype_reports_the_bound_it_measured(tiny_checkpoint, capsys):
+    assert main(["bench", "--model", str(tiny_checkpoint), "--new-tokens", "6", "--repeat", "1",
+                 "--dtype", "bfloat16", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["dtype"] == "bfloat16" and result["identical"] is True
+    # 10 positions x 2 (K, V) x 3 layers x 32 dims x 2 bytes; the weights' bytes halve against float32
+    assert result["cache_bytes"] == 10 * 2 * 3 * 32 * 2
+    assert main(["bench", "--model", str(tiny_checkpoint), "--new-tokens", "6", "--repeat", "1", "--json"]) == 0
+    fp32 = json.loads(capsys.readouterr().out)
+    assert fp32["dtype"] == "float32" and fp32["weight_bytes"] == 2 * result["weight_bytes"]
+    for run in (result, fp32):
+        bound = run["memory_read_bytes_per_second"] / run["weight_bytes"]
+        assert run["bandwidth_bound_tokens_per_second"] == pytest.approx(bound)
+        assert run["fraction_of_bound"] == pytest.approx(run["cached_tokens_per_second"] / bound)
+        assert run["memory_read_bytes_per_second"] > 1e8  # any machine reads 100 MB/s
+
+
+def test_bench_gui_refuses_a_dtype_it_does_not_run(capsys):
+    assert main(["bench", "--gui", "--dtype", "float16"]) == 2
+    assert "float32" in capsys.readouterr().err
+
+
 def test_bench_keeps_the_fastest_run_of_each_configuration(tiny_checkpoint, capsys, monkeypatch):
     from kvviz import bench
 
