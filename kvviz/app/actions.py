@@ -43,6 +43,7 @@ ACTIONS = (
     ActionSpec("edit_prompt", "&Run", "Edit &prompt", ("Ctrl+L",), separator_before=True),
     ActionSpec("escape", None, "Leave prompt field / presenter mode", ("Esc",)),
     ActionSpec("compare", "&View", "Compare &with and without cache", ("T",), checkable=True),
+    ActionSpec("memory", "&View", "&Memory of the KV cache", ("M",), checkable=True),
     ActionSpec("presenter", "&View", "&Presenter mode", ("F11",), checkable=True, separator_before=True),
     ActionSpec("colour_blind", "&View", "&Colour-blind patterns", ("B",), checkable=True),
     ActionSpec("theme_dark", "&View/&Theme", "&Dark", checkable=True, group="theme"),

@@ -22,6 +22,7 @@ from kvviz.app.redraw import RedrawScheduler
 from kvviz.app.session import RunSession
 from kvviz.app.settings import AppSettings, app_settings, load_geometry, save_geometry
 from kvviz.app.views.compare_view import CompareView
+from kvviz.app.views.memory_view import MemoryView
 from kvviz.app.views.run_view import RunView
 from kvviz.app.views.status import StatusLine
 from kvviz.records import ModelInfo, RunPlan, StepRecord
@@ -81,6 +82,9 @@ class MainWindow(QMainWindow):
         beside = QHBoxLayout()  # the lesson's column beside the views, so that they keep their height
         beside.setSpacing(8)
         beside.addWidget(scroll, 1)
+        self.memory_view = MemoryView()  # View > Memory: a column beside the views
+        self.memory_view.hide()
+        beside.addWidget(self.memory_view)
         beside.addWidget(self.lesson_panel)
         for widget, stretch in ((self.controls, 0), (self.banner, 0)):
             layout.addWidget(widget, stretch)
@@ -90,7 +94,8 @@ class MainWindow(QMainWindow):
         self.status = StatusLine()
         self.statusBar().addWidget(self.status, 1)
         self.loading = LoadingIndicator(self.session, self.statusBar(), self.status, self.banner, self.picker)
-        views = (*self.run_view.views(), *self.compare_view.views(), self.status)  # a new view joins here
+        # a new view joins here
+        views = (*self.run_view.views(), *self.compare_view.views(), self.memory_view, self.status)
         self.scheduler = RedrawScheduler(views, self._paint_now, self)
         chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
         self.presentation = Presentation(self, (*views, self.lesson_panel), chrome)
@@ -121,6 +126,7 @@ class MainWindow(QMainWindow):
             "edit_prompt": c.focus_prompt, "escape": self._on_escape, "presenter": p.set_presenter,
             "lesson": self.lesson.set_active, "lesson_next": self.lesson.next, "lesson_back": self.lesson.back,
             "colour_blind": self._set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
+            "memory": lambda on: (self.memory_view.setVisible(on), self.redraw()),
             "theme_dark": lambda on: on and self.set_theme("dark"),
             "theme_light": lambda on: on and self.set_theme("light"),
             "zoom_in": lambda: p.step_zoom(+1),
