@@ -205,6 +205,9 @@ class MemoryView(QWidget):
             curve.setPen(pg.mkPen(colour, width=1.5))
         self.points_curve.setSymbolBrush(pg.mkBrush(theme.amber))
         self.points_curve.setSymbolPen(pg.mkPen(theme.foreground, width=1))
+        self.legend.setLabelTextColor(theme.foreground)
+        for _sample, label in self.legend.items:
+            label.setText(label.text, color=theme.foreground)
         for line in self.budget_lines:
             line.setPen(pg.mkPen(theme.muted, width=1, style=Qt.PenStyle.DashLine))
             line.label.setColor(theme.muted)
