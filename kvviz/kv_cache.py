@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from kvviz.memory import kv_bytes_per_token
+
 
 class KVCache:
     """Keys and values of every layer for positions `0 .. length-1`.
@@ -84,7 +86,7 @@ class KVCache:
     @staticmethod
     def bytes_per_position(n_layer: int, n_head: int, head_dim: int, dtype: torch.dtype, batch_size: int = 1) -> int:
         """Bytes one position's keys and values take over all layers: 2 * L * nh * hs * element size * B."""
-        return 2 * n_layer * n_head * head_dim * torch.empty((), dtype=dtype).element_size() * batch_size
+        return kv_bytes_per_token(n_layer, n_head, head_dim, torch.empty((), dtype=dtype).element_size(), batch_size)
 
     @property
     def bytes_used(self) -> int:

@@ -27,6 +27,12 @@ GIB = 1024**3
 MEMORY_BUDGETS_GB = (8, 24, 80)  # common accelerator memories, drawn as lines in the memory view
 
 
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, element_size: int, batch: int = 1) -> int:
+    """Bytes of one token's keys and values over all layers: 2 x layers x KV heads x head dim x element size
+    x batch. The engine plans its cache with it; the memory figures use it for every non-latent model."""
+    return 2 * layers * kv_heads * head_dim * element_size * batch
+
+
 class UnknownArchitecture(KvvizError):
     """An --arch name that is not in the reference file."""
 
@@ -54,7 +60,9 @@ class Architecture:
         return 2 * self.layers * self.kv_heads * self.head_dim
 
     def bytes_per_token(self, dtype: str = "float32", batch: int = 1) -> int:
-        return self.elements_per_token() * DTYPE_BYTES[dtype] * batch
+        if self.attention == "mla":
+            return self.elements_per_token() * DTYPE_BYTES[dtype] * batch
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, DTYPE_BYTES[dtype], batch)
 
     def tokens_held(self, context: int) -> int:
         """Tokens the cache holds after `context` tokens: all of them, or the sliding window's."""

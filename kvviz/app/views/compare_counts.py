@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtCore import QSize
-from PySide6.QtGui import QFont, QResizeEvent
-from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.count_table import CountTable, final_values
+from kvviz.app.views.count_table import CountPanel, CountTable, final_values
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
 
-class CompareCounts(QFrame):
+class CompareCounts(CountPanel):
     """Both runs' K/V computations, each measured in its own run (`kv_computed_total` of its latest
     pass, the cached run's filling pass included), per layer and over all layers, with the
     difference the cache avoided and the ratio.
@@ -120,21 +119,8 @@ class CompareCounts(QFrame):
 
     def _apply_theme(self) -> None:
         theme = self._theme
-        self.setStyleSheet(f"QFrame#compareCounts {{ border: 1px solid {theme.border}; border-radius: 6px; "
-                           f"background: {theme.surface}; }} "
-                           "QFrame#compareCounts QLabel { background: transparent; border: none; }"
-                           f" QFrame#compareCounts QLabel#muted {{ color: {theme.muted}; }}")
+        self.setStyleSheet(self.panel_style(theme))
         self.table.set_theme(theme)
-
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
-        """Tall enough for every line at the current width (the wrapped note included), as CounterPanel."""
-        hint = super().minimumSizeHint()
-        layout = self.layout()
-        return QSize(hint.width(), max(hint.height(), layout.totalHeightForWidth(max(self.width(), hint.width()))))
-
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
-        super().resizeEvent(event)
-        self.updateGeometry()  # the wrapped note needs another height at another width
 
     def _apply_fonts(self) -> None:
         normal = QFont(self.font())

@@ -3,9 +3,9 @@ per layer and over all layers. It shows the numbers a view gives it; it reads no
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QFont
-from PySide6.QtWidgets import QGridLayout, QLabel
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QFont, QResizeEvent
+from PySide6.QtWidgets import QFrame, QGridLayout, QLabel
 
 from kvviz.app.theme import Theme
 from kvviz.app.views.live_label import LiveLabel
@@ -103,3 +103,24 @@ class CountTable(QGridLayout):
         for key, labels in self.labels.items():
             for label in labels:
                 label.setStyleSheet(f"color: {getattr(theme, ROW_COLOURS[key])};")
+
+
+class CountPanel(QFrame):
+    """The framed panel both counters are: styled from the theme by its object name, and tall enough
+    for every line at its width (wrapped notes included), so that the splitter and the scroll area
+    around the views keep the numbers whole instead of squeezing them."""
+
+    def panel_style(self, theme: Theme) -> str:
+        name = self.objectName()
+        return (f"QFrame#{name} {{ border: 1px solid {theme.border}; border-radius: 6px; "
+                f"background: {theme.surface}; }} QFrame#{name} QLabel {{ background: transparent; border: none; }}"
+                f" QFrame#{name} QLabel#muted {{ color: {theme.muted}; }}")
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        hint = super().minimumSizeHint()
+        layout = self.layout()
+        return QSize(hint.width(), max(hint.height(), layout.totalHeightForWidth(max(self.width(), hint.width()))))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self.updateGeometry()  # the wrapped notes need another height at another width

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtCore import QSize
-from PySide6.QtGui import QFont, QResizeEvent
-from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.count_table import ROW_TITLES, CountTable, final_values
+from kvviz.app.views.count_table import ROW_TITLES, CountPanel, CountTable, final_values
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
@@ -20,7 +19,7 @@ STOP_REASONS = {
 }
 
 
-class CounterPanel(QFrame):
+class CounterPanel(CountPanel):
     """K/V computations in the lab's unit (per layer, per token position), all-layers total beside.
 
     A view (views.base.RunViewProtocol): `reset(plan)`, `apply(records)`, `refresh()`.
@@ -135,17 +134,6 @@ class CounterPanel(QFrame):
         reason = STOP_REASONS.get(stop_reason or "", stop_reason or "done").format(n_ctx=n_ctx)
         return reason[0].upper() + reason[1:]
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
-        """Tall enough for every line at the current width (wrapped notes included): the splitter and
-        the scroll area around the views then keep the numbers whole instead of squeezing them."""
-        hint = super().minimumSizeHint()
-        layout = self.layout()
-        return QSize(hint.width(), max(hint.height(), layout.totalHeightForWidth(max(self.width(), hint.width()))))
-
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
-        super().resizeEvent(event)
-        self.updateGeometry()  # the wrapped notes need another height at another width
-
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
@@ -157,10 +145,7 @@ class CounterPanel(QFrame):
 
     def _apply_theme(self) -> None:
         theme = self._theme
-        self.setStyleSheet(f"QFrame#counter {{ border: 1px solid {theme.border}; border-radius: 6px; "
-                           f"background: {theme.surface}; }}"
-                           " QFrame#counter QLabel { background: transparent; border: none; }"
-                           f" QFrame#counter QLabel#muted {{ color: {theme.muted}; }}")
+        self.setStyleSheet(self.panel_style(theme))
         self.table.set_theme(theme)
         self._style_stop()
 

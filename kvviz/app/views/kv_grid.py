@@ -15,6 +15,7 @@ from kvviz.app.flow_layout import FlowLayout
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import cache_axes, chip_text, style_plot
 from kvviz.app.views.grid_cells import COMPUTED, EMPTY, PENDING, REUSED, STATE_NAMES, cell_tile, state_swatch
+from kvviz.app.views.grid_title import grid_title, mode_name
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
@@ -22,7 +23,6 @@ MAX_IMAGE_PIXELS = 1800  # upsampled image size limit per axis, so a redraw stay
 PLOT_MIN_HEIGHT = 80  # pixels at zoom 1: the grid never collapses into a strip
 TICK_LABEL_LIMIT = 40  # label columns with their tokens up to this many positions
 LOCKSTEP_RUNS = ("cached", "uncached")  # which run of a compare-mode lockstep a grid can show
-BROKEN_NOTE = "BROKEN on purpose (teaching switch)"
 
 
 class KVGridView(QWidget):
@@ -86,8 +86,9 @@ class KVGridView(QWidget):
         self.plot_widget.installEventFilter(self)
 
         # wrapped: a narrow screen wraps it instead of widening the window
-        self.title = LiveLabel("K/V cache: no run yet" if lockstep is None else f"{self._mode_name()}: no compare run",
-                               wrap=True)
+        own_mode = mode_name(lockstep != "uncached")
+        waiting = "K/V cache: no run yet" if lockstep is None else f"{own_mode}: no compare run"
+        self.title = LiveLabel(waiting, wrap=True)
         self.legend_row = FlowLayout(spacing=14)  # wraps on a narrow screen, one swatch and its words together
         self._legend_labels: list[tuple[QLabel, QLabel, int]] = []
         for state in (COMPUTED, REUSED, PENDING, EMPTY):
@@ -167,12 +168,9 @@ class KVGridView(QWidget):
         self._dirty = False
         self._draw_image()
         self._update_ticks()
-        self.title.setText(f"<b>{self._mode_name()}</b> &nbsp; <span style='color:{self._theme.muted}'>"
+        own_mode = mode_name(self.lockstep != "uncached")
+        self.title.setText(f"<b>{own_mode}</b> &nbsp; <span style='color:{self._theme.muted}'>"
                            "no compare run: this grid shows one run of compare mode</span>")
-
-    def _mode_name(self, plan: RunPlan | None = None) -> str:
-        use_cache = plan.use_cache if plan is not None else self.lockstep != "uncached"
-        return "with cache" if use_cache else "without cache"
 
     def _apply_one(self, record: StepRecord) -> None:
         width = self._states.shape[1]
@@ -329,34 +327,11 @@ class KVGridView(QWidget):
         self.plot_item.setLabel("bottom", title)
 
     def _update_title(self) -> None:
-        plan, rec = self._plan, self._last
-        if plan is None:
-            return
-        mode = self._mode_name(plan)
-        if plan.cache_fault:
-            mode = f"<span style='color:{self._theme.alert}'>{mode} \u2014 {BROKEN_NOTE}</span>"
-        size = f"{plan.n_layer} layers \u00d7 {plan.width} positions"
-        if self.lockstep is None:
-            head = f"<b>K/V per layer and position</b> &nbsp; {size}, {mode}"
-        else:
-            colour = self._theme.teal if plan.use_cache else self._theme.amber
-            head = f"<b><span style='color:{colour}'>{mode}</span></b> &nbsp; K/V per layer and position, {size}"
-        muted = self._theme.muted
-        if rec is None:
-            detail = f"prompt of {plan.prompt_tokens} tokens ready; press Space to compute step 1"
-            # room for the longest caption of the run: its numbers grow without moving the grid
-            widest = self._step_caption(plan.passes, "cache fill, no new token", plan.width, plan.n_layer, plan.width)
-            self.title.reserve(f"{head}<br><span style='color:{muted}'>{widest}</span>")
-        else:
-            what = "cache fill, no new token" if rec.token_id is None else f"token {rec.new_tokens}"
-            detail = self._step_caption(rec.step + 1, what, rec.fed_stop - rec.fed_start, rec.n_layer, rec.fed_start)
-        self.title.setText(f"{head}<br><span style='color:{muted}'>{detail}</span>")
-
-    def _step_caption(self, step: int, what: str, computed: int, n_layer: int, reused: int) -> str:
-        amber = (f"<span style='color:{self._theme.amber}'>computed {computed} "
-                 f"position{'s' if computed != 1 else ''}</span>")
-        teal = f"<span style='color:{self._theme.teal}'>reused {reused}</span>"
-        return f"step {step} ({what}): {amber} \u00d7 {n_layer} layers, {teal}"
+        if self._plan is not None:
+            text, widest = grid_title(self._plan, self._last, self.lockstep, self._theme)
+            if widest:  # room for the run's longest caption: its numbers grow without moving the grid
+                self.title.reserve(widest)
+            self.title.setText(text)
 
     def _update_legend(self) -> None:
         for swatch, _text, state in self._legend_labels:
