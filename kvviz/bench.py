@@ -27,7 +27,7 @@ def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bo
 
 
 def to_transformers(model: GPT):
-    """transformers' GPT2LMHeadModel holding exactly `model`'s weights."""
+    """transformers' GPT2LMHeadModel holding exactly `model`'s weights, in the same dtype."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = model.config
@@ -44,7 +44,8 @@ def to_transformers(model: GPT):
             f"weights do not map onto GPT2LMHeadModel: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
     peer.tie_weights()
-    return peer.eval().to(model.transformer.wte.weight.device)
+    wte = model.transformer.wte.weight
+    return peer.eval().to(device=wte.device, dtype=wte.dtype)
 
 
 def _time_peer(peer, prompt_ids: list[int], new_tokens: int, use_cache: bool) -> tuple[list[int], float]:
@@ -72,21 +73,24 @@ class Timing(NamedTuple):
 
 def best_of(
     repeat: int, engine: Engine, peer: GPT2LMHeadModel | None, prompt_ids: list[int], new_tokens: int,
-    use_cache: bool,
-) -> tuple[Timing, Timing | None]:
-    """Time kvviz `repeat` times (and the peer, if any, right after each run); keep the fastest of each."""
+    use_cache: bool, float32_engine: Engine | None = None,
+) -> dict[str, Timing]:
+    """Time kvviz `repeat` times, and right after each run the peer and kvviz in float32 (where given);
+    keep the fastest run of each, under the keys "kvviz", "peer" and "float32"."""
     if not 1 <= repeat <= MAX_REPEAT:
         raise KvvizError(f"repeat must be a whole number from 1 to {MAX_REPEAT}, got {repeat}")
-    ours = theirs = None
+    runners = {"kvviz": lambda: Timing(*_timed(engine, prompt_ids, new_tokens, use_cache))}
+    if peer is not None:
+        runners["peer"] = lambda: Timing(*_time_peer(peer, prompt_ids, new_tokens, use_cache))
+    if float32_engine is not None:
+        runners["float32"] = lambda: Timing(*_timed(float32_engine, prompt_ids, new_tokens, use_cache))
+    fastest: dict[str, Timing] = {}
     for _ in range(repeat):
-        run = Timing(*_timed(engine, prompt_ids, new_tokens, use_cache))
-        if ours is None or run.seconds < ours.seconds:
-            ours = run
-        if peer is not None:
-            run = Timing(*_time_peer(peer, prompt_ids, new_tokens, use_cache))
-            if theirs is None or run.seconds < theirs.seconds:
-                theirs = run
-    return ours, theirs  # type: ignore[return-value]
+        for name, runner in runners.items():
+            run = runner()
+            if name not in fastest or run.seconds < fastest[name].seconds:
+                fastest[name] = run
+    return fastest
 
 
 CACHED_REPEAT = 3  # cached runs take seconds: by default, three turns each
@@ -139,10 +143,16 @@ def run_bench(
             reference = to_transformers(loaded.model)
         except ImportError as exc:
             raise KvvizError(f"--peer needs transformers: pip install transformers ({exc})") from exc
+    float32_engine = None
+    if dtype != "float32":  # the figure a half-precision run is compared with, timed in turns with it
+        float32_engine = Engine(load_model(model, device=device, dtype=torch.float32).model, device=device)
+        generate_ids(float32_engine, prompt_ids, WARMUP_TOKENS, True)
     cached_repeat = repeat or CACHED_REPEAT
     uncached_repeat = repeat or UNCACHED_REPEAT
-    cached, peer_cached = best_of(cached_repeat, engine, reference, prompt_ids, new_tokens, True)
-    uncached, peer_uncached = best_of(uncached_repeat, engine, reference, prompt_ids, new_tokens, False)
+    fastest_cached = best_of(cached_repeat, engine, reference, prompt_ids, new_tokens, True, float32_engine)
+    fastest_uncached = best_of(uncached_repeat, engine, reference, prompt_ids, new_tokens, False)
+    cached, uncached = fastest_cached["kvviz"], fastest_uncached["kvviz"]
+    peer_cached, peer_uncached = fastest_cached.get("peer"), fastest_uncached.get("peer")
     n = len(cached.ids)
     read_rate = memory_read_rate(device)
     weights = weight_bytes(loaded.model)
@@ -166,6 +176,14 @@ def run_bench(
         "cached_runs": cached_repeat,
         "uncached_runs": uncached_repeat,
     }
+    if float32_engine is not None:
+        float32 = fastest_cached["float32"]
+        float32_rate = len(float32.ids) / float32.seconds
+        result.update({
+            "float32_cached_tokens_per_second": float32_rate,
+            "cached_vs_float32": (n / cached.seconds) / float32_rate,
+            "float32_identical": float32.ids == cached.ids,
+        })
     if peer_cached is not None and peer_uncached is not None:
         peer_cached_rate = len(peer_cached.ids) / peer_cached.seconds
         peer_uncached_rate = len(peer_uncached.ids) / peer_uncached.seconds

@@ -59,21 +59,97 @@ def column_major(weight: torch.Tensor) -> torch.Tensor:
     return weight.t().contiguous().t()
 
 
-class Conv1D(nn.Module):
-    """Affine map whose weight is stored (in_features, out_features), as in GPT-2 checkpoints.
+PROJECTION_CHUNKS = 8  # output column blocks of a float32 product on CPU, spread over torch's threads
 
-    Decoding multiplies one row by the weight; `x @ W` on this layout streams memory faster
-    on CPU than `F.linear` on the transposed one, and checkpoints load without a transpose.
+
+def pack_for_cpu(rows_major: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's blocked copy of a bfloat16 (out, in) weight on a CPU that multiplies bfloat16, else None.
+
+    oneDNN multiplies bfloat16 in pairs laid out in blocks; given a plain matrix it reorders the
+    blocks at every call, and a one-row product then runs at about half the memory rate.
     """
+    if rows_major.dtype != torch.bfloat16 or rows_major.device.type != "cpu" or not _cpu_packs_bfloat16():
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(rows_major.detach().contiguous(), 1)
+
+
+_PACKS_BFLOAT16: list[bool] = []
+
+
+def _cpu_packs_bfloat16() -> bool:
+    if not _PACKS_BFLOAT16:
+        try:
+            _PACKS_BFLOAT16.append(bool(torch.backends.mkldnn.is_available()
+                                        and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+        except (AttributeError, RuntimeError):
+            _PACKS_BFLOAT16.append(False)
+    return _PACKS_BFLOAT16[0]
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            packed: torch.Tensor | None = None) -> torch.Tensor:
+    """`x` (M, in) @ `weight` (in, out) + `bias`: the product of every Conv1D, decode step and head.
+
+    - `packed` (from `pack_for_cpu`, bfloat16): one oneDNN product on the packed copy.
+    - A float32 weight stored column-major (see `column_major`) on CPU: PROJECTION_CHUNKS blocks
+      of output columns in one batched product; torch runs a single (1, in) @ (in, out) product
+      on one thread, but spreads a batch over all of them.
+    - Else one `addmm`.
+    Forward and decode both come here with the same arguments, so they round alike.
+    """
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # (M, out)
+    rows_major = weight.t()  # (out, in)
+    out_features = rows_major.shape[0]
+    if (x.dtype != torch.float32 or x.device.type != "cpu" or out_features % PROJECTION_CHUNKS
+            or not rows_major.is_contiguous()):
+        return x @ weight if bias is None else torch.addmm(bias, x, weight)  # (M, out)
+    k, M = PROJECTION_CHUNKS, x.shape[0]
+    blocks = rows_major.view(k, out_features // k, -1).transpose(1, 2)  # (k, in, out/k)
+    x_k = x.expand(k, *x.shape)  # (k, M, in)
+    y = torch.bmm(x_k, blocks) if bias is None else torch.baddbmm(bias.view(k, 1, -1), x_k, blocks)  # (k, M, out/k)
+    return y.view(M, out_features) if M == 1 else y.transpose(0, 1).reshape(M, out_features)
+
+
+class InferenceCopy:
+    """A packed copy of one weight for inference (see `pack_for_cpu`), rebuilt when the weight changes."""
+
+    def __init__(self) -> None:
+        self._packed: torch.Tensor | None = None
+        self._key: tuple | None = None
+
+    def of(self, rows_major: torch.Tensor) -> torch.Tensor | None:
+        """The packed copy of `rows_major` (out, in), or None where packing does not apply."""
+        key = (rows_major.data_ptr(), rows_major._version, rows_major.dtype, tuple(rows_major.shape))
+        if key != self._key:
+            self._packed, self._key = pack_for_cpu(rows_major), key
+        return self._packed
+
+    def release(self) -> None:
+        self._packed = self._key = None
+
+
+class Conv1D(nn.Module):
+    """Affine map whose weight is (in_features, out_features), as in GPT-2 checkpoints, stored
+    column-major: the memory of an (out, in) matrix, whose row blocks `project` multiplies in
+    parallel. Loaders that assign a new weight should lay it out the same way (else `project`
+    falls back to a single product, with the same values). In bfloat16 on CPU, inference
+    multiplies by a packed copy of the weight (see `pack_for_cpu`), kept until it changes."""
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.weight = nn.Parameter(torch.empty(out_features, in_features).t())
         self.bias = nn.Parameter(torch.zeros(out_features))
+        self.inference_copy = InferenceCopy()
+
+    def packed_weight(self) -> torch.Tensor | None:
+        """The weight's packed copy for inference, or None (in float32, or where packing does not apply)."""
+        return self.inference_copy.of(self.weight.t())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape[:-1] + (self.weight.shape[1],)
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(shape)
+        packed = None if torch.is_grad_enabled() else self.packed_weight()
+        return project(x.reshape(-1, x.shape[-1]), self.weight, self.bias, packed).view(shape)
 
 
 class CausalSelfAttention(nn.Module):
@@ -140,7 +216,8 @@ class Block(nn.Module):
         return BlockWeights(
             self.ln_1.weight, self.ln_1.bias, attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight,
             attn.c_proj.bias, self.ln_2.weight, self.ln_2.bias, mlp.c_fc.weight, mlp.c_fc.bias,
-            mlp.c_proj.weight, mlp.c_proj.bias,
+            mlp.c_proj.weight, mlp.c_proj.bias, attn.c_attn.packed_weight(), attn.c_proj.packed_weight(),
+            mlp.c_fc.packed_weight(), mlp.c_proj.packed_weight(),
         )
 
 
@@ -159,6 +236,10 @@ class BlockWeights(NamedTuple):
     fc_bias: torch.Tensor
     mlp_proj_weight: torch.Tensor  # (4C, C)
     mlp_proj_bias: torch.Tensor
+    attn_packed: torch.Tensor | None  # the Conv1Ds' packed copies, or None (see `pack_for_cpu`)
+    attn_proj_packed: torch.Tensor | None
+    fc_packed: torch.Tensor | None
+    mlp_proj_packed: torch.Tensor | None
 
 
 class GPT(nn.Module):
@@ -186,6 +267,7 @@ class GPT(nn.Module):
         )
         self._head_t: torch.Tensor | None = None
         self._head_key: tuple[int, int] | None = None
+        self._head_packed = InferenceCopy()
         # Called before every block in every pass, with the block's index: a way to stop a long
         # pass from another thread (it raises), as the app's worker does when the window closes.
         self.before_block: Callable[[int], None] | None = None
@@ -227,9 +309,20 @@ class GPT(nn.Module):
 
     def release_inference_buffers(self) -> None:
         """Drop what inference keeps besides the parameters (a transposed copy of the head, made only
-        when `wte` is not column-major); call it when the model is being replaced."""
+        when `wte` is not column-major; packed bfloat16 copies); call it when the model is being replaced."""
         self._head_t = None
         self._head_key = None
+        self._head_packed.release()
+        for module in self.modules():
+            if isinstance(module, Conv1D):
+                module.inference_copy.release()
+
+    def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (M, V) for final hidden states `x` (M, C), through the tied head."""
+        packed = self._head_packed.of(self.transformer.wte.weight)  # wte is (V, C): (out, in)
+        if packed is not None:
+            return project(x, self.transformer.wte.weight, None, packed)
+        return x @ self._output_head()
 
     def _output_head(self) -> torch.Tensor:
         """The tied head as a contiguous (C, V) tensor for inference: `wte`'s own memory when it is
@@ -288,20 +381,20 @@ class GPT(nn.Module):
             if before_block is not None:
                 before_block(i)
             h = F.layer_norm(x, (C,), w.ln_1_weight, w.ln_1_bias, eps)
-            qkv = torch.addmm(w.attn_bias, h, w.attn_weight)  # (1, 3C)
+            qkv = project(h, w.attn_weight, w.attn_bias, w.attn_packed)  # (1, 3C)
             kv_rows[i] += 1
             qkv = qkv.view(3, 1, nh, 1, hs)  # q, k, v as (B=1, nh, T=1, hs) each
             cached = kv_cache.append(i, position, qkv[1:])  # (2, 1, nh, S, hs)
             y = F.scaled_dot_product_attention(qkv[0], cached[0], cached[1])  # (1, nh, 1, hs)
-            x = torch.addmm(w.attn_proj_bias, y.view(1, C), w.attn_proj_weight).add_(x)
+            x = project(y.view(1, C), w.attn_proj_weight, w.attn_proj_bias, w.attn_proj_packed).add_(x)
             h = F.layer_norm(x, (C,), w.ln_2_weight, w.ln_2_bias, eps)
-            h = F.gelu(torch.addmm(w.fc_bias, h, w.fc_weight), approximate="tanh")  # (1, 4C)
-            x = torch.addmm(w.mlp_proj_bias, h, w.mlp_proj_weight).add_(x)
+            h = F.gelu(project(h, w.fc_weight, w.fc_bias, w.fc_packed), approximate="tanh")  # (1, 4C)
+            x = project(h, w.mlp_proj_weight, w.mlp_proj_bias, w.mlp_proj_packed).add_(x)
         ln_f = self.transformer.ln_f
         x = F.layer_norm(x, (C,), ln_f.weight, ln_f.bias, eps)
         if torch.is_grad_enabled():
             return F.linear(x, wte)  # (1, V)
-        return x @ self._output_head()  # (1, V)
+        return self._head_logits(x)  # (1, V)
 
     def forward(
         self,
@@ -317,5 +410,4 @@ class GPT(nn.Module):
         x = self.hidden_states(idx, positions, kv_cache, last_only)  # (B, T, C)
         if torch.is_grad_enabled():
             return F.linear(x, self.transformer.wte.weight)  # (B, T, V)
-        head = self._output_head()
-        return (x.reshape(-1, x.shape[-1]) @ head).view(*x.shape[:-1], head.shape[1])  # (B, T, V)
+        return self._head_logits(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)  # (B, T, V)

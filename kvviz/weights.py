@@ -216,6 +216,12 @@ def check_config_fits(config: GPTConfig, state: dict[str, torch.Tensor], origin:
                                  f"{Path(origin).name} have ({found})")
 
 
+def column_major_keys(state: dict[str, torch.Tensor]) -> list[str]:
+    """The tensors GPT keeps column-major (see `kvviz.model.column_major`): the embedding and every Conv1D weight."""
+    return [k for k in state if k == "transformer.wte.weight" or (k.startswith("transformer.h.") and k.endswith(
+        ("c_attn.weight", "c_proj.weight", "c_fc.weight")))]
+
+
 def build_model(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, dtype: torch.dtype) -> GPT:
     """A GPT with `state` loaded, after checking every tensor's presence and shape."""
     with torch.device("meta"):
@@ -230,7 +236,8 @@ def build_model(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, 
     if unexpected:
         raise ModelLoadError(f"{origin}: unexpected tensor {unexpected[0]} ({len(unexpected)} in all)")
     state = {k: v.to(dtype) for k, v in state.items()}
-    state["transformer.wte.weight"] = column_major(state["transformer.wte.weight"])  # the head shares it
+    for key in column_major_keys(state):
+        state[key] = column_major(state[key])  # the head shares wte; Conv1D multiplies by row blocks
     model.load_state_dict(state, assign=True)
     return model.eval()
 

@@ -171,6 +171,32 @@ def test_bench_dtype_reports_the_bound_it_measured(tiny_checkpoint, capsys):
         assert run["memory_read_bytes_per_second"] > 1e8  # any machine reads 100 MB/s
 
 
+def test_bench_half_precision_times_float32_in_turns_in_the_same_run(tiny_checkpoint, capsys, monkeypatch):
+    """`--dtype bfloat16` also times kvviz in float32, alternating run by run, and reports the ratio of the fastest."""
+    from kvviz import bench
+
+    calls: list[tuple[str, bool]] = []
+    seconds = {("bfloat16", True): iter([3.0, 1.0]), ("float32", True): iter([2.0, 1.6]),
+               ("bfloat16", False): iter([9.0, 8.0])}
+    real_timed = bench._timed
+
+    def scripted(engine, prompt_ids, new_tokens, use_cache):
+        ids, _, cache_bytes = real_timed(engine, prompt_ids, new_tokens, use_cache)
+        key = (str(engine.model.transformer.wte.weight.dtype).removeprefix("torch."), use_cache)
+        calls.append(key)
+        return ids, next(seconds[key]), cache_bytes
+
+    monkeypatch.setattr(bench, "_timed", scripted)
+    assert main(["bench", "--model", str(tiny_checkpoint), "--new-tokens", "6", "--repeat", "2",
+                 "--dtype", "bfloat16", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert calls == [("bfloat16", True), ("float32", True)] * 2 + [("bfloat16", False)] * 2
+    assert result["cached_tokens_per_second"] == 6 / 1.0
+    assert result["float32_cached_tokens_per_second"] == 6 / 1.6
+    assert result["cached_vs_float32"] == pytest.approx(1.6)
+    assert isinstance(result["float32_identical"], bool)
+
+
 def test_bench_gui_refuses_a_dtype_it_does_not_run(capsys):
     assert main(["bench", "--gui", "--dtype", "float16"]) == 2
     assert "float32" in capsys.readouterr().err

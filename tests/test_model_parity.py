@@ -245,3 +245,85 @@ def test_kvviz_checkpoint_loads_in_transformers(tmp_path):
     loaded = load_model(str(folder))
     hf_model = GPT2LMHeadModel.from_pretrained(str(folder)).eval()
     _assert_parity(hf_model, loaded.model)
+
+
+def _conv1d_weights(model) -> list[torch.Tensor]:
+    return [m.weight for m in model.modules() if type(m).__name__ == "Conv1D"]
+
+
+def test_projection_weights_are_column_major_however_the_model_is_made(tmp_path):
+    """Every Conv1D weight (in, out) is stored as an (out, in) matrix, whose row blocks the float32 product
+    spreads over threads: from a checkpoint folder, a hub file, a random preset, and in bfloat16."""
+    save_transformers_folder(tmp_path / "ckpt", gpt2_config(n_layer=2, n_head=2, n_embd=32), seed=2)
+    hf_model = save_transformers_folder(tmp_path / "h", gpt2_config(n_layer=2, n_head=2, n_embd=128), seed=3)
+    hub_file = save_hub_file(tmp_path / "hub" / "model.safetensors", hf_model)  # 128 wide: 2 heads of 64
+    models = [load_model(str(tmp_path / "ckpt")).model, load_model(str(hub_file)).model,
+              load_model("random:kvviz-shakespeare").model,
+              load_model("random:kvviz-shakespeare", dtype=torch.bfloat16).model]
+    for model in models:
+        weights = _conv1d_weights(model)
+        assert len(weights) == 4 * model.config.n_layer
+        for weight in weights:
+            assert not weight.is_contiguous() and weight.t().is_contiguous(), weight.shape
+
+
+def test_random_weights_do_not_depend_on_the_layout():
+    """The seed gives the same weights as when Conv1D weights were row-major: values read off that build."""
+    model = load_model("random:kvviz-shakespeare").model
+    c_attn, mlp_proj = model.blocks[0].attn.c_attn.weight, model.blocks[5].mlp.c_proj.weight
+    assert c_attn[0, :3].tolist() == [0.026394175365567207, -0.001092166523449123, -0.026642579585313797]
+    assert c_attn[191, -2:].tolist() == [-0.01832885853946209, 0.02336999401450157]
+    assert mlp_proj[700, :2].tolist() == [-0.0007703075534664094, -0.005639144219458103]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_decode_one_equals_forward_in_every_dtype(dtype):
+    """In each dtype the decode step and forward take the same products (chunked float32, packed bfloat16),
+    so their logits and caches are equal bit for bit."""
+    model = load_model("random:kvviz-shakespeare", dtype=dtype).model
+    cfg = model.config
+    ids = HELLO_IDS + [257, 1310, 290, 314]
+    caches = [KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(ids), dtype=dtype) for _ in range(2)]
+    with torch.inference_mode():
+        for cache in caches:
+            model(torch.tensor([ids[:2]]), torch.arange(2), cache)
+        for pos in range(2, len(ids)):
+            reference = model(torch.tensor([[ids[pos]]]), torch.tensor([pos]), caches[0])[0]  # (1, V)
+            got = model.decode_one(ids[pos], pos, caches[1])  # (1, V)
+            assert got.dtype == dtype and torch.equal(got, reference)
+    assert torch.equal(caches[0].kv, caches[1].kv)
+
+
+def _packs_bfloat16() -> bool:
+    from kvviz.model import pack_for_cpu
+
+    return pack_for_cpu(torch.zeros(16, 16, dtype=torch.bfloat16)) is not None
+
+
+@pytest.mark.skipif(not _packs_bfloat16(), reason="this CPU has no oneDNN bfloat16 products")
+def test_bfloat16_inference_multiplies_packed_copies_and_releases_them():
+    """In bfloat16, inference multiplies by oneDNN's packed copies (a one-row product on the plain matrix
+    runs at about half the memory rate); the logits stay within bfloat16 rounding of the plain products,
+    training ignores the copies, and `release_inference_buffers` lets them go."""
+    model = load_model("random:kvviz-shakespeare", dtype=torch.bfloat16).model
+    ids = torch.tensor([HELLO_IDS])
+    with torch.inference_mode():
+        packed_logits = model(ids)
+    conv = model.blocks[0].attn.c_attn
+    copy = conv.packed_weight()
+    assert copy is not None and copy.is_mkldnn
+    kept = weakref.ref(copy)
+    del copy
+    with torch.inference_mode():
+        x = torch.randn(3, conv.weight.shape[0], dtype=torch.bfloat16)
+        plain = torch.addmm(conv.bias, x, conv.weight)
+        assert (conv(x).float() - plain.float()).abs().max().item() <= 1e-2 * plain.float().abs().max().item()
+    with torch.enable_grad():
+        loss = model(ids).float().logsumexp(-1).sum()
+        loss.backward()
+    assert conv.weight.grad is not None
+    model.release_inference_buffers()
+    gc.collect()
+    assert kept() is None and model._head_packed._packed is None
+    with torch.inference_mode():
+        assert torch.equal(model(ids), packed_logits)  # packed again, the same products
