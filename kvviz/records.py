@@ -29,6 +29,7 @@ class ModelInfo:
     n_head: int
     n_embd: int
     n_ctx: int
+    dtype: str = "float32"  # the weights' and the cache's number type
 
 
 @dataclass(frozen=True)

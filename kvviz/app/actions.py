@@ -40,6 +40,12 @@ ACTIONS = (
     ActionSpec("reset", "&Run", "&Reset run", ("R",)),
     ActionSpec("toggle_cache", "&Run", "Toggle KV &cache", ("C",), separator_before=True),
     ActionSpec("break_cache", "&Run", "&Break the cache (teaching switch: plants an indexing bug)", checkable=True),
+    ActionSpec("dtype_float32", "&Run/P&recision", "&float32 (4 bytes a number)", checkable=True, group="dtype",
+               separator_before=True),
+    ActionSpec("dtype_bfloat16", "&Run/P&recision", "&bfloat16 (2 bytes, float32's range)", checkable=True,
+               group="dtype"),
+    ActionSpec("dtype_float16", "&Run/P&recision", "f&loat16 (2 bytes, finer, smaller range)", checkable=True,
+               group="dtype"),
     ActionSpec("edit_prompt", "&Run", "Edit &prompt", ("Ctrl+L",), separator_before=True),
     ActionSpec("escape", None, "Leave prompt field / presenter mode", ("Esc",)),
     ActionSpec("compare", "&View", "Compare &with and without cache", ("T",), checkable=True),
@@ -63,7 +69,8 @@ LESSON_KEYS = {"step": ("Space",), "lesson_next": ("PgDown", "Right"), "lesson_b
 
 def build_actions(window: QMainWindow, slots: Mapping[str, Callable]) -> dict[str, QAction]:
     """Create every action of ACTIONS on `window` (so its keys work with the menu bar hidden too),
-    connect it to `slots[name]` (checkable ones get the new state), and fill the menu bar."""
+    connect it to `slots[name]` (checkable ones get the new state; an action with no slot is left to the
+    object that owns it), and fill the menu bar."""
     actions: dict[str, QAction] = {}
     menus: dict[str, object] = {}
     groups: dict[str, QActionGroup] = {}
@@ -73,8 +80,10 @@ def build_actions(window: QMainWindow, slots: Mapping[str, Callable]) -> dict[st
         action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut if spec.application_wide
                                   else Qt.ShortcutContext.WindowShortcut)
         action.setCheckable(spec.checkable)
-        slot = slots[spec.name]
-        if spec.checkable:
+        slot = slots.get(spec.name)
+        if slot is None:
+            pass
+        elif spec.checkable:
             action.toggled.connect(slot)
         else:
             action.triggered.connect(lambda _checked=False, slot=slot: slot())

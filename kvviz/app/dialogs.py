@@ -75,7 +75,7 @@ def about_text(model: ModelInfo | None) -> str:
             f"<p><b>Model:</b> {escape(model.name)}<br><b>Source:</b> {escape(model.source)}<br>"
             f"<b>Parameters:</b> {model.num_parameters:,} ({model.num_parameters / 1e6:.1f} M)<br>"
             f"<b>Shape:</b> {model.n_layer} layers, {model.n_head} heads, width {model.n_embd}, "
-            f"context {model.n_ctx} tokens</p>"
+            f"context {model.n_ctx} tokens<br><b>Precision:</b> {model.dtype} (Run &gt; Precision)</p>"
         )
     return "".join(lines)
 

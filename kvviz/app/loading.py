@@ -72,7 +72,7 @@ class LoadingIndicator(QObject):
         if info is None:
             return "No model is loaded."
         return (f"{info.name}: {info.n_layer} layers, {info.num_parameters / 1e6:.1f} M parameters, "
-                f"context {info.n_ctx}")
+                f"context {info.n_ctx}, {info.dtype}")
 
     def _on_cancelled(self, source: str) -> None:
         self._end()

@@ -17,6 +17,7 @@ from kvviz.app.lesson_mode import LessonMode
 from kvviz.app.lesson_panel import LessonPanel
 from kvviz.app.loading import LoadingIndicator
 from kvviz.app.model_picker import ModelPicker
+from kvviz.app.precision import PrecisionMenu
 from kvviz.app.presentation import Presentation, fit_to_screen
 from kvviz.app.redraw import RedrawScheduler
 from kvviz.app.session import RunSession
@@ -104,6 +105,8 @@ class MainWindow(QMainWindow):
         self.records: list[StepRecord] = []  # the current run's, for an animated export
         self.copier = ImageCopier(self)  # Ctrl+Shift+C, and "Copy image" on the plots
         self.actions = build_actions(self, self._action_slots())
+        self.session.dtype = self.settings.dtype
+        self.precision = PrecisionMenu(self.session, self.actions)  # Run > Precision
         self._wire()
         self._restore(prompt)
         if lesson is not None:
@@ -184,6 +187,7 @@ class MainWindow(QMainWindow):
         self.settings.theme = self.presentation.theme.name
         if self.session.source is not None:
             self.settings.model_source = self.session.source
+        self.settings.dtype = self.session.model_info.dtype if self.session.model_info else self.session.dtype
         self.settings.save(self.store)
         if not self.presentation.presenter:
             save_geometry(self.store, self.saveGeometry())
@@ -281,7 +285,7 @@ class MainWindow(QMainWindow):
         self.actions[f"theme_{chosen.name}"].setChecked(True)
         if chosen != self.presentation.theme:
             self.presentation.set_theme(chosen)
-            self.lesson.frame.set_theme(chosen)
+            self.lesson.set_theme(chosen)
 
     def _on_escape(self) -> None:
         if self.lesson.escape():

@@ -41,6 +41,7 @@ class RunSession(QObject):
         self.controller = WorkerController(self)
         self.model_info: ModelInfo | None = None
         self.source: str | None = None  # of the loaded model
+        self.dtype = "float32"  # the precision of the last load asked for
         self.plan: RunPlan | None = None
         self.last_record: StepRecord | None = None
         self.playing = False
@@ -82,12 +83,19 @@ class RunSession(QObject):
         return self.last_record.new_tokens if self.last_record is not None else 0
 
     # ----- models -----
-    def load(self, source: str) -> None:
-        """Queue a load of `source` (a --model value; "" = the embedded default)."""
+    def load(self, source: str, dtype: str | None = None) -> None:
+        """Queue a load of `source` (a --model value; "" = the embedded default) in `dtype` (default: the
+        precision asked for last, `dtype`)."""
         self.pause()
+        self.dtype = dtype or self.dtype
         self._pending_loads.append(source)
-        self.controller.load(source)
+        self.controller.load(source, self.dtype)
         self.state_changed.emit()
+
+    @property
+    def latest_source(self) -> str:
+        """The source of the last load asked for: the one loading, else the loaded model's ("" = embedded)."""
+        return self._pending_loads[-1] if self._pending_loads else (self.source or EMBEDDED)
 
     def cancel_download(self) -> None:
         self.controller.cancel_download()
@@ -107,16 +115,20 @@ class RunSession(QObject):
 
     def _on_model_load_failed(self, source: str, message: str) -> None:
         self._take_pending(source)
+        if self.model_info is not None and not self.loading:
+            self.dtype = self.model_info.dtype  # the next load keeps the model's precision, not the failed one
         self.model_load_failed.emit(source, message)
         if (self.fall_back_to_embedded and self.model_info is None and source != EMBEDDED
                 and not self._fallback_tried and not self.loading):
             self._fallback_tried = True
-            self.load(EMBEDDED)
+            self.load(EMBEDDED, "float32")  # in the precision every device computes in
         self.state_changed.emit()
         self._start_deferred_run()
 
     def _on_model_load_cancelled(self, source: str) -> None:
         self._take_pending(source)
+        if self.model_info is not None and not self.loading:
+            self.dtype = self.model_info.dtype
         self.model_load_cancelled.emit(source)
         self.state_changed.emit()
         self._start_deferred_run()

@@ -26,6 +26,7 @@ from PySide6.QtCore import QByteArray, QSettings
 from kvviz.app.theme import DEFAULT as DEFAULT_THEME
 from kvviz.app.theme import THEMES
 from kvviz.files import write_atomically
+from kvviz.memory import DTYPE_BYTES
 
 ORGANIZATION = "kvviz"
 APPLICATION = "kvviz"
@@ -377,10 +378,13 @@ class AppSettings(TypedSettings):
     zoom: float = setting("view/zoom", 1.0, 0.7, 2.3)
     theme: str = setting("view/theme", DEFAULT_THEME)  # "dark" or "light"
     model_source: str = setting("model/source", "")
+    dtype: str = setting("model/dtype", "float32")  # Run > Precision
 
     def __post_init__(self) -> None:
         if self.theme not in THEMES:  # a stored name kvviz does not know: the default
             self.theme = DEFAULT_THEME
+        if self.dtype not in DTYPE_BYTES:
+            self.dtype = "float32"
 
 
 def load_geometry(store: QSettings) -> QByteArray | None:

@@ -62,11 +62,32 @@ def describe_load_error(source: str, exc: BaseException) -> str:
     from kvviz.errors import KvvizError
 
     label = source or "the embedded model"
-    if isinstance(exc, KvvizError):
+    if isinstance(exc, (KvvizError, DtypeUnsupported)):
         return as_sentence(first_line(exc))
     if is_out_of_memory(exc):
         return f"Not enough memory to load {label}; choose a smaller model."
     return as_sentence(f"Could not load {label}: {first_line(exc)}")
+
+
+class DtypeUnsupported(Exception):
+    """A model loaded in a number type its device cannot compute in."""
+
+
+def check_dtype_runs(model, dtype: str) -> None:
+    """One token through `model` in `dtype`: a DtypeUnsupported sentence if the device cannot compute in it."""
+    if dtype == "float32":
+        return
+    import torch
+
+    try:
+        with torch.inference_mode():
+            model(torch.zeros((1, 1), dtype=torch.long, device=model.transformer.wte.weight.device))
+    except (RuntimeError, TypeError) as exc:
+        if is_out_of_memory(exc):
+            raise
+        device = model.transformer.wte.weight.device.type
+        raise DtypeUnsupported(f"{dtype} cannot run on {device} here ({first_line(exc)}); "
+                               "the previous precision is kept.") from exc
 
 
 def describe_run_error(model_name: str, exc: BaseException) -> str:
@@ -122,8 +143,8 @@ class GenerationWorker(QObject):
         return self._loaded
 
     # ----- model -----
-    @Slot(str)
-    def load_model(self, source: str) -> None:
+    @Slot(str, str)
+    def load_model(self, source: str, dtype: str = "float32") -> None:
         self._set_playing(False)
         self.model_loading.emit(source)
         self.cancel_download.clear()
@@ -139,8 +160,9 @@ class GenerationWorker(QObject):
                 # makes decoding on this thread as fast as on the main thread (it was ~10% slower)
                 torch.set_num_threads(torch.get_num_threads())
                 self._compute_threads_set = True
-            loaded = load_model(source or None, progress=self._on_download_progress)
+            loaded = load_model(source or None, progress=self._on_download_progress, dtype=getattr(torch, dtype))
             engine = Engine(loaded.model, get_tokenizer())
+            check_dtype_runs(loaded.model, dtype)
         except Exception as exc:  # any failure keeps the previous model; the GUI says why in one sentence
             if isinstance(exc, DownloadCancelled):
                 self.model_load_cancelled.emit(source)
@@ -154,7 +176,7 @@ class GenerationWorker(QObject):
         config = loaded.config
         self.model_loaded.emit(source, ModelInfo(
             name=loaded.name, source=loaded.source, num_parameters=loaded.num_parameters,
-            n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd, n_ctx=config.n_ctx,
+            n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd, n_ctx=config.n_ctx, dtype=dtype,
         ))
 
     def _on_download_progress(self, done: int, total: int) -> None:
@@ -283,7 +305,7 @@ class GenerationWorker(QObject):
 class WorkerController(QObject):
     """The GUI side: owns the QThread and the worker, and turns method calls into queued commands."""
 
-    load_requested = Signal(str)
+    load_requested = Signal(str, str)  # source, dtype
     run_requested = Signal(object)
     step_requested = Signal()
     play_requested = Signal(int)
@@ -311,8 +333,8 @@ class WorkerController(QObject):
         _THREADS.add(self.thread)
         self.thread.start()
 
-    def load(self, source: str) -> None:
-        self.load_requested.emit(source)
+    def load(self, source: str, dtype: str = "float32") -> None:
+        self.load_requested.emit(source, dtype)
 
     def start_run(self, request: RunRequest) -> None:
         self.worker.abort.clear()
