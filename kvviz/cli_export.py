@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from kvviz.cli_compare import dtype_honoured
 from kvviz.cli_parser import UsageError
 
 
@@ -29,9 +30,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     run_export = app_export("run_export", "export")
     if args.break_cache and not args.compare:
         raise UsageError("--break-cache shows in the compare view: add --compare")
-    paths = run_export(args.model, args.prompt, args.new_tokens, args.out, args.format or "png,svg,pdf",
-                       use_cache=not args.no_cache, width=args.width or 1920, compare=args.compare,
-                       break_cache=args.break_cache, theme=args.theme)  # checked first thing
+    with dtype_honoured(args.dtype, "cpu"):
+        paths = run_export(args.model, args.prompt, args.new_tokens, args.out, args.format or "png,svg,pdf",
+                           use_cache=not args.no_cache, width=args.width or 1920, compare=args.compare,
+                           break_cache=args.break_cache, theme=args.theme, dtype=args.dtype)  # checked first thing
     print(*paths, sep="\n")
     return 0
 
@@ -43,8 +45,9 @@ def cmd_export_animation(args: argparse.Namespace) -> int:
         raise UsageError("--break-cache shows in the compare view: add --compare")
     given = {"formats": args.format, "width": args.width, "target": args.target, "steps": args.steps,
              "fps": args.fps, "hold": args.hold_last}
-    paths = run_animation(args.model, args.prompt, args.new_tokens, args.out, use_cache=not args.no_cache,
-                          compare=args.compare, break_cache=args.break_cache, theme=args.theme,
-                          **{name: value for name, value in given.items() if value is not None})
+    with dtype_honoured(args.dtype, "cpu"):
+        paths = run_animation(args.model, args.prompt, args.new_tokens, args.out, use_cache=not args.no_cache,
+                              compare=args.compare, break_cache=args.break_cache, theme=args.theme, dtype=args.dtype,
+                              **{name: value for name, value in given.items() if value is not None})
     print(*paths, sep="\n")
     return 0

@@ -57,7 +57,8 @@ def run_lesson(args: argparse.Namespace, exporter: Callable[[], Callable[..., li
     lesson = load_lesson(args.file)
     if args.list:
         given = [flag for flag, value in (("--format", args.format), ("--width", args.width),
-                                          ("--model", args.model), ("--theme", args.theme)) if value is not None]
+                                          ("--model", args.model), ("--theme", args.theme),
+                                          ("--dtype", args.dtype)) if value is not None]
         if given:
             raise UsageError(f"{given[0]} goes with --export, not with --list")
         print(json.dumps(lesson_json(lesson)) if args.json else "\n".join(lesson_lines(lesson)))
@@ -70,6 +71,10 @@ def run_lesson(args: argparse.Namespace, exporter: Callable[[], Callable[..., li
         print(line)
         sys.stdout.flush()
 
-    export(lesson, args.export, args.format or "png,pdf", width=args.width, model=args.model, progress=progress,
-           theme=args.theme or "dark")
+    from kvviz.cli_compare import dtype_honoured
+
+    dtype = args.dtype or "float32"
+    with dtype_honoured(dtype, "cpu"):
+        export(lesson, args.export, args.format or "png,pdf", width=args.width, model=args.model, progress=progress,
+               theme=args.theme or "dark", dtype=dtype)
     return 0

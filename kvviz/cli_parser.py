@@ -312,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--break-cache", action="store_true",
                    help="with --compare: plant the teaching bug in the cached run's KV cache (see kvviz compare)")
     p.add_argument("--theme", choices=THEMES, default="dark", help="the images' colours: " + THEME_HELP)
+    _add_dtype(p)
     p.add_argument("--animate", action="store_true",
                    help="write an animation of the run instead, a frame per step: a GIF and/or an MP4 (H.264) "
                         "of one view, named kvviz-VIEW-stepsA-B.gif and .mp4")
@@ -347,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=_no_nul, default=None, metavar="M",
                    help="with --export, for the steps before the first that names its own model: " + MODEL_HELP)
     p.add_argument("--theme", choices=THEMES, default=None, help="with --export: the slides' colours, " + THEME_HELP)
+    p.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="with --export: the number type of the models' weights and KV caches (default: float32)")
     p.add_argument("--json", action="store_true", help="with --list: print one JSON object")
 
     from kvviz.resources import DEFAULT_MODEL_NAME

@@ -216,6 +216,16 @@ def check_config_fits(config: GPTConfig, state: dict[str, torch.Tensor], origin:
                                  f"{Path(origin).name} have ({found})")
 
 
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype called `name` (one of DTYPE_NAMES), or a one-line ModelLoadError."""
+    if name not in DTYPE_NAMES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {name!r}")
+    return getattr(torch, name)
+
+
 def column_major_keys(state: dict[str, torch.Tensor]) -> list[str]:
     """The tensors GPT keeps column-major (see `kvviz.model.column_major`): the embedding and every Conv1D weight."""
     return [k for k in state if k == "transformer.wte.weight" or (k.startswith("transformer.h.") and k.endswith(

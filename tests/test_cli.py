@@ -339,3 +339,27 @@ def test_bench_refuses_a_repeat_beyond_its_bound():
 
     with pytest.raises(KvvizError, match="repeat must be a whole number from 1 to 100, got 101"):
         bench.best_of(101, None, None, [1], 1, True)  # refused before anything runs
+
+
+def test_export_takes_a_dtype_for_stills_and_animations(tiny_checkpoint, tmp_path, monkeypatch):
+    """`kvviz export --dtype` reaches the run: its plan's bytes per cached position halve in bfloat16."""
+    from kvviz.app.export import headless
+
+    plans = []
+    real_planned_run = headless.planned_run
+
+    def spy(*args, **kwargs):
+        plan, run = real_planned_run(*args, **kwargs)
+        plans.append(plan)
+        return plan, run
+
+    monkeypatch.setattr(headless, "planned_run", spy)
+    import kvviz.app.export.animation as animation
+
+    monkeypatch.setattr(animation, "planned_run", spy)
+    common = ["--model", str(tiny_checkpoint), "--prompt", "Time flies", "--new-tokens", "2"]
+    assert main(["export", *common, "--out", str(tmp_path / "a"), "--format", "svg"]) == 0
+    assert main(["export", *common, "--out", str(tmp_path / "b"), "--format", "svg", "--dtype", "bfloat16"]) == 0
+    assert main(["export", *common, "--out", str(tmp_path / "c"), "--animate", "--format", "gif", "--width", "320",
+                 "--dtype", "float16"]) == 0
+    assert [p.cache_bytes_per_position for p in plans] == [2 * 3 * 32 * 4, 2 * 3 * 32 * 2, 2 * 3 * 32 * 2]

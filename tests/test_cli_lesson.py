@@ -313,3 +313,36 @@ def test_the_builtin_lesson_exports_in_under_a_minute(tmp_path):
     assert "answer: 87 (measured)" in result.stdout  # P = 3, N = 12 on the embedded model
     assert pdf_pages((out / "kvviz-lesson.pdf").read_bytes()) == BUILTIN_SLIDES
     assert QImage(str(out / "kvviz-lesson-01.png")).size().toTuple() == (1920, 1080)
+
+
+def test_a_memory_step_makes_a_slide_of_the_memory_view(tiny, tmp_path, qtbot, monkeypatch):
+    """`focus = "memory"` puts the memory view on the step's slides (its model's line, the run's bytes on it)."""
+    lesson = parse_lesson(lesson_text({}, {"extra": 'focus = "memory"'}), "test.toml")
+    shown: list[tuple[str, object]] = []
+    real_show = slides._Stage.show
+
+    def spy(self, step, plan, records, region):
+        view = real_show(self, step, plan, records, region)
+        points = view.points() if type(view).__name__ == "MemoryView" else None
+        shown.append((type(view).__name__, points))
+        return view
+
+    monkeypatch.setattr(slides._Stage, "show", spy)
+    export_lesson(lesson, tmp_path, "png", width=640, model=str(tiny))
+    assert [name for name, _ in shown] == ["RunView", "MemoryView"]
+    positions, measured = shown[1][1]
+    per_position = 2 * 2 * 32 * 4  # K and V, 2 layers, 32 wide, float32
+    assert positions.tolist() == [2, 3] and measured.tolist() == [2 * per_position, 3 * per_position]
+
+
+def test_lesson_export_takes_a_dtype(tiny, tmp_path, monkeypatch, capsys):
+    """`kvviz lesson --export --dtype bfloat16` runs the steps in bfloat16; with --list the option is refused."""
+    path = tmp_path / "l.toml"
+    path.write_text(lesson_text({"advance_to": 1, "extra": 'question = "cache_bytes_after_next"'}), encoding="utf-8")
+    assert main(["lesson", "--file", str(path), "--export", str(tmp_path / "out"), "--format", "png",
+                 "--width", "320", "--model", str(tiny), "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    per_position = 2 * 2 * 32 * 2  # K and V, 2 layers, 32 wide, 2 bytes
+    assert f"answer: {3 * per_position:,} bytes (measured)" in out  # after the 2nd token: 3 positions cached
+    assert main(["lesson", "--file", str(path), "--list", "--dtype", "float16"]) == 2
+    assert "--dtype goes with --export" in capsys.readouterr().err

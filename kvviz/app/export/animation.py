@@ -307,15 +307,15 @@ def run_animation(model: str | None, prompt: str, new_tokens: int, out_dir: Path
                   width: int = DEFAULT_ANIMATION_WIDTH, compare: bool = False, break_cache: bool = False,
                   target: str | None = None, steps: tuple[int, int] | None = None, fps: float = DEFAULT_FPS,
                   hold: float = DEFAULT_HOLD, progress: Callable[[int, int], None] | None = None,
-                  theme: str | None = None) -> list[Path]:
+                  theme: str | None = None, dtype: str = "float32") -> list[Path]:
     """`kvviz export --animate`: generate `new_tokens` tokens and write kvviz-{target}-stepsA-B.{gif,mp4}.
 
     `target` is "chart", "grid" or "view" (the default); with `compare`, the compare view of the cached and
     the uncached run in lockstep (`break_cache` plants the teaching bug). `steps` (A, B) picks steps A to B,
     1-based and inclusive (default: all). `theme` ("dark", "light"; None: the current one) colours the
-    frames. Progress goes to stderr when it is a terminal, unless `progress` is given. Raises ExportError,
-    ModelLoadError or GenerationError (KvvizError) with one line for bad input, before the model loads
-    where it can.
+    frames; `dtype` is the weights' and the cache's number type. Progress goes to stderr when it is a
+    terminal, unless `progress` is given. Raises ExportError, ModelLoadError or GenerationError (KvvizError)
+    with one line for bad input, before the model loads where it can.
     """
     if theme is not None and theme not in themes.THEMES:
         raise ExportError(f"theme must be {' or '.join(themes.THEMES)}, got {theme!r}")
@@ -338,7 +338,7 @@ def run_animation(model: str | None, prompt: str, new_tokens: int, out_dir: Path
         raise ExportError(f"{out_dir}: {problem}")
 
     ensure_application()
-    plan, run = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache)
+    plan, run = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache, dtype)
     first, last = steps if steps is not None else (1, plan.passes)
     check_steps(first, last, plan.passes)  # before the run: the plan knows its passes
     records = tuple(run())

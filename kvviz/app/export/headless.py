@@ -99,6 +99,7 @@ def run_export(
     compare: bool = False,
     break_cache: bool = False,
     theme: str = "dark",
+    dtype: str = "float32",
 ) -> list[Path]:
     """Generate `new_tokens` tokens and write kvviz-{chart,grid,view}-stepN.{fmt} into `out_dir`.
 
@@ -109,7 +110,8 @@ def run_export(
 
     With `compare`, the cached and the uncached run go in lockstep (kvviz.compare) and the one image per
     format is the compare view, kvviz-compare-stepN.{fmt}; `break_cache` plants the teaching bug.
-    `theme` is "dark" or "light" (kvviz.app.theme): the images' colours.
+    `theme` is "dark" or "light" (kvviz.app.theme): the images' colours. `dtype` is the weights' and the
+    cache's number type (float32, bfloat16 or float16).
     """
     from kvviz.app import theme as themes
 
@@ -126,20 +128,22 @@ def run_export(
 
     app = ensure_application()
 
-    plan, records = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache)
+    plan, records = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache, dtype)
     render = _render_compare if compare else _render_run
     with without_offscreen_chatter(), themes.using(theme):
         return render(app, plan, list(records()), out_dir, formats, width)
 
 
 def planned_run(model: str | None, prompt: str, new_tokens: int, use_cache: bool = True, compare: bool = False,
-                break_cache: bool = False) -> tuple[RunPlan, Callable[[], Iterator[StepRecord]]]:
-    """The plan of a headless run (a lockstep one with `compare`; `break_cache` plants the teaching bug), checked,
-    and a function that runs it: the callers check what the plan tells them before the work starts."""
+                break_cache: bool = False, dtype: str = "float32",
+                ) -> tuple[RunPlan, Callable[[], Iterator[StepRecord]]]:
+    """The plan of a headless run of `model` in `dtype` (a lockstep one with `compare`; `break_cache` plants the
+    teaching bug), checked, and a function that runs it: the callers check what the plan tells them before the
+    work starts."""
     from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.weights import load_model, torch_dtype
 
-    loaded = load_model(model)
+    loaded = load_model(model, dtype=torch_dtype(dtype))
     engine = Engine(loaded.model)
     prompt_ids = engine.encode_prompt(prompt)
     fault = "late_write" if break_cache else ""

@@ -125,11 +125,11 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
     return StepRun(plan=plan, shown=shown, advanced=tuple(records), answer=answer)
 
 
-def _step_engines(lesson: Lesson, model: str | None) -> list[tuple[str, Engine]]:
+def _step_engines(lesson: Lesson, model: str | None, dtype: str = "float32") -> list[tuple[str, Engine]]:
     """(model name, engine) per step: `model` until a step names its own, which later steps keep;
-    each model loaded once."""
+    each model loaded once, in `dtype`."""
     from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.weights import load_model, torch_dtype
 
     loaded: dict[str | None, tuple[str, Engine]] = {}
     current, named_at = model, 0
@@ -139,7 +139,7 @@ def _step_engines(lesson: Lesson, model: str | None) -> list[tuple[str, Engine]]
             current, named_at = step.model, number
         if current not in loaded:
             try:
-                ready = load_model(current)
+                ready = load_model(current, dtype=torch_dtype(dtype))
             except KvvizError as exc:
                 if not named_at:
                     raise
@@ -156,23 +156,27 @@ def _step_engines(lesson: Lesson, model: str | None) -> list[tuple[str, Engine]]
 
 
 class _Stage:
-    """The two views a slide can show, made once, styled, and shown offscreen at the size of the slide's view."""
+    """The views a slide can show (the run, compare mode, the memory view for `focus = "memory"`), made once,
+    styled, and shown offscreen at the size of the slide's view."""
 
     def __init__(self, app: QApplication) -> None:
         from kvviz.app.views.compare_view import CompareView
+        from kvviz.app.views.memory_view import MemoryView
         from kvviz.app.views.run_view import RunView
 
         self.app = app
         self.run_view = RunView()
         self.run_view.layout().setContentsMargins(0, 0, 0, 0)
         self.compare_view = CompareView()
-        for view in (self.run_view, self.compare_view):
+        self.memory_view = MemoryView()
+        for view in (self.run_view, self.compare_view, self.memory_view):
             view.setStyleSheet(themes.stylesheet())
             view.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen, True)  # even when a display is there
 
     def show(self, step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], region: QRectF) -> QWidget:
         """The step's view in the state of `records`, laid out at the size of `region`."""
-        view: QWidget = self.compare_view if step.compare else self.run_view
+        view: QWidget = (self.compare_view if step.compare else self.memory_view if step.focus == "memory"
+                         else self.run_view)
         view.resize(round(region.width()), round(region.height()))
         if view is self.run_view:
             width = round(region.width())
@@ -186,7 +190,7 @@ class _Stage:
         return view
 
     def close(self) -> None:
-        for view in (self.run_view, self.compare_view):
+        for view in (self.run_view, self.compare_view, self.memory_view):
             view.close()
             view.deleteLater()
         self.app.processEvents()
@@ -209,11 +213,12 @@ def export_lesson(
     model: str | None = None,
     progress: Callable[[str], None] | None = None,
     theme: str = "dark",
+    dtype: str = "float32",
 ) -> list[Path]:
     """Write `lesson`'s slides into `out_dir`: kvviz-lesson-01.png, ... (PNG, `width` pixels wide, 16:9)
     and kvviz-lesson.pdf (a page per slide); returns the paths, in order. `model` runs the steps before
     the first that names its own model. `progress` gets one line per slide written, and one for the deck.
-    `theme`: "dark" or "light" (kvviz.app.theme), the slides' colours.
+    `theme`: "dark" or "light" (kvviz.app.theme), the slides' colours; `dtype`: the models' number type.
 
     Formats, width and folder are checked before any model loads; every model before the first slide is
     drawn. Everything or nothing: a failure removes what this call wrote, and the folders it made.
@@ -230,7 +235,7 @@ def export_lesson(
     if problem is not None:
         raise ExportError(f"{out_dir}: {problem}")
     app = ensure_application()
-    engines = _step_engines(lesson, model)
+    engines = _step_engines(lesson, model, dtype)
     runs = [run_step(engine, name, lesson, index) for index, (name, engine) in enumerate(engines)]
     with without_offscreen_chatter(), themes.using(theme), all_or_nothing(out_dir) as written:
         stage = _Stage(app)
