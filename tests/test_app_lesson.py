@@ -234,15 +234,23 @@ max_new_tokens = 4
         settle(qtbot, win)
         assert win.session.plan.use_cache and win.session.steps_done == 0 and win.session.plan.max_new_tokens == 4
         assert panel.notes.isVisible() and "lecturer" in panel.notes.text()
-        assert lesson.focus_target() is win.chart  # the memory plot, inside the chart
+        # a memory step opens View > Memory and points at it
+        assert win.memory_view.isVisible() and win.actions["memory"].isChecked()
+        assert lesson.focus_target() is win.memory_view and lesson.memory_frame.isVisible()
+        frame, view = lesson.memory_frame.geometry(), win.memory_view
+        assert frame.contains(view.mapTo(win.centralWidget(), view.rect().center()))
         qtbot.keyClick(win, Qt.Key.Key_PageDown)
         settle(qtbot, win)
         info = win.session.model_info
         per_position = 2 * info.n_layer * info.n_embd * 4  # a key and a value, float32, every layer
         assert lesson.measured == 3 * per_position  # the prefill fills the prompt's 3 positions
         assert panel.answer_text() == f"measured: {3 * per_position:,} bytes"
+        win.redraw()
+        positions, measured = win.memory_view.points()
+        assert positions.tolist() == [3] and measured[0] == 3 * per_position  # the answer, on the view
         qtbot.keyClick(win, Qt.Key.Key_PageDown)
         settle(qtbot, win)
+        assert not win.memory_view.isVisible() and not win.actions["memory"].isChecked()  # the lesson opened it
         assert win.session.plan.twin is not None and win.session.steps_done == 2
         assert win.lesson_panel.position.text().startswith("step 3 of 3")
     finally:

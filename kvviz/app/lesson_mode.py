@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, QRect
+from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QWidget
 
 from kvviz.app.actions import set_lesson_keys
 from kvviz.app.controls import signals_blocked
 from kvviz.app.dialogs import show_error
 from kvviz.app.lesson_panel import FocusFrame, LessonPanel
+from kvviz.app.theme import Theme
 from kvviz.lesson import Lesson, LessonError, LessonStep, format_answer, load_lesson, measured_answer
 from kvviz.records import ModelInfo, RunPlan, StepRecord
 
@@ -41,6 +42,8 @@ class LessonMode(QObject):
         self._window = window
         self.panel = panel
         self.frame = FocusFrame(window.run_view.parentWidget())
+        self.memory_frame = FocusFrame(window.centralWidget())  # the memory view is a column beside the views
+        self._memory_view_opened = False  # by a memory step, which closes it again when the lesson moves on
         self.source = source  # what L opens: the lesson given at launch, else the built-in one
         self.lesson: Lesson | None = None
         self.active = False
@@ -57,7 +60,6 @@ class LessonMode(QObject):
         panel.guess_entered.connect(self.next)
         panel.guess_edited.connect(self._on_guess_edited)
         panel.placed.connect(self._on_placed)
-        window.chart.mem_plot.geometryChanged.connect(self.frame.follow)
 
     # ----- entering and leaving -----
     def open(self, source: str | None = None) -> bool:
@@ -105,6 +107,8 @@ class LessonMode(QObject):
         self.panel.hide()
         self._window.controls.show()
         self.frame.frame(None)
+        self.memory_frame.frame(None)
+        self._show_memory_view(False)
         self._show_active(False)
         self._window.focus_grid()
 
@@ -204,27 +208,35 @@ class LessonMode(QObject):
     def _frame_focus(self, step: LessonStep) -> None:
         w = self._window
         compare = w.compare_view
-        part = None
-        if step.focus == "all":
+        self._show_memory_view(step.focus == "memory")
+        self.memory_frame.frame(w.memory_view if step.focus == "memory" else None)
+        if step.focus in ("all", "memory"):
             target = None
         elif step.compare:
-            target = {"grid": compare.grid_splitter, "chart": compare.time_plot, "counter": compare.counts,
-                      "memory": None}[step.focus]
+            target = {"grid": compare.grid_splitter, "chart": compare.time_plot, "counter": compare.counts}[step.focus]
         else:
-            target = {"grid": w.grid, "chart": w.chart, "counter": w.counter, "memory": w.chart}[step.focus]
-            if step.focus == "memory":
-                part = self._memory_plot_rect
-        self.frame.frame(target, part)
+            target = {"grid": w.grid, "chart": w.chart, "counter": w.counter}[step.focus]
+        self.frame.frame(target)
 
-    def _memory_plot_rect(self) -> QRect | None:
-        chart = self._window.chart
-        if not chart.small_plots_shown:
-            return None  # the chart gave the memory plot's room to the work plot: frame the chart
-        return chart.layout_widget.mapFromScene(chart.mem_plot.sceneBoundingRect()).boundingRect()
+    def _show_memory_view(self, on: bool) -> None:
+        """A memory step opens View > Memory; the next step closes it again if the lesson opened it."""
+        action = self._window.actions["memory"]
+        if on and not action.isChecked():
+            action.setChecked(True)
+            self._memory_view_opened = True
+        elif not on and self._memory_view_opened:
+            self._memory_view_opened = False
+            action.setChecked(False)
+
+    def set_theme(self, chosen: Theme) -> None:
+        for frame in (self.frame, self.memory_frame):
+            frame.set_theme(chosen)
 
     def focus_target(self) -> QWidget | None:
         """The view the current step points at (None: all of them)."""
-        return self.frame.target if self.active else None
+        if not self.active:
+            return None
+        return self.memory_frame.target or self.frame.target
 
     # ----- the session -----
     def _on_run_started(self, _plan: RunPlan) -> None:
