@@ -34,12 +34,15 @@ def plan_lockstep(
     use_cache: bool = True,
     sampling: SamplingSettings | None = None,
     cache_fault: str = "",
+    attention: bool = False,
     **plan_options,
 ) -> RunPlan:
     """The plan of the run in `use_cache`'s mode, with the other mode's run as its `twin`. Both plans
-    describe the same request; `cache_fault` breaks the cached one's cache."""
+    describe the same request; `cache_fault` breaks the cached one's cache; with `attention` both runs'
+    records carry their newest query's attention weights."""
     plans = {
-        cached: engine.plan(prompt_ids, max_new_tokens, cached, sampling, cache_fault=cache_fault, **plan_options)
+        cached: engine.plan(prompt_ids, max_new_tokens, cached, sampling, cache_fault=cache_fault,
+                            attention=attention, **plan_options)
         for cached in (True, False)
     }
     return replace(plans[use_cache], twin=plans[not use_cache])

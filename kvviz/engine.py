@@ -12,7 +12,7 @@ from kvviz.counting import kv_with_cache, kv_without_cache
 from kvviz.errors import KvvizError
 from kvviz.kv_cache import KVCache
 from kvviz.model import GPT
-from kvviz.records import CACHE_FAULTS, Candidate, RunPlan, StepRecord, describe_sampling
+from kvviz.records import CACHE_FAULTS, AttentionWeights, Candidate, RunPlan, StepRecord, describe_sampling
 from kvviz.tokenizer import Tokenizer, get_tokenizer
 
 __all__ = ["Candidate", "Engine", "GenerationError", "RunPlan", "SamplingSettings", "StepRecord", "generate_ids"]
@@ -113,9 +113,11 @@ class Engine:
         model_name: str = "",
         run_id: int = 0,
         cache_fault: str = "",
+        attention: bool = False,
     ) -> RunPlan:
         """Check a generation request now (GenerationError) and plan it: budget, passes, frames.
-        `cache_fault` (a key of CACHE_FAULTS) breaks a cached run's cache on purpose."""
+        `cache_fault` (a key of CACHE_FAULTS) breaks a cached run's cache on purpose; with `attention`,
+        every record of the run carries its newest query's AttentionWeights."""
         sampling = sampling or SamplingSettings()
         if cache_fault and cache_fault not in CACHE_FAULTS:
             raise GenerationError(f"unknown cache fault {cache_fault!r}; known: {', '.join(CACHE_FAULTS)}")
@@ -154,6 +156,10 @@ class Engine:
             sampling=describe_sampling(sampling.temperature, sampling.top_k, sampling.seed),
             run_id=run_id,
             cache_fault=cache_fault if use_cache else "",
+            attention=attention,
+            n_head=cfg.n_head,
+            head_dim=cfg.head_dim,
+            dtype_bytes=self.model.transformer.wte.weight.element_size(),
         )
 
     def generate(
@@ -201,6 +207,7 @@ class Engine:
         watch_logits: Callable[[torch.Tensor], None] | None,
     ) -> Iterator[StepRecord]:
         P, budget, use_cache, stop_reason = plan.prompt_tokens, plan.budget, plan.use_cache, plan.stop_reason
+        record_attention = plan.attention
         generator = None
         if not sampling.greedy:
             generator = torch.Generator(device=self.device)
@@ -229,13 +236,22 @@ class Engine:
             fed = tokens[fed_start:fed_stop]
             reused = fed_start if use_cache else 0
             before = model.kv_rows_projected()
+            attention = None
             started = time.perf_counter()
-            if use_cache and len(fed) == 1:
-                logits = model.decode_one(fed[0], fed_start, cache, decode_weights)[0]  # (V,)
-            else:
-                idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
-                positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
-                logits = model(idx, positions, cache, last_only=True)[0, -1]  # (V,)
+            if record_attention:
+                model.attention_rows = []  # the layers append their newest query's weights (nh, S)
+            try:
+                if use_cache and len(fed) == 1:
+                    logits = model.decode_one(fed[0], fed_start, cache, decode_weights)[0]  # (V,)
+                else:
+                    idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
+                    positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
+                    logits = model(idx, positions, cache, last_only=True)[0, -1]  # (V,)
+                if record_attention:
+                    attention = _attention_weights(model.attention_rows, fed_stop)
+            finally:
+                if record_attention:
+                    model.attention_rows = None  # a lockstep twin's passes run on the same model
             if flush:
                 token, candidates = None, ()
             else:
@@ -277,10 +293,22 @@ class Engine:
                 n_layer=n_layer,
                 final=final,
                 stop_reason=stop_reason if final else "",
+                attention=attention,
             )
             step += 1
             if final:
                 return
+
+
+def _attention_weights(rows: list[torch.Tensor] | None, positions: int) -> AttentionWeights:
+    """The layers' rows, (nh, S) each with S == `positions`, as one AttentionWeights."""
+    if not rows:
+        raise RuntimeError("the model recorded no attention weights")
+    weights = torch.stack(rows).to(device="cpu", dtype=torch.float32).contiguous()  # (L, nh, S)
+    layers, heads, recorded = weights.shape
+    if recorded != positions:
+        raise RuntimeError(f"the model recorded attention over {recorded} positions, not {positions}")
+    return AttentionWeights(layers, heads, positions, weights.numpy().tobytes())
 
 
 def generate_ids(

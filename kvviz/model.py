@@ -152,10 +152,24 @@ class Conv1D(nn.Module):
         return project(x.reshape(-1, x.shape[-1]), self.weight, self.bias, packed).view(shape)
 
 
+def newest_query_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """softmax(q·Kᵀ/√d) of the last query row of `q` (1, nh, T, hs) over every key of `k` (1, nh, S, hs), in float32.
+
+    The last query is the newest position, which attends to every key a pass holds, so no mask is needed.
+    Returns (nh, S). Computed beside the attention output, never in its place, so the logits do not change.
+    """
+    if q.shape[0] != 1:
+        raise ValueError(f"attention weights are recorded for one sequence, not a batch of {q.shape[0]}")
+    q_last = q[0, :, -1:, :].float()  # (nh, 1, hs)
+    scores = q_last @ k[0].float().transpose(-2, -1) / math.sqrt(q.shape[-1])  # (nh, 1, S)
+    return torch.softmax(scores, dim=-1).squeeze(1)  # (nh, S)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention that counts the key/value rows it projects.
 
-    The count goes to `kv_rows[layer_index]`, a list the whole model shares.
+    The count goes to `kv_rows[layer_index]`, a list the whole model shares. When `attention_rows` is a
+    list (see `GPT.attention_rows`), each pass appends its newest query's weights (nh, S) to it.
     """
 
     def __init__(self, config: GPTConfig, layer_index: int, kv_rows: list[int]) -> None:
@@ -166,6 +180,7 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = Conv1D(config.n_embd, 3 * config.n_embd)
         self.c_proj = Conv1D(config.n_embd, config.n_embd)
         self.kv_rows = kv_rows  # K/V rows each layer has computed since the last reset
+        self.attention_rows: list[torch.Tensor] | None = None  # set by GPT.attention_rows, shared by all layers
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None) -> torch.Tensor:
         B, T, C = x.shape  # (B, T, C)
@@ -185,6 +200,8 @@ class CausalSelfAttention(nn.Module):
                 key_positions = torch.arange(S, device=x.device)
                 mask = key_positions[None, :] <= positions[:, None]  # (T, S)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if self.attention_rows is not None:
+            self.attention_rows.append(newest_query_weights(q, k))  # (nh, S)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 
@@ -268,6 +285,7 @@ class GPT(nn.Module):
         self._head_t: torch.Tensor | None = None
         self._head_key: tuple[int, int] | None = None
         self._head_packed = InferenceCopy()
+        self._attention_rows: list[torch.Tensor] | None = None
         # Called before every block in every pass, with the block's index: a way to stop a long
         # pass from another thread (it raises), as the app's worker does when the window closes.
         self.before_block: Callable[[int], None] | None = None
@@ -295,6 +313,19 @@ class GPT(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    @property
+    def attention_rows(self) -> list[torch.Tensor] | None:
+        """None (the default: nothing recorded), or a list that every pass's attention layers append their
+        newest query's weights to, one (nh, S) float32 tensor per layer in order: set a fresh list before a
+        pass, read it after, and set None again."""
+        return self._attention_rows
+
+    @attention_rows.setter
+    def attention_rows(self, rows: list[torch.Tensor] | None) -> None:
+        self._attention_rows = rows
+        for block in self.blocks:
+            block.attn.attention_rows = rows
 
     def kv_rows_projected(self) -> list[int]:
         """K/V rows each layer has projected since `reset_kv_counters`."""
@@ -375,7 +406,7 @@ class GPT(nn.Module):
         if position >= cfg.n_ctx:
             raise ValueError(f"position {position} is past the context length {cfg.n_ctx}")
         wte, wpe = self.transformer.wte.weight, self.transformer.wpe.weight
-        kv_rows, before_block = self._kv_rows, self.before_block
+        kv_rows, before_block, attention_rows = self._kv_rows, self.before_block, self._attention_rows
         x = (wte[token] + wpe[position]).view(1, C)  # (1, C)
         for i, w in enumerate(weights or self.decode_weights()):
             if before_block is not None:
@@ -386,6 +417,8 @@ class GPT(nn.Module):
             qkv = qkv.view(3, 1, nh, 1, hs)  # q, k, v as (B=1, nh, T=1, hs) each
             cached = kv_cache.append(i, position, qkv[1:])  # (2, 1, nh, S, hs)
             y = F.scaled_dot_product_attention(qkv[0], cached[0], cached[1])  # (1, nh, 1, hs)
+            if attention_rows is not None:
+                attention_rows.append(newest_query_weights(qkv[0], cached[0]))  # (nh, S)
             x = project(y.view(1, C), w.attn_proj_weight, w.attn_proj_bias, w.attn_proj_packed).add_(x)
             h = F.layer_norm(x, (C,), w.ln_2_weight, w.ln_2_bias, eps)
             h = F.gelu(project(h, w.fc_weight, w.fc_bias, w.fc_packed), approximate="tanh")  # (1, 4C)

@@ -6,6 +6,7 @@ importing the engine, and they can cross threads as they are.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 
@@ -45,6 +46,40 @@ class RunRequest:
     seed: int | None = None
     compare: bool = False  # run the other mode in lockstep beside this one (compare mode)
     break_cache: bool = False  # the teaching switch: the cached run uses a KV cache with an indexing bug
+    attention: bool = False  # records carry the newest query's attention weights (the attention view is open)
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    """The attention weights of a pass's newest query: softmax(q·Kᵀ/√d) over every position it attends to.
+
+    Shaped (layers, heads, positions), `positions` being the pass's `fed_stop` (the query's own position is
+    the last), kept as float32 bytes in that order: immutable and small enough for every record of a run.
+    """
+
+    layers: int
+    heads: int
+    positions: int
+    data: bytes  # float32, native byte order, (layers, heads, positions) row-major
+
+    def __post_init__(self) -> None:
+        if len(self.data) != 4 * self.layers * self.heads * self.positions:
+            raise ValueError(f"{len(self.data)} bytes do not hold {self.layers}x{self.heads}x{self.positions} floats")
+
+    def row(self, layer: int, head: int) -> tuple[float, ...]:
+        """The weights of `head` in `layer` over positions 0 .. positions-1."""
+        if not (0 <= layer < self.layers and 0 <= head < self.heads):
+            raise IndexError(f"layer {layer}, head {head} outside {self.layers} layers x {self.heads} heads")
+        start = 4 * (layer * self.heads + head) * self.positions
+        return struct.unpack_from(f"={self.positions}f", self.data, start)
+
+    def layer(self, layer: int) -> tuple[tuple[float, ...], ...]:
+        """Every head's row of `layer`: (heads, positions)."""
+        return tuple(self.row(layer, head) for head in range(self.heads))
+
+    def as_lists(self) -> list[list[list[float]]]:
+        """A list per layer, of a list per head, of weights per position (for JSON)."""
+        return [[list(self.row(layer, head)) for head in range(self.heads)] for layer in range(self.layers)]
 
 
 CACHE_FAULTS = {
@@ -93,6 +128,10 @@ class RunPlan:
     run_id: int = 0
     cache_fault: str = ""  # a key of CACHE_FAULTS when this run's cache is broken on purpose, else ""
     twin: RunPlan | None = None  # compare mode: the other mode's run of the same request, in lockstep
+    attention: bool = False  # every record carries its newest query's AttentionWeights
+    n_head: int = 0  # attention heads per layer
+    head_dim: int = 0  # numbers per key (and per value) per head
+    dtype_bytes: int = 4  # bytes per number of the weights and the cache
 
     @property
     def cached_plan(self) -> RunPlan | None:
@@ -170,6 +209,7 @@ class StepRecord:
     twin: tuple[StepRecord, ...] = ()
     max_abs_logit_diff: float | None = None
     twin_ran_first: bool = False
+    attention: AttentionWeights | None = None  # the newest query's weights, when the plan asks for them
 
     @property
     def twin_token_id(self) -> int | None:
