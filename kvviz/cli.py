@@ -92,6 +92,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     if args.break_cache and args.no_cache:
         raise UsageError("--break-cache breaks the KV cache, so it needs one: leave out --no-cache")
+    if args.attention and not args.json:
+        raise UsageError("--attention goes with --json")
     sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     loaded = _load(args.model, args.device, args.dtype)
     engine = Engine(loaded.model, device=args.device)
@@ -100,8 +102,9 @@ def _generate(args: argparse.Namespace) -> int:
     fault = BROKEN_CACHE_FAULT if args.break_cache else ""
     # The whole request is checked before the prompt is echoed: an error is never glued to it.
     plan = engine.plan(prompt_ids, args.max_new_tokens, use_cache, sampling, prompt=args.prompt,
-                       model_name=loaded.name, cache_fault=fault)
+                       model_name=loaded.name, cache_fault=fault, attention=args.attention)
     ids: list[int] = []
+    attention = []  # per generated token, its pass's AttentionWeights (with --attention)
     last = None
     text_stream = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split a character
     started = time.perf_counter()
@@ -114,6 +117,8 @@ def _generate(args: argparse.Namespace) -> int:
         last = record
         if record.token_id is not None:
             ids.append(record.token_id)
+            if record.attention is not None:
+                attention.append(record.attention)
             if not args.json:
                 sys.stdout.write(text_stream.decode(engine.tokenizer.token_bytes(record.token_id)))
                 sys.stdout.flush()
@@ -121,6 +126,8 @@ def _generate(args: argparse.Namespace) -> int:
     assert last is not None
     text = engine.tokenizer.decode(ids)
     if args.json:
+        # per generated token: a list per layer, of a list per head, of a weight per position (outside the timing)
+        extra = {"attention": [weights.as_lists() for weights in attention]} if args.attention else {}
         print(json.dumps({
             "model": loaded.name,
             "prompt": args.prompt,
@@ -143,6 +150,7 @@ def _generate(args: argparse.Namespace) -> int:
             "top_k": args.top_k,
             "seed": args.seed,
             "device": args.device,
+            **extra,
         }))
     else:
         print(text_stream.decode(b"", final=True))
@@ -169,6 +177,8 @@ def cmd_count(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.compare and not args.gui:
         raise UsageError("--compare times compare mode in the window: add --gui (or use kvviz compare)")
+    if args.attention and not args.gui:
+        raise UsageError("--attention times the attention view in the window: add --gui")
     if args.gui and args.dtype != "float32":
         raise UsageError("--dtype is for the headless bench; the window runs in float32")
     if args.gui:
@@ -179,7 +189,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:
             result = run_gui_bench(args.model, args.prompt, args.new_tokens, launched_at=PROCESS_STARTED,
                                    repeat=args.repeat or GUI_BENCH_REPEAT, window_size=args.window_size,
-                                   compare=args.compare)
+                                   compare=args.compare, attention=args.attention)
         except GuiBenchError as exc:
             raise UsageError(str(exc)) from exc
         print(json.dumps(result) if args.json else format_report(result))

@@ -224,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dtype(p)
     _add_device(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    p.add_argument("--attention", action="store_true",
+                   help="with --json: add, per generated token, the newest query's attention weights "
+                        "(a list per layer, of a list per head, of a weight per position)")
 
     p = commands.add_parser("compare", help="run with and without the cache in lockstep and compare them",
                             description="Generate the same tokens twice, with the KV cache and without, a step "
@@ -290,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="store_true",
                    help="with --gui: time compare mode (cached and uncached in lockstep) against the same "
                         "lockstep loop headless")
+    p.add_argument("--attention", action="store_true",
+                   help="with --gui: time the window with View > Attention open, the headless run recording "
+                        "attention too")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = commands.add_parser("export", help="render the chart and grid of a run to image files",

@@ -28,6 +28,7 @@ def run_gui_bench(
     repeat: int = 1,
     window_size: tuple[int, int] | None = None,
     compare: bool = False,
+    attention: bool = False,
 ) -> dict:
     """Autoplay `new_tokens` tokens at full speed with the cache on in the real MainWindow (offscreen
     unless a display platform is already chosen), then run the same generation headless in this process.
@@ -45,18 +46,19 @@ def run_gui_bench(
     rates are the best of each (as `timeit` takes the best), the stall figures the worst of all GUI runs.
 
     With `compare`, the window runs in compare mode (the cached and the uncached run in lockstep) and the
-    headless run is the same lockstep loop (kvviz.compare.Lockstep); rates count token steps.
+    headless run is the same lockstep loop (kvviz.compare.Lockstep); rates count token steps. With
+    `attention`, the window has View > Attention open and both runs record the newest query's attention.
     """
     started = time.perf_counter() if launched_at is None else launched_at
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from kvviz.app.export.headless import without_offscreen_chatter
 
     with without_offscreen_chatter():
-        return _run_gui_bench(model, prompt, new_tokens, timeout_s, started, repeat, window_size, compare)
+        return _run_gui_bench(model, prompt, new_tokens, timeout_s, started, repeat, window_size, compare, attention)
 
 
 def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: float, started: float, repeat: int,
-                   window_size: tuple[int, int] | None, compare: bool) -> dict:
+                   window_size: tuple[int, int] | None, compare: bool, attention: bool) -> dict:
     torch_before = "torch" in sys.modules
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
@@ -107,6 +109,7 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
             if session.model_info is None:
                 raise GuiBenchError(window.banner.text())
             window.controls.set_speed_index(SPEEDS.index(0.0))
+            window.actions["attention"].setChecked(attention)
 
             def prepared_run(n: int) -> None:
                 window.controls.set_run_settings(use_cache=True, max_new_tokens=n, temperature=0.0, compare=compare)
@@ -129,9 +132,10 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
                 if compare:
                     from kvviz.compare import Lockstep, plan_lockstep
 
-                    records = list(Lockstep(headless_engine, plan_lockstep(headless_engine, prompt_ids, n)).records())
+                    plan = plan_lockstep(headless_engine, prompt_ids, n, attention=attention)
+                    records = list(Lockstep(headless_engine, plan).records())
                 else:
-                    records = list(headless_engine.generate(prompt_ids, n))
+                    records = list(headless_engine.run(headless_engine.plan(prompt_ids, n, attention=attention)))
                 return [r.token_id for r in records if r.token_id is not None]
 
             headless_tokens(WARMUP_TOKENS)
@@ -158,6 +162,7 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
     return {
         "model": loaded.name,
         "mode": "compare" if compare else "cached",
+        "attention": attention,
         "prompt": prompt,
         "prompt_tokens": len(prompt_ids),
         "new_tokens": len(best_gui["tokens"]),
@@ -239,6 +244,7 @@ def _timed_gui_run(window, wait, prepared_run, new_tokens: int) -> dict:
 def format_report(result: dict) -> str:
     """The bench result as a few readable lines."""
     mode = " (compare mode: cached and uncached in lockstep)" if result.get("mode") == "compare" else ""
+    mode += ", attention recorded and shown" if result.get("attention") else ""
     return "\n".join([
         f"model {result['model']}, prompt of {plural(result['prompt_tokens'], 'token')}, "
         f"{plural(result['new_tokens'], 'new token')}{mode}",
