@@ -1,4 +1,5 @@
-"""The K/V grid's cells: their states, colours and the pixels of one cell (patterns in colour-blind mode)."""
+"""The K/V grid's cells: their states, colours and the pixels of one cell (patterns in colour-blind mode, softer
+separators between the heads of an expanded layer)."""
 
 from __future__ import annotations
 
@@ -21,16 +22,24 @@ STATE_NAMES = {
     REUSED: "K/V reused from the cache",
 }
 
+# What a row of the grid shows, for its cells' separators.
+LAYER_ROW = 0  # a layer: the usual gap below it
+HEAD_ROW = 1  # a head of an expanded layer: a soft 1 px line below it, so a layer's heads read as one band
+LAST_HEAD_ROW = 2  # the last head of an expanded layer: a wider gap closes the layer's group
+ROW_KINDS = (LAYER_ROW, HEAD_ROW, LAST_HEAD_ROW)
+
 
 def state_colours(theme: Theme) -> dict[int, str]:
     """Each cell state's colour in `theme`."""
     return {EMPTY: theme.empty, PENDING: theme.pending, COMPUTED: theme.amber, REUSED: theme.teal}
 
 
-def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme) -> np.ndarray:
-    """(size, size, 4) RGBA pixels of one cell; a 1 px gap when cells are big, patterns for colour-blind mode."""
+def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int = LAYER_ROW) -> np.ndarray:
+    """(size, size, 4) RGBA pixels of one cell; a 1 px gap when cells are big, patterns for colour-blind mode.
+    `row` (a ROW_KINDS value) chooses the separator below the cell."""
     tile = np.empty((size, size, 4), dtype=np.uint8)
-    tile[:] = themes.rgba(state_colours(theme)[state])
+    colour = np.array(themes.rgba(state_colours(theme)[state]), dtype=np.uint8)
+    tile[:] = colour
     dark = np.array(themes.rgba(theme.grid_line), dtype=np.uint8)
     if colour_blind and size >= 5:
         yy, xx = np.mgrid[0:size, 0:size]
@@ -43,7 +52,12 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme) -> np.nda
             tile[size // 2, :] = dark
     if size >= 4:
         gap = max(1, round(size * theme.cell_gap))
-        tile[-gap:, :] = dark
+        if row == LAYER_ROW:
+            tile[-gap:, :] = dark
+        elif row == LAST_HEAD_ROW:
+            tile[-max(gap, min(gap + 1, size // 3)):, :] = dark
+        elif size >= 6:  # halfway between the cell and the gap: heads of one layer, one band
+            tile[-1, :] = (colour.astype(np.uint16) + dark) // 2
         tile[:, -gap:] = dark
     return tile
 

@@ -1,4 +1,5 @@
-"""The per-layer K/V grid: rows are layers, columns are token positions, one ImageItem for all cells."""
+"""The per-layer K/V grid: rows are layers (each expandable into its heads), columns are token positions, one
+ImageItem for all cells."""
 
 from __future__ import annotations
 
@@ -7,14 +8,26 @@ from collections.abc import Sequence
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QAction, QCursor, QFont, QFontMetrics, QResizeEvent
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtGui import QAction, QColor, QCursor, QFont, QFontMetrics, QMouseEvent, QPen, QResizeEvent
+from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.flow_layout import FlowLayout
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import cache_axes, chip_text, style_plot
-from kvviz.app.views.grid_cells import COMPUTED, EMPTY, PENDING, REUSED, STATE_NAMES, cell_tile, state_swatch
+from kvviz.app.views.grid_cells import (
+    COMPUTED,
+    EMPTY,
+    HEAD_ROW,
+    LAST_HEAD_ROW,
+    LAYER_ROW,
+    PENDING,
+    REUSED,
+    ROW_KINDS,
+    STATE_NAMES,
+    cell_tile,
+    state_swatch,
+)
 from kvviz.app.views.grid_title import grid_title, mode_name
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
@@ -36,9 +49,15 @@ class KVGridView(QWidget):
     `"uncached"` it shows that run of a compare-mode lockstep: the plan's `cached_plan` or
     `uncached_plan`, and each record's `lockstep_passes()` of that run; a plan without a twin
     leaves it empty. `legend=False` leaves out the legend (a grid stacked over another one).
+
+    The cache's true shape is layers x heads x positions x head dim: double-clicking a row (or
+    `expand_layer`) shows that layer's heads as rows under it, each with its layer's cells (every head of
+    a layer computes and reuses exactly the positions its layer does). A click on a row emits
+    `layer_clicked`; `set_selected_layer` outlines a layer's rows.
     """
 
     export_requested = Signal()
+    layer_clicked = Signal(int)  # a click on a row: its layer (a head row's too)
 
     def __init__(self, parent: QWidget | None = None, lockstep: str | None = None, legend: bool = True) -> None:
         super().__init__(parent)
@@ -47,8 +66,11 @@ class KVGridView(QWidget):
         self.lockstep = lockstep
         self._was_reset = False
         self._plan: RunPlan | None = None
-        self._framed_shape: tuple[int, int] | None = None  # (layers, width) the view box was last framed to
+        self._framed_shape: tuple[int, int] | None = None  # (rows, width) the view box was last framed to
         self._ticks: tuple | None = None  # (left, bottom, label) last given to the axes
+        self._left: list[tuple[float, str]] = []  # the left axis's ticks, for `_left_key`
+        self._left_key: tuple | None = None  # (label rows, layers, rows, expanded) they were placed for
+        self._left_title = "layer"
         self._colour_blind = False
         self._font_scale = 1.0
         self._theme = themes.current()
@@ -60,7 +82,11 @@ class KVGridView(QWidget):
         self._times_reused = np.zeros((1, 1), dtype=np.int32)  # reads from the cache since the latest computation
         self._last: StepRecord | None = None
         self._dirty = False
-        self._hover: tuple[int, int] | None = None
+        self._hover: tuple[int, int] | None = None  # (display row, position) under the mouse
+        self._expanded: set[int] = set()  # layers shown with their heads
+        self._selected: int | None = None  # the outlined layer
+        self._tick_width: int | None = None  # pixels reserved for the left axis's labels, None: as wide as they are
+        self._set_rows()
 
         self.plot_widget = pg.PlotWidget()
         self.plot_widget.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
@@ -75,6 +101,11 @@ class KVGridView(QWidget):
         vb.setDefaultPadding(0.0)
         self.image_item = pg.ImageItem(axisOrder="row-major")
         self.plot_item.addItem(self.image_item)
+        self._outline = QGraphicsRectItem()  # the selected layer's rows
+        self._outline.setZValue(self.image_item.zValue() + 1)
+        self._outline.setVisible(False)
+        self.plot_item.addItem(self._outline, ignoreBounds=True)
+        vb.sigTransformChanged.connect(self._update_outline)  # its inset is a pixel: a new range or size moves it
         self.plot_item.setLabel("left", "layer")
         self.plot_item.setLabel("bottom", "token position")
         self.plot_item.showGrid(False, False)
@@ -84,6 +115,7 @@ class KVGridView(QWidget):
         self.plot_widget.scene().contextMenu = [self._export_action]
         self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.plot_widget.installEventFilter(self)
+        self.plot_widget.viewport().installEventFilter(self)  # clicks on rows
 
         # wrapped: a narrow screen wraps it instead of widening the window
         own_mode = mode_name(lockstep != "uncached")
@@ -117,9 +149,11 @@ class KVGridView(QWidget):
 
     # ----- public interface -----
     def reset(self, plan: RunPlan) -> None:
-        """Start showing `plan`'s run: prompt positions pending, the rest empty."""
+        """Start showing `plan`'s run: prompt positions pending, the rest empty. Expanded layers stay expanded
+        when the run has them (and heads)."""
         self._was_reset = True
         shown = self._shown_plan(plan)
+        self._expanded = {layer for layer in self._expanded if layer < plan.n_layer} if plan.n_head > 0 else set()
         if shown is None:
             self._show_nothing()
             return
@@ -133,6 +167,9 @@ class KVGridView(QWidget):
         self._times_computed = np.zeros(shape, dtype=np.int32)
         self._times_reused = np.zeros(shape, dtype=np.int32)
         self._last = None
+        self._set_rows()
+        self._reserve_tick_width()
+        self._update_outline()
         self._dirty = True
         self.refresh()
 
@@ -166,6 +203,8 @@ class KVGridView(QWidget):
         self._times_reused = np.zeros((1, 1), dtype=np.int32)
         self._last = None
         self._dirty = False
+        self._set_rows()
+        self._update_outline()
         self._draw_image()
         self._update_ticks()
         own_mode = mode_name(self.lockstep != "uncached")
@@ -228,6 +267,10 @@ class KVGridView(QWidget):
         theme = self._theme
         self._tiles = {}
         self.plot_widget.setBackground(theme.background)
+        pen = QPen(QColor(theme.frame))
+        pen.setWidthF(2.0)
+        pen.setCosmetic(True)  # 2 pixels at any zoom
+        self._outline.setPen(pen)
         style_plot(self.plot_item, theme)
         self.setStyleSheet(f"QWidget#kvGrid {{ background: {theme.background}; }} "
                            f"QWidget#kvGrid QLabel {{ color: {theme.foreground}; background: transparent; }} "
@@ -245,19 +288,71 @@ class KVGridView(QWidget):
         """(n_layer, width) cell states: EMPTY, PENDING, COMPUTED or REUSED (a copy)."""
         return self._states.copy()
 
-    def cell_info(self, layer: int, position: int) -> str:
-        """What the hover tooltip says about one cell."""
-        if self._plan is None or not (0 <= layer < self._states.shape[0] and 0 <= position < self._states.shape[1]):
+    def display_states(self) -> np.ndarray:
+        """(rows, width) states as drawn, one row per `display_rows()` entry (a copy)."""
+        return self._states[self._row_layers]
+
+    def display_rows(self) -> list[tuple[int, int | None]]:
+        """The rows drawn, top to bottom: (layer, None) for a layer, (layer, head) for one of its heads."""
+        if self._plan is None:
+            return []
+        return [(int(layer), None if head < 0 else int(head))
+                for layer, head in zip(self._row_layers, self._row_heads, strict=True)]
+
+    def expand_layer(self, layer: int, expanded: bool = True) -> None:
+        """Show `layer`'s heads as rows under it (or hide them). A run without heads (n_head 0) shows none."""
+        if self._plan is None or self._plan.n_head == 0:
+            return
+        if not 0 <= layer < self._plan.n_layer:
+            raise ValueError(f"layer {layer} is outside the run's {self._plan.n_layer} layers")
+        if (layer in self._expanded) == expanded:
+            return
+        if expanded:
+            self._expanded.add(layer)
+        else:
+            self._expanded.discard(layer)
+        self._set_rows()
+        self._hover = None  # the rows under the mouse moved
+        self._update_outline()
+        self._dirty = True
+        self.refresh()
+
+    def toggle_heads(self) -> None:
+        """Show or hide the heads of the selected layer (layer 0 when none is): View > Heads, key H."""
+        layer = self._selected if self._selected is not None else 0
+        if self._plan is not None and 0 <= layer < self._plan.n_layer:
+            self.expand_layer(layer, layer not in self._expanded)
+
+    def expanded_layers(self) -> tuple[int, ...]:
+        """The layers shown with their heads, in order."""
+        return tuple(sorted(self._expanded))
+
+    def set_selected_layer(self, layer: int | None) -> None:
+        """Outline `layer`'s rows (its heads' too), or none; a layer the run does not have outlines none."""
+        self._selected = layer
+        self._update_outline()
+
+    def selected_layer(self) -> int | None:
+        """The layer `set_selected_layer` chose, or None."""
+        return self._selected
+
+    def cell_info(self, layer: int, position: int, head: int | None = None) -> str:
+        """What the hover tooltip says about one cell: of `layer`, or of one of its heads."""
+        plan = self._plan
+        if plan is None or not (0 <= layer < self._states.shape[0] and 0 <= position < self._states.shape[1]):
+            return ""
+        if head is not None and not 0 <= head < plan.n_head:
             return ""
         token = chip_text(self._labels[position]) if position < len(self._labels) else "(not generated yet)"
-        lines = [f"layer {layer}, position {position}", f"token: {token}"]
+        where = f"layer {layer}" if head is None else f"layer {layer}, head {head}"
+        lines = [f"{where}, position {position}", f"token: {token}"]
         state = int(self._states[layer, position])
         at = int(self._computed_at[layer, position])
         if at < 0:
             lines.append("K/V not computed yet" if state == PENDING else "position does not exist yet")
         else:
             lines.append(f"K/V computed at step {at}")
-            if self._plan.use_cache:
+            if plan.use_cache:
                 n = int(self._times_reused[layer, position])
                 lines.append(f"reused {n} time{'s' if n != 1 else ''} since")
             else:
@@ -265,12 +360,52 @@ class KVGridView(QWidget):
                 lines.append(f"no cache: computed {n} time{'s' if n != 1 else ''} so far, reused never")
         if state != EMPTY:
             lines.append(STATE_NAMES[state])
+        kv = "K and V" if head is None else f"K and V of head {head}"
+        if plan.use_cache and state in (COMPUTED, REUSED) and plan.n_head > 0:  # in the cache: their bytes
+            b, d = plan.dtype_bytes, plan.head_dim
+            if head is None:
+                total = 2 * plan.n_head * d * b
+                lines.append(f"{kv}: 2 \u00d7 {plan.n_head} heads \u00d7 {d} \u00d7 {b} bytes = {total:,} bytes")
+            else:
+                lines.append(f"{kv}: 2 \u00d7 {d} \u00d7 {b} bytes = {2 * d * b:,} bytes")
+        elif not plan.use_cache and at >= 0:
+            lines.append(f"{kv}: recomputed each pass, not kept (no cache)")
         return "\n".join(lines)
 
     # ----- drawing -----
+    def _set_rows(self) -> None:
+        """The display rows: each layer, followed by its heads when it is expanded."""
+        n_head = self._plan.n_head if self._plan is not None else 0
+        layers: list[int] = []
+        heads: list[int] = []
+        kinds: list[int] = []
+        for layer in range(self._states.shape[0]):
+            layers.append(layer)
+            heads.append(-1)
+            kinds.append(LAYER_ROW)
+            if layer in self._expanded and n_head > 0:
+                layers += [layer] * n_head
+                heads += range(n_head)
+                kinds += [HEAD_ROW] * (n_head - 1) + [LAST_HEAD_ROW]
+        self._row_layers = np.array(layers, dtype=np.intp)  # display row -> layer: display = states[row_layers]
+        self._row_heads = np.array(heads, dtype=np.intp)  # display row -> head, -1 on a layer's row
+        self._row_kinds = np.array(kinds, dtype=np.intp)[:, None]  # (rows, 1): the separator under each row
+        self._layer_rows = np.flatnonzero(self._row_heads < 0)  # layer -> its display row
+
+    def _update_outline(self) -> None:
+        layer = self._selected
+        if self._plan is None or layer is None or not 0 <= layer < self._states.shape[0]:
+            self._outline.setVisible(False)
+            return
+        rows = 1 + (self._plan.n_head if layer in self._expanded else 0)
+        px, py = self.plot_item.getViewBox().viewPixelSize()  # one pixel, in cells: the pen inside the plot's edge
+        rect = QRectF(0, int(self._layer_rows[layer]), self._states.shape[1], rows)
+        self._outline.setRect(rect.adjusted(px, py, -px, -py))
+        self._outline.setVisible(True)
+
     def _cell_pixels(self) -> int:
-        layers, width = self._states.shape
-        size = max(1, min(16, MAX_IMAGE_PIXELS // width, (MAX_IMAGE_PIXELS // 2) // layers))
+        rows, width = len(self._row_layers), self._states.shape[1]
+        size = max(1, min(16, MAX_IMAGE_PIXELS // width, (MAX_IMAGE_PIXELS // 2) // rows))
         if self._colour_blind:
             size = max(size, 6 if width <= 512 else size)
         return size
@@ -278,33 +413,59 @@ class KVGridView(QWidget):
     def _tiles_for(self, size: int) -> np.ndarray:
         key = (size, self._colour_blind)
         if key not in self._tiles:
-            self._tiles[key] = np.stack([cell_tile(s, size, self._colour_blind, self._theme)
-                                         for s in range(4)])  # (4, s, s, 4)
+            self._tiles[key] = np.stack([np.stack([cell_tile(s, size, self._colour_blind, self._theme, row)
+                                                   for s in range(4)])
+                                         for row in ROW_KINDS])  # (row kinds, states, s, s, 4)
         return self._tiles[key]
 
     def _draw_image(self) -> None:
-        layers, width = self._states.shape
+        rows, width = len(self._row_layers), self._states.shape[1]
         size = self._cell_pixels()
         tiles = self._tiles_for(size)
+        display = self._states[self._row_layers]  # (R, W): each head row repeats its layer's
         if size == 1:
-            image = tiles[self._states, 0, 0]  # (L, W, 4)
+            image = tiles[self._row_kinds, display, 0, 0]  # (R, W, 4)
         else:
-            cells = tiles[self._states]  # (L, W, s, s, 4)
-            image = cells.transpose(0, 2, 1, 3, 4).reshape(layers * size, width * size, 4)
+            cells = tiles[self._row_kinds, display]  # (R, W, s, s, 4)
+            image = cells.transpose(0, 2, 1, 3, 4).reshape(rows * size, width * size, 4)
         self.image_item.setImage(image, autoLevels=False, levels=(0, 255))
-        if self._framed_shape != (layers, width):  # a new frame repaints the axes: only when the shape changes
-            self._framed_shape = (layers, width)
-            self.image_item.setRect(QRectF(0, 0, width, layers))
-            self.plot_item.getViewBox().setRange(xRange=(0, width), yRange=(0, layers), padding=0)
+        if self._framed_shape != (rows, width):  # a new frame repaints the axes: only when the shape changes
+            self._framed_shape = (rows, width)
+            self.image_item.setRect(QRectF(0, 0, width, rows))
+            self.plot_item.getViewBox().setRange(xRange=(0, width), yRange=(0, rows), padding=0)
+
+    def _left_ticks(self, label_rows: int) -> list[tuple[float, str]]:
+        """Layer labels every few layers, so that they never overlap however short the grid is (`label_rows`
+        labels fit its height); then a head row's label wherever it has room between them."""
+        layers, rows = self._states.shape[0], len(self._row_layers)
+        gap = max(layers / 16, rows / label_rows)  # rows from one label to the next, at least
+        layer_rows = self._layer_rows
+        step = 1
+        while step < layers and (np.diff(layer_rows[::step]) < gap).any():
+            step += 1
+        labelled = layer_rows[::step]
+        ticks = [(float(r) + 0.5, str(int(self._row_layers[r]))) for r in labelled]
+        last = -np.inf  # the row of the label above
+        for r in np.flatnonzero(self._row_heads >= 0):
+            above = np.searchsorted(labelled, r)  # labelled[above] is the next layer label below r
+            if above:
+                last = max(last, labelled[above - 1])
+            below = labelled[above] if above < len(labelled) else np.inf
+            if r - last >= gap and below - r >= gap:
+                ticks.append((float(r) + 0.5, f"h{int(self._row_heads[r])}"))
+                last = r
+        return sorted(ticks)
 
     def _update_ticks(self) -> None:
-        layers, width = self._states.shape
-        # a layer label every `step` rows, so that labels never overlap however short the grid is
+        width = self._states.shape[1]
         metrics = QFontMetrics(self._tick_font)
         line = metrics.height()
         label_rows = max(1, int((self.plot_widget.height() - 3 * line) / (1.5 * line)))  # less the bottom axis
-        step = max(1, int(np.ceil(layers / min(16, label_rows))))
-        left = [(i + 0.5, str(i)) for i in range(0, layers, step)]
+        key = (label_rows, self._states.shape[0], len(self._row_layers), self.expanded_layers())
+        if self._left_key != key:  # the layer labels only change with the height and the rows
+            self._left_key = key
+            self._left = self._left_ticks(label_rows)
+        left = self._left
         column = (self.plot_widget.width() - self.plot_item.getAxis("left").width()) / width  # pixels, about
         if width <= TICK_LABEL_LIMIT and column >= metrics.horizontalAdvance("0000"):  # else labels would overlap
             bottom = []
@@ -321,10 +482,27 @@ class KVGridView(QWidget):
             title = "token position"
         if (left, bottom, title) == self._ticks:  # setting ticks repaints an axis, even to the same ones
             return
+        left_title = "layer / head" if len(self._row_layers) > self._states.shape[0] else "layer"
+        if left_title != self._left_title:
+            self._left_title = left_title
+            self.plot_item.setLabel("left", left_title)
         self._ticks = (left, bottom, title)
         self.plot_item.getAxis("left").setTicks([left])
         self.plot_item.getAxis("bottom").setTicks([bottom])
         self.plot_item.setLabel("bottom", title)
+
+    def _reserve_tick_width(self) -> None:
+        """Room on the left axis for its widest label, a head's ("h11") too: expanding a layer does not move
+        the columns (nor part them from another grid's)."""
+        plan = self._plan
+        width = None
+        if plan is not None and plan.n_head > 0:
+            metrics = QFontMetrics(self._tick_font)
+            width = 2 + max(metrics.horizontalAdvance(str(plan.n_layer - 1)),
+                            metrics.horizontalAdvance(f"h{plan.n_head - 1}"))
+        if width != self._tick_width:
+            self._tick_width = width
+            self.plot_item.getAxis("left").setStyle(autoExpandTextSpace=width is None, tickTextWidth=width or 30)
 
     def _update_title(self) -> None:
         if self._plan is not None:
@@ -345,6 +523,7 @@ class KVGridView(QWidget):
             axis = self.plot_item.getAxis(name)
             axis.setStyle(tickFont=font)
             axis.label.setFont(font)
+        self._reserve_tick_width()
         title_font = QFont(self.font())
         title_font.setPointSizeF(10.0 * self._font_scale)
         self.title.setFont(title_font)
@@ -356,27 +535,49 @@ class KVGridView(QWidget):
         if self._plan is not None:
             self._update_ticks()  # how many layer labels fit depends on the height
 
-    # ----- hover -----
+    # ----- hover and clicks -----
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self.plot_widget and event.type() == QEvent.Type.Leave:
             self._hover = None
             QToolTip.hideText()
+        elif (watched is self.plot_widget.viewport() and isinstance(event, QMouseEvent)
+              and event.type() in (QEvent.Type.MouseButtonPress, QEvent.Type.MouseButtonDblClick)
+              and event.button() == Qt.MouseButton.LeftButton):
+            cell = self._cell_at(self.plot_widget.mapToScene(event.position().toPoint()))
+            if cell is not None:
+                layer = int(self._row_layers[cell[0]])
+                if event.type() == QEvent.Type.MouseButtonDblClick:
+                    self.expand_layer(layer, layer not in self._expanded)
+                else:
+                    self.set_selected_layer(layer)
+                    self.layer_clicked.emit(layer)
         return super().eventFilter(watched, event)
 
-    def _on_mouse_moved(self, scene_pos: QPointF) -> None:
+    def _cell_at(self, scene_pos: QPointF) -> tuple[int, int] | None:
+        """(display row, position) of the cell at `scene_pos`, or None off the cells."""
         vb = self.plot_item.getViewBox()
         if self._plan is None or not vb.sceneBoundingRect().contains(scene_pos):
+            return None
+        point = vb.mapSceneToView(scene_pos)
+        row, position = int(np.floor(point.y())), int(np.floor(point.x()))
+        if not (0 <= row < len(self._row_layers) and 0 <= position < self._states.shape[1]):
+            return None
+        return row, position
+
+    def _on_mouse_moved(self, scene_pos: QPointF) -> None:
+        cell = self._cell_at(scene_pos)
+        if cell is None:
             self._hover = None
             QToolTip.hideText()
-            return
-        point = vb.mapSceneToView(scene_pos)
-        cell = (int(np.floor(point.y())), int(np.floor(point.x())))
-        if cell != self._hover:
+        elif cell != self._hover:
             self._hover = cell
             self._show_tooltip(*cell)
 
-    def _show_tooltip(self, layer: int, position: int) -> None:
-        text = self.cell_info(layer, position)
+    def _show_tooltip(self, row: int, position: int) -> None:
+        text = ""
+        if 0 <= row < len(self._row_layers):
+            head = int(self._row_heads[row])
+            text = self.cell_info(int(self._row_layers[row]), position, None if head < 0 else head)
         if text:
             QToolTip.showText(QCursor.pos(), text, self.plot_widget)
         else:
