@@ -50,6 +50,8 @@ ACTIONS = (
     ActionSpec("escape", None, "Leave prompt field / presenter mode", ("Esc",)),
     ActionSpec("compare", "&View", "Compare &with and without cache", ("T",), checkable=True),
     ActionSpec("memory", "&View", "&Memory of the KV cache", ("M",), checkable=True),
+    ActionSpec("attention", "&View", "&Attention of the newest token", ("A",), checkable=True),
+    ActionSpec("heads", "&View", "&Heads of the selected layer (or double-click a grid row)", ("H",)),
     ActionSpec("presenter", "&View", "&Presenter mode", ("F11",), checkable=True, separator_before=True),
     ActionSpec("colour_blind", "&View", "&Colour-blind patterns", ("B",), checkable=True),
     ActionSpec("theme_dark", "&View/&Theme", "&Dark", checkable=True, group="theme"),

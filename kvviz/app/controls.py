@@ -84,6 +84,7 @@ class RunControls(QWidget):
 
         self.compare = False  # View > Compare (remembered)
         self.break_cache = False  # Run > Break the cache (never remembered)
+        self.attention = False  # View > Attention is open: records carry attention weights
         self.cache_check = QCheckBox("KV cache")
         self.cache_check.setChecked(True)
         self.cache_check.setToolTip("Use the KV cache (C); turning it off recomputes every K/V at every step")
@@ -156,7 +157,14 @@ class RunControls(QWidget):
             seed=int(self.seed_spin.value()) if temperature > 0 else None,
             compare=self.compare,
             break_cache=self.break_cache,
+            attention=self.attention,
         )
+
+    def set_attention(self, on: bool) -> None:
+        """The attention view (View menu, A) is open: records carry attention; the run restarts up to the same token."""
+        if on != self.attention:
+            self.attention = on
+            self.request_changed.emit()
 
     def set_compare(self, on: bool) -> None:
         """Compare mode (View menu, T): both runs in lockstep; the run restarts up to the same token."""

@@ -96,7 +96,8 @@ class MainWindow(QMainWindow):
         self.statusBar().addWidget(self.status, 1)
         self.loading = LoadingIndicator(self.session, self.statusBar(), self.status, self.banner, self.picker)
         # a new view joins here
-        views = (*self.run_view.views(), *self.compare_view.views(), self.memory_view, self.status)
+        views = (*self.run_view.views(), self.run_view.attention, *self.compare_view.views(), self.memory_view,
+                 self.status)
         self.scheduler = RedrawScheduler(views, self._paint_now, self)
         chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
         self.presentation = Presentation(self, (*views, self.lesson_panel), chrome)
@@ -130,6 +131,8 @@ class MainWindow(QMainWindow):
             "lesson": self.lesson.set_active, "lesson_next": self.lesson.next, "lesson_back": self.lesson.back,
             "colour_blind": self._set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
             "memory": lambda on: (self.memory_view.setVisible(on), self.redraw()),
+            "attention": lambda on: (self.run_view.show_attention(on), c.set_attention(on)),
+            "heads": lambda: self.grid.toggle_heads(),
             "theme_dark": lambda on: on and self.set_theme("dark"),
             "theme_light": lambda on: on and self.set_theme("light"),
             "zoom_in": lambda: p.step_zoom(+1),
@@ -170,7 +173,7 @@ class MainWindow(QMainWindow):
         self.actions["compare"].setChecked(self.settings.compare)
         self.actions[f"theme_{theme.current().name}"].setChecked(True)
         self.presentation.set_zoom(self.settings.zoom)
-        self.run_view.main_splitter.setSizes([430, 520])
+        self.run_view.main_splitter.setSizes([430, 0, 520])
         self.run_view.bottom_splitter.setSizes([1000, 360])
         geometry = load_geometry(self.store)
         if geometry is None or not self.restoreGeometry(geometry):
@@ -309,12 +312,13 @@ class MainWindow(QMainWindow):
 
     # ----- export and closing -----
     def export_targets(self) -> dict[str, QWidget]:
-        """What File > Export... can render: the chart, the grid, and the whole view; in compare mode the
-        compare view and its two grids."""
+        """What File > Export... can render: the chart, the grid, the whole view and, with View > Attention
+        open, the attention strip; in compare mode the compare view and its two grids."""
         if self.compare_view.isVisibleTo(self):
             compare = self.compare_view
             return {"compare": compare, "cached_grid": compare.cached_grid, "uncached_grid": compare.uncached_grid}
-        return {"chart": self.chart, "grid": self.grid, "view": self.run_view}
+        attention = {"attention": self.run_view.attention} if self.run_view.attention.isVisibleTo(self) else {}
+        return {"chart": self.chart, "grid": self.grid, "view": self.run_view, **attention}
 
     def export(self) -> None:
         from kvviz.app.export import AnimationSource, ExportDialog, make_caption

@@ -212,7 +212,8 @@ class GenerationWorker(QObject):
         try:  # every check runs here, before run_started: a bad request never resets the views
             sampling = SamplingSettings(request.temperature, request.top_k, request.seed)
             fault = "late_write" if request.break_cache else ""
-            options = dict(prompt=request.prompt, model_name=self._loaded.name, run_id=request.run_id)
+            options = dict(prompt=request.prompt, model_name=self._loaded.name, run_id=request.run_id,
+                           attention=request.attention)
             prompt_ids = engine.encode_prompt(request.prompt)
             if request.compare:
                 from kvviz.compare import Lockstep, plan_lockstep

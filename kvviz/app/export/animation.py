@@ -34,6 +34,7 @@ from kvviz.app.export.caption import make_caption
 from kvviz.app.export.encoders import GifFrames, Mp4Encoder, padded
 from kvviz.app.export.files import ExportError, all_or_nothing, check_png_width, check_target_path, write_export
 from kvviz.app.export.headless import (
+    ATTENTION_SIZE,
     CHART_SIZE,
     COMPARE_SIZE,
     GRID_SIZE,
@@ -53,7 +54,8 @@ if TYPE_CHECKING:
 ANIMATION_FORMATS = ("gif", "mp4")
 ANIMATION_LABELS = {"gif": "GIF animation", "mp4": "MP4 video (H.264)"}
 ANIMATION_TARGETS = ("chart", "grid", "view")  # and "compare", the only one of a compare-mode run
-TARGET_SIZES = {"chart": CHART_SIZE, "grid": GRID_SIZE, "view": VIEW_SIZE, "compare": COMPARE_SIZE}
+TARGET_SIZES = {"chart": CHART_SIZE, "grid": GRID_SIZE, "view": VIEW_SIZE, "compare": COMPARE_SIZE,
+                "attention": ATTENTION_SIZE}
 DEFAULT_ANIMATION_WIDTH = 1280
 DEFAULT_FPS = 2.0
 MAX_FPS = 60.0
@@ -78,8 +80,11 @@ class AnimationSource:
 
     @property
     def targets(self) -> tuple[str, ...]:
-        """The views this run can be animated as: the compare view alone for a lockstep run."""
-        return ("compare",) if self.plan.twin is not None else ANIMATION_TARGETS
+        """The views this run can be animated as: the compare view alone for a lockstep run; the attention view
+        too when the run recorded attention."""
+        if self.plan.twin is not None:
+            return ("compare",)
+        return (*ANIMATION_TARGETS, "attention") if self.plan.attention else ANIMATION_TARGETS
 
 
 @dataclass(frozen=True)
@@ -168,11 +173,12 @@ def _target_widget(target: str) -> QWidget:
     """A fresh view for `target`, styled as `kvviz export` styles its views."""
     if target == "view":
         return build_view_area()
+    from kvviz.app.views.attention_view import AttentionView
     from kvviz.app.views.compare_view import CompareView
     from kvviz.app.views.kv_grid import KVGridView
     from kvviz.app.views.work_chart import WorkChart
 
-    widget = {"chart": WorkChart, "grid": KVGridView, "compare": CompareView}[target]()
+    widget = {"chart": WorkChart, "grid": KVGridView, "compare": CompareView, "attention": AttentionView}[target]()
     widget.setStyleSheet(themes.stylesheet())
     return widget
 

@@ -19,7 +19,8 @@ FORMAT_LABELS = {"png": "PNG image", "svg": "SVG drawing", "pdf": "PDF document"
 FORMAT_FILTERS = {fmt: f"{label} (*.{fmt})" for fmt, label in FORMAT_LABELS.items()}
 TARGETS = ("chart", "grid", "view")  # what can be exported, in menu order
 TARGET_LABELS = {"chart": "Chart", "grid": "K/V grid", "view": "Whole view", "compare": "Compare view",
-                 "cached_grid": "K/V grid with cache", "uncached_grid": "K/V grid without cache"}
+                 "cached_grid": "K/V grid with cache", "uncached_grid": "K/V grid without cache",
+                 "attention": "Attention strip"}
 DEFAULT_PNG_WIDTH = 1920
 MIN_PNG_WIDTH = 64
 MAX_PNG_WIDTH = 8192

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 CHART_SIZE = (1000, 640)  # logical pixels of each standalone view; PNGs scale the whole rendering to `width`
 GRID_SIZE = (1200, 620)
+ATTENTION_SIZE = (1200, 360)
 VIEW_SIZE = (1600, 1000)
 COMPARE_SIZE = (1600, 1000)
 

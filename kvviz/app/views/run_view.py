@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
+from kvviz.app.views.attention_view import AttentionView
 from kvviz.app.views.base import ViewGroup
 from kvviz.app.views.counter import CounterPanel
 from kvviz.app.views.kv_grid import KVGridView
@@ -31,14 +32,33 @@ class RunView(ViewGroup, QWidget):
         self.bottom_splitter.setStretchFactor(1, 1)
         self.main_splitter = QSplitter(Qt.Orientation.Vertical)
         self.main_splitter.setChildrenCollapsible(False)
+        self.attention = AttentionView()  # View > Attention: under the grid, its columns under the grid's
+        self.attention.hide()
+        self.attention.align_under(self.grid.plot_item)
+        self.grid.layer_clicked.connect(self.attention.set_layer)
+        self.attention.layer_shown.connect(self.grid.set_selected_layer)
         self.main_splitter.addWidget(self.grid)
+        self.main_splitter.addWidget(self.attention)
         self.main_splitter.addWidget(self.bottom_splitter)
         self.main_splitter.setStretchFactor(0, 3)
         self.main_splitter.setStretchFactor(1, 2)
+        self.main_splitter.setStretchFactor(2, 2)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.token_strip)
         layout.addWidget(self.main_splitter, 1)
+
+    def show_attention(self, on: bool) -> None:
+        """Show or hide the attention view under the grid; shown, it takes its room from the grid and the chart."""
+        if on == self.attention.isVisibleTo(self):
+            return
+        grid, attention, bottom = self.main_splitter.sizes()
+        self.attention.setVisible(on)
+        if on:
+            total = grid + bottom
+            self.main_splitter.setSizes([total * 9 // 20, total * 5 // 20, total * 6 // 20])
+        else:
+            self.main_splitter.setSizes([grid, 0, bottom + attention])
 
     def views(self) -> tuple[TokenStrip, KVGridView, WorkChart, CounterPanel]:
         """The views it holds, in redraw order; each follows views.base.RunViewProtocol."""

@@ -1,0 +1,373 @@
+"""The attention view: the newest token's query reading the cached keys, one layer's heads at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QColor, QCursor, QFont, QHideEvent, QShowEvent
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QToolTip, QVBoxLayout, QWidget
+
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
+from kvviz.app.views.base import cache_axes, chip_text, style_plot
+from kvviz.app.views.live_label import LiveLabel
+from kvviz.records import RunPlan, StepRecord
+
+TOP_POSITIONS = 3  # per head, the positions its query weighs most
+STRIP_MIN_HEIGHT = 70  # pixels at zoom 1
+ALL_HEADS = -1
+
+
+def shade_table(theme: Theme, steps: int = 256) -> np.ndarray:
+    """(steps, 4) RGBA colours from the background (weight 0) to the foreground (weight 1)."""
+    low, high = np.array(QColor(theme.background).getRgb()), np.array(QColor(theme.foreground).getRgb())
+    t = np.linspace(0.0, 1.0, steps)[:, None] ** 0.6  # small weights stay visible
+    table = low * (1 - t) + high * t
+    table[:, 3] = 255
+    return table.astype(np.uint8)
+
+
+class AttentionView(QWidget):
+    """The newest query's attention weights (records' `attention`) in one layer: a heads × positions strip whose
+    columns line up under the K/V grid's (`align_under`), and each head's top positions with their tokens.
+
+    The weights are softmax(q·Kᵀ/√d) over the keys the query attends to: with the cache, exactly the teal
+    (reused) and amber (just computed) cells of that layer's row. Without the cache the numbers are the same;
+    only where the keys came from differs. A view (views.base.RunViewProtocol); `set_layer` follows a click on
+    a grid row, and `layer_shown` says which layer it shows (None once hidden), for the grid to outline it.
+    """
+
+    layer_shown = Signal(object)  # int, or None when the view is hidden
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("attentionView")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        self._theme = themes.current()
+        self._font_scale = 1.0
+        self._plan: RunPlan | None = None
+        self._labels: list[str] = []
+        self._last: StepRecord | None = None  # the latest record with attention
+        self._dirty = False
+        self._layer = 0
+        self._head = ALL_HEADS
+        self._strip = np.zeros((1, 1), dtype=np.float32)  # (heads, width) of the shown layer
+        self._hover: tuple[int, int] | None = None
+
+        self.heading = LiveLabel(wrap=True)  # its texts repaint it without a relayout of the window
+        self.layer_spin = QSpinBox()
+        self.layer_spin.setRange(0, 0)
+        self.layer_spin.setToolTip("The layer shown (or click a row of the K/V grid)")
+        self.layer_spin.valueChanged.connect(self._on_layer_spin)
+        self.head_box = QComboBox()
+        self.head_box.addItem("all heads", ALL_HEADS)
+        self.head_box.setToolTip("Outline one head and list its top positions")
+        self.head_box.currentIndexChanged.connect(self._on_head_box)
+        controls = QHBoxLayout()
+        controls.setContentsMargins(0, 0, 0, 0)
+        controls.addWidget(self.heading, 1)
+        controls.addWidget(QLabel("layer"))
+        controls.addWidget(self.layer_spin)
+        controls.addWidget(self.head_box)
+
+        self.plot_widget = pg.PlotWidget()
+        self.plot_widget.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        self.plot_widget.setMinimumHeight(STRIP_MIN_HEIGHT)
+        self.plot_widget.setMouseTracking(True)
+        self.plot_item = self.plot_widget.getPlotItem()
+        self.plot_item.setMenuEnabled(False)
+        self.plot_item.hideButtons()
+        vb = self.plot_item.getViewBox()
+        vb.setMouseEnabled(x=False, y=False)
+        vb.invertY(True)
+        vb.setDefaultPadding(0.0)
+        self.image_item = pg.ImageItem(axisOrder="row-major")
+        self.plot_item.addItem(self.image_item)
+        self.head_outline = pg.QtWidgets.QGraphicsRectItem()
+        self.head_outline.setZValue(10)
+        self.head_outline.hide()
+        self.plot_item.addItem(self.head_outline)
+        self.plot_item.setLabel("left", "head")
+        self.plot_item.getAxis("bottom").setStyle(showValues=False)
+        cache_axes(self.plot_item)
+        self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
+        self.plot_widget.installEventFilter(self)
+
+        self.top_list = LiveLabel(wrap=True)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.setSpacing(2)
+        layout.addLayout(controls)
+        layout.addWidget(self.plot_widget, 3)
+        layout.addWidget(self.top_list, 2)
+        self._apply_theme()
+        self._apply_fonts()
+        self._show_heading()
+
+    # ----- the view protocol -----
+    def reset(self, plan: RunPlan) -> None:
+        self._plan = plan
+        self._labels = list(plan.prompt_labels)
+        self._last = None
+        heads = max(1, plan.n_head)
+        self.layer_spin.blockSignals(True)
+        self.layer_spin.setRange(0, max(0, plan.n_layer - 1))
+        self._layer = min(self._layer, plan.n_layer - 1)
+        self.layer_spin.setValue(self._layer)
+        self.layer_spin.blockSignals(False)
+        if self.head_box.count() != heads + 1:
+            self.head_box.blockSignals(True)
+            self.head_box.clear()
+            self.head_box.addItem("all heads", ALL_HEADS)
+            for head in range(heads):
+                self.head_box.addItem(f"head {head}", head)
+            self._head = ALL_HEADS
+            self.head_box.blockSignals(False)
+        self._strip = np.zeros((heads, max(1, plan.width)), dtype=np.float32)
+        widest = "W" * 12
+        self.heading.reserve(f"<b>Attention, layer {plan.n_layer - 1}</b> &nbsp; the query of \u201c{widest}\u201d "
+                             f"(position {plan.width}) reads keys recomputed this pass (no cache); "
+                             "brightest: weight 0.00")
+        self.top_list.reserve(self._top_list_text([(h, [(plan.width, 1.0)] * TOP_POSITIONS) for h in range(heads)],
+                                                  lambda _p: widest))
+        self._dirty = True
+        self.refresh()
+
+    def apply(self, records: Sequence[StepRecord]) -> None:
+        for record in records:
+            if record.token_id is not None:
+                self._labels.append(record.token_text)
+            if record.attention is not None:
+                self._last = record
+                self._dirty = True
+
+    def refresh(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        self._strip = self._layer_strip()
+        self._draw()
+        self._show_heading()
+        self._show_top_list()
+        if self._hover is not None:
+            self._show_tooltip(*self._hover)
+
+    def set_theme(self, theme: Theme) -> None:
+        if theme == self._theme:
+            return
+        self._theme = theme
+        self._apply_theme()
+        self._dirty = True
+        self.refresh()
+
+    def set_font_scale(self, scale: float) -> None:
+        self._font_scale = scale
+        self._apply_fonts()
+        self.plot_widget.setMinimumHeight(int(STRIP_MIN_HEIGHT * scale))
+
+    # ----- choosing -----
+    @property
+    def layer(self) -> int:
+        return self._layer
+
+    @property
+    def head(self) -> int:
+        """The head outlined, or ALL_HEADS."""
+        return self._head
+
+    def set_layer(self, layer: int) -> None:
+        """Show `layer` (a click on a grid row)."""
+        if self._plan is not None:
+            layer = max(0, min(layer, self._plan.n_layer - 1))
+        if layer != self._layer:
+            self._layer = layer
+            self.layer_spin.blockSignals(True)
+            self.layer_spin.setValue(layer)
+            self.layer_spin.blockSignals(False)
+            self._dirty = True
+            self.refresh()
+            self.layer_shown.emit(layer)
+
+    def set_head(self, head: int) -> None:
+        index = self.head_box.findData(head)
+        if index >= 0:
+            self.head_box.setCurrentIndex(index)
+
+    def align_under(self, plot_item: pg.PlotItem) -> None:
+        """Line the strip's columns up under `plot_item`'s (the K/V grid's): the same x range, and a left axis
+        as wide as the grid's, whatever it is (the views are as wide as each other)."""
+        self.plot_item.setXLink(plot_item)
+        grid_axis, own_axis = plot_item.getAxis("left"), self.plot_item.getAxis("left")
+
+        def follow() -> None:
+            if own_axis.width() != grid_axis.width():
+                own_axis.setWidth(grid_axis.width())
+
+        grid_axis.geometryChanged.connect(follow)
+        follow()
+
+    # ----- what is drawn, for tests and tooltips -----
+    def strip_values(self) -> np.ndarray:
+        """(heads, positions recorded) weights of the shown layer, from the latest record with attention."""
+        record = self._last
+        if record is None or record.attention is None:
+            return np.zeros((0, 0), dtype=np.float32)
+        weights = record.attention
+        return np.array(weights.layer(self._layer), dtype=np.float32)
+
+    def top_positions(self, head: int) -> list[tuple[int, float]]:
+        """`head`'s TOP_POSITIONS likeliest positions in the shown layer: (position, weight), heaviest first."""
+        values = self.strip_values()
+        if values.size == 0:
+            return []
+        row = values[head]
+        order = np.argsort(-row, kind="stable")[:TOP_POSITIONS]
+        return [(int(p), float(row[p])) for p in order]
+
+    def cell_info(self, head: int, position: int) -> str:
+        values = self.strip_values()
+        if values.size == 0 or not (0 <= head < values.shape[0] and 0 <= position < values.shape[1]):
+            return ""
+        token = chip_text(self._labels[position]) if position < len(self._labels) else "?"
+        query = values.shape[1] - 1
+        return (f"layer {self._layer}, head {head}, position {position}\ntoken: {token}\n"
+                f"weight {values[head, position]:.4f} (the query at position {query} reads this key)")
+
+    def brightest(self) -> float:
+        """The largest weight in the strip: the brightest shade."""
+        values = self.strip_values()
+        return float(values.max()) if values.size else 0.0
+
+    # ----- drawing -----
+    def _layer_strip(self) -> np.ndarray:
+        plan = self._plan
+        heads, width = (max(1, plan.n_head), max(1, plan.width)) if plan is not None else (1, 1)
+        strip = np.full((heads, width), np.nan, dtype=np.float32)
+        values = self.strip_values()
+        if values.size:
+            shown = min(width, values.shape[1])
+            strip[: values.shape[0], :shown] = values[:, :shown]
+        return strip
+
+    def _draw(self) -> None:
+        heads, width = self._strip.shape
+        table = shade_table(self._theme)
+        empty = np.array(QColor(self._theme.empty).getRgb(), dtype=np.uint8)
+        brightest = self.brightest()  # shades run from 0 to the largest weight shown, which the heading gives
+        shade = np.nan_to_num(self._strip, nan=0.0) / (brightest or 1.0)
+        index = np.clip(shade * (len(table) - 1), 0, len(table) - 1).astype(np.intp)
+        image = table[index]  # (heads, width, 4)
+        image[np.isnan(self._strip)] = empty
+        self.image_item.setImage(image, autoLevels=False, levels=(0, 255))
+        self.image_item.setRect(QRectF(0, 0, width, heads))
+        self.plot_item.getViewBox().setYRange(0, heads, padding=0)
+        step = max(1, int(np.ceil(heads / 6)))
+        self.plot_item.getAxis("left").setTicks([[(h + 0.5, str(h)) for h in range(0, heads, step)]])
+        if self._head == ALL_HEADS or self._head >= heads:
+            self.head_outline.hide()
+        else:
+            self.head_outline.setRect(QRectF(0, self._head, width, 1))
+            pen = pg.mkPen(self._theme.frame, width=2)
+            pen.setCosmetic(True)
+            self.head_outline.setPen(pen)
+            self.head_outline.show()
+
+    def _show_heading(self) -> None:
+        record = self._last
+        if self._plan is None:
+            text = "<b>Attention</b> &nbsp; no run yet"
+        elif record is None:
+            text = f"<b>Attention, layer {self._layer}</b> &nbsp; recorded from the next step"
+        else:
+            query = record.fed_stop - 1
+            token = escape(chip_text(self._labels[query])) if query < len(self._labels) else str(query)
+            source = "its cached keys" if record.use_cache else "keys recomputed this pass (no cache)"
+            text = (f"<b>Attention, layer {self._layer}</b> &nbsp; the query of \u201c{token}\u201d (position "
+                    f"{query}) reads {source}; brightest: weight {self.brightest():.2f}")
+        self.heading.setText(text)
+
+    def _show_top_list(self) -> None:
+        values = self.strip_values()
+        if values.size == 0:
+            self.top_list.setText("")
+            return
+        heads = [self._head] if self._head != ALL_HEADS else list(range(values.shape[0]))
+        labels = self._labels
+        self.top_list.setText(self._top_list_text(
+            [(head, self.top_positions(head)) for head in heads],
+            lambda p: escape(chip_text(labels[p])) if p < len(labels) else str(p)))
+
+    def _top_list_text(self, tops: list[tuple[int, list[tuple[int, float]]]], token) -> str:
+        """Per head its top positions: "h3 ·flies @1 0.52, Time @0 0.31, ..." (one line a head up to 4 heads)."""
+        muted = self._theme.muted
+        lines = [f"<span style='color:{muted}'>h{head}</span> " + ", ".join(
+            f"{token(p)} <span style='color:{muted}'>@{p} {w:.2f}</span>" for p, w in positions)
+            for head, positions in tops]
+        return "<br>".join(lines) if len(lines) <= 4 else " &nbsp;\u00b7&nbsp; ".join(lines)
+
+    def _apply_theme(self) -> None:
+        theme = self._theme
+        self.plot_widget.setBackground(theme.background)
+        style_plot(self.plot_item, theme)
+        self.setStyleSheet(f"QWidget#attentionView {{ background: {theme.background}; }} "
+                           f"QWidget#attentionView QLabel {{ color: {theme.foreground}; background: transparent; }}")
+
+    def _apply_fonts(self) -> None:
+        font = QFont(self.font())
+        font.setPointSizeF(max(6.0, 9.0 * self._font_scale))
+        axis = self.plot_item.getAxis("left")
+        axis.setStyle(tickFont=font)
+        axis.label.setFont(font)
+        for label in (self.heading, self.top_list):
+            label.setFont(font)
+
+    # ----- choosing and hovering -----
+    def _on_layer_spin(self, layer: int) -> None:
+        if layer != self._layer:
+            self._layer = layer
+            self._dirty = True
+            self.refresh()
+            self.layer_shown.emit(layer)
+
+    def _on_head_box(self, _index: int) -> None:
+        self._head = int(self.head_box.currentData())
+        self._dirty = True
+        self.refresh()
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802
+        super().showEvent(event)
+        self.layer_shown.emit(self._layer)
+
+    def hideEvent(self, event: QHideEvent) -> None:  # noqa: N802
+        super().hideEvent(event)
+        self.layer_shown.emit(None)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
+        if watched is self.plot_widget and event.type() == QEvent.Type.Leave:
+            self._hover = None
+            QToolTip.hideText()
+        return super().eventFilter(watched, event)
+
+    def _on_mouse_moved(self, scene_pos: QPointF) -> None:
+        vb = self.plot_item.getViewBox()
+        if not vb.sceneBoundingRect().contains(scene_pos):
+            self._hover = None
+            QToolTip.hideText()
+            return
+        point = vb.mapSceneToView(scene_pos)
+        cell = (int(np.floor(point.y())), int(np.floor(point.x())))
+        if cell != self._hover:
+            self._hover = cell
+            self._show_tooltip(*cell)
+
+    def _show_tooltip(self, head: int, position: int) -> None:
+        text = self.cell_info(head, position)
+        if text:
+            QToolTip.showText(QCursor.pos(), text, self.plot_widget)
+        else:
+            QToolTip.hideText()
