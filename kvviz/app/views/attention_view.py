@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from html import escape
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QCursor, QFont, QHideEvent, QShowEvent
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QToolTip, QVBoxLayout, QWidget
 
@@ -20,6 +21,7 @@ from kvviz.records import RunPlan, StepRecord
 TOP_POSITIONS = 3  # per head, the positions its query weighs most
 STRIP_MIN_HEIGHT = 70  # pixels at zoom 1
 ALL_HEADS = -1
+TEXT_UPDATES_PER_SECOND = 5
 
 
 def shade_table(theme: Theme, steps: int = 256) -> np.ndarray:
@@ -53,6 +55,11 @@ class AttentionView(QWidget):
         self._labels: list[str] = []
         self._last: StepRecord | None = None  # the latest record with attention
         self._dirty = False
+        self._texts_dirty = False
+        self._texts_shown_at = 0.0
+        self._texts_timer = QTimer(self)
+        self._texts_timer.setSingleShot(True)
+        self._texts_timer.timeout.connect(self._refresh_texts)
         self._layer = 0
         self._head = ALL_HEADS
         self._strip = np.zeros((1, 1), dtype=np.float32)  # (heads, width) of the shown layer
@@ -97,7 +104,7 @@ class AttentionView(QWidget):
         self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.plot_widget.installEventFilter(self)
 
-        self.top_list = LiveLabel(wrap=True)
+        self.top_list = LiveLabel(rich=False, wrap=True)  # plain text: no HTML to lay out at every step
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -112,6 +119,7 @@ class AttentionView(QWidget):
     # ----- the view protocol -----
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
+        self._texts_shown_at = 0.0  # a new run's texts show at once
         self._labels = list(plan.prompt_labels)
         self._last = None
         heads = max(1, plan.n_head)
@@ -147,15 +155,37 @@ class AttentionView(QWidget):
                 self._dirty = True
 
     def refresh(self) -> None:
+        for draw in self.redraw_slices():
+            draw()
+
+    def redraw_slices(self) -> list:
+        """The strip, then the texts: one pass of the event loop each (see views.base.redraw_slices)."""
+        return [self._refresh_strip, self._refresh_texts]
+
+    def _refresh_strip(self) -> None:
         if not self._dirty:
             return
         self._dirty = False
+        self._texts_dirty = True
         self._strip = self._layer_strip()
         self._draw()
-        self._show_heading()
-        self._show_top_list()
         if self._hover is not None:
             self._show_tooltip(*self._hover)
+
+    def _refresh_texts(self) -> None:
+        """The heading and the top positions: at most TEXT_UPDATES_PER_SECOND while a run plays at full speed
+        (nobody reads faster; the strip follows every redraw), and always the last state, by a timer."""
+        if not self._texts_dirty:
+            return
+        wait_ms = 1000 / TEXT_UPDATES_PER_SECOND - (time.perf_counter() - self._texts_shown_at) * 1000
+        if wait_ms > 0:
+            if not self._texts_timer.isActive():
+                self._texts_timer.start(int(wait_ms) + 1)
+            return
+        self._texts_dirty = False
+        self._texts_shown_at = time.perf_counter()
+        self._show_heading()
+        self._show_top_list()
 
     def set_theme(self, theme: Theme) -> None:
         if theme == self._theme:
@@ -189,7 +219,7 @@ class AttentionView(QWidget):
             self.layer_spin.blockSignals(True)
             self.layer_spin.setValue(layer)
             self.layer_spin.blockSignals(False)
-            self._dirty = True
+            self._dirty, self._texts_shown_at = True, 0.0  # a choice shows at once
             self.refresh()
             self.layer_shown.emit(layer)
 
@@ -300,15 +330,14 @@ class AttentionView(QWidget):
         labels = self._labels
         self.top_list.setText(self._top_list_text(
             [(head, self.top_positions(head)) for head in heads],
-            lambda p: escape(chip_text(labels[p])) if p < len(labels) else str(p)))
+            lambda p: chip_text(labels[p]) if p < len(labels) else str(p)))
 
-    def _top_list_text(self, tops: list[tuple[int, list[tuple[int, float]]]], token) -> str:
-        """Per head its top positions: "h3 ·flies @1 0.52, Time @0 0.31, ..." (one line a head up to 4 heads)."""
-        muted = self._theme.muted
-        lines = [f"<span style='color:{muted}'>h{head}</span> " + ", ".join(
-            f"{token(p)} <span style='color:{muted}'>@{p} {w:.2f}</span>" for p, w in positions)
-            for head, positions in tops]
-        return "<br>".join(lines) if len(lines) <= 4 else " &nbsp;\u00b7&nbsp; ".join(lines)
+    @staticmethod
+    def _top_list_text(tops: list[tuple[int, list[tuple[int, float]]]], token) -> str:
+        """Per head its top positions: "h3: ·flies @1 0.52, Time @0 0.31, ..." (a line a head up to 4 heads)."""
+        lines = [f"h{head}: " + ", ".join(f"{token(p)} @{p} {w:.2f}" for p, w in positions)
+                 for head, positions in tops]
+        return "\n".join(lines) if len(lines) <= 4 else "   \u00b7   ".join(lines)
 
     def _apply_theme(self) -> None:
         theme = self._theme
@@ -330,13 +359,13 @@ class AttentionView(QWidget):
     def _on_layer_spin(self, layer: int) -> None:
         if layer != self._layer:
             self._layer = layer
-            self._dirty = True
+            self._dirty, self._texts_shown_at = True, 0.0  # a choice shows at once
             self.refresh()
             self.layer_shown.emit(layer)
 
     def _on_head_box(self, _index: int) -> None:
         self._head = int(self.head_box.currentData())
-        self._dirty = True
+        self._dirty, self._texts_shown_at = True, 0.0
         self.refresh()
 
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802
