@@ -153,16 +153,15 @@ class Conv1D(nn.Module):
 
 
 def newest_query_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """softmax(q·Kᵀ/√d) of the last query row of `q` (1, nh, T, hs) over every key of `k` (1, nh, S, hs), in float32.
+    """softmax(q·Kᵀ/√d) of the last query row of `q` (N, nh, T, hs) over every key of `k` (N, nh, S, hs), in
+    float32, for N layers of one sequence (or one layer: N = 1).
 
     The last query is the newest position, which attends to every key a pass holds, so no mask is needed.
-    Returns (nh, S). Computed beside the attention output, never in its place, so the logits do not change.
+    Returns (N, nh, S). Computed beside the attention output, never in its place, so the logits do not change.
     """
-    if q.shape[0] != 1:
-        raise ValueError(f"attention weights are recorded for one sequence, not a batch of {q.shape[0]}")
-    q_last = q[0, :, -1:, :].float()  # (nh, 1, hs)
-    scores = q_last @ k[0].float().transpose(-2, -1) / math.sqrt(q.shape[-1])  # (nh, 1, S)
-    return torch.softmax(scores, dim=-1).squeeze(1)  # (nh, S)
+    q_last = q[:, :, -1:, :].float()  # (N, nh, 1, hs)
+    scores = q_last @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])  # (N, nh, 1, S)
+    return torch.softmax(scores, dim=-1).squeeze(2)  # (N, nh, S)
 
 
 class CausalSelfAttention(nn.Module):
@@ -201,7 +200,9 @@ class CausalSelfAttention(nn.Module):
                 mask = key_positions[None, :] <= positions[:, None]  # (T, S)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         if self.attention_rows is not None:
-            self.attention_rows.append(newest_query_weights(q, k))  # (nh, S)
+            if B != 1:
+                raise ValueError(f"attention weights are recorded for one sequence, not a batch of {B}")
+            self.attention_rows.append(newest_query_weights(q, k)[0])  # (nh, S)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 
@@ -407,6 +408,7 @@ class GPT(nn.Module):
             raise ValueError(f"position {position} is past the context length {cfg.n_ctx}")
         wte, wpe = self.transformer.wte.weight, self.transformer.wpe.weight
         kv_rows, before_block, attention_rows = self._kv_rows, self.before_block, self._attention_rows
+        queries: list[torch.Tensor] = []  # with attention_rows: every layer's query, weighed after the loop
         x = (wte[token] + wpe[position]).view(1, C)  # (1, C)
         for i, w in enumerate(weights or self.decode_weights()):
             if before_block is not None:
@@ -418,11 +420,14 @@ class GPT(nn.Module):
             cached = kv_cache.append(i, position, qkv[1:])  # (2, 1, nh, S, hs)
             y = F.scaled_dot_product_attention(qkv[0], cached[0], cached[1])  # (1, nh, 1, hs)
             if attention_rows is not None:
-                attention_rows.append(newest_query_weights(qkv[0], cached[0]))  # (nh, S)
+                queries.append(qkv[0])  # (1, nh, 1, hs)
             x = project(y.view(1, C), w.attn_proj_weight, w.attn_proj_bias, w.attn_proj_packed).add_(x)
             h = F.layer_norm(x, (C,), w.ln_2_weight, w.ln_2_bias, eps)
             h = F.gelu(project(h, w.fc_weight, w.fc_bias, w.fc_packed), approximate="tanh")  # (1, 4C)
             x = project(h, w.mlp_proj_weight, w.mlp_proj_bias, w.mlp_proj_packed).add_(x)
+        if attention_rows is not None:  # all layers in one product: fewer calls than one per layer
+            keys = kv_cache.keys[:, 0, :, : position + 1]  # (L, nh, S, hs): every layer's keys this step read
+            attention_rows.extend(newest_query_weights(torch.cat(queries), keys).unbind(0))  # L x (nh, S)
         ln_f = self.transformer.ln_f
         x = F.layer_norm(x, (C,), ln_f.weight, ln_f.bias, eps)
         if torch.is_grad_enabled():
