@@ -73,3 +73,24 @@ def test_right_aligned_numbers_end_at_the_right_edge(qtbot):
     image = label.grab().toImage()
     lit = [x for x in range(image.width()) for y in range(image.height()) if QColor(image.pixel(x, y)).value() > 128]
     assert lit and min(lit) > 150 and panel.isVisible()  # a "1" drawn in the rightmost 50 of 200 pixels
+
+
+def test_a_wrapped_label_squeezed_below_its_height_asks_once_not_at_every_text(qtbot):
+    """A layout may give a wrapped label less height than it asks for (a short panel): asking again at every
+    new text of the same size cannot get more room, and each ask relayouts and repaints the window."""
+    caption = LiveLabel("h0: ·flies @1 0.52, Time @0 0.31", rich=False, wrap=True)
+    caption.reserve("   \u00b7   ".join(f"h{h}: WWWWWWWW @200 1.00, WWWWWWWW @200 1.00" for h in range(12)))
+    panel = QWidget()
+    layout = QVBoxLayout(panel)
+    layout.addWidget(caption)
+    qtbot.addWidget(panel)
+    panel.setFixedSize(300, 40)  # far less than twelve heads' lines need
+    panel.show()
+    qtbot.waitExposed(panel)
+    QApplication.sendPostedEvents()
+    assert caption.height() < caption.heightForWidth(caption.width())  # squeezed
+    with LayoutRequests([panel]) as requests:
+        for n in range(10):
+            caption.setText("   \u00b7   ".join(f"h{h}: ·tok{n} @{n} 0.{n}1" for h in range(12)))
+            QApplication.sendPostedEvents()
+    assert requests.count <= 1

@@ -26,6 +26,7 @@ class LiveLabel(QLabel):
         self._text = ""
         self._reserved = ""
         self._room = QSize(0, 0)  # the largest size asked for so far, at the width last laid out
+        self._answered: dict[int, int] = {}  # wrapped: the heights heightForWidth gave, by width
         # as QLabel, centred vertically; a wrapped caption stays at the top of its room instead
         vertical = Qt.AlignmentFlag.AlignTop if wrap else Qt.AlignmentFlag.AlignVCenter
         self._alignment = Qt.AlignmentFlag.AlignLeft | vertical
@@ -64,6 +65,7 @@ class LiveLabel(QLabel):
         self._reserved = text
         self._room = QSize(0, 0)
         self._sizes = {}
+        self._answered = {}
         self.updateGeometry()
 
     def sizeHint(self) -> QSize:  # noqa: N802
@@ -81,7 +83,13 @@ class LiveLabel(QLabel):
         return self._wrap
 
     def heightForWidth(self, width: int) -> int:  # noqa: N802
-        return self._height_at(width) if self._wrap else -1
+        if not self._wrap:
+            return -1
+        height = self._height_at(width)
+        if len(self._answered) > 64:
+            self._answered.clear()
+        self._answered[width] = max(height, self._answered.get(width, 0))
+        return height
 
     # ----- painting -----
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
@@ -113,6 +121,7 @@ class LiveLabel(QLabel):
             self._document = self._new_document()
             self._room = QSize(0, 0)
             self._sizes = {}
+            self._answered = {}
             self.updateGeometry()
 
     # ----- room -----
@@ -177,6 +186,7 @@ class LiveLabel(QLabel):
 
     def _needs_more_room(self) -> bool:
         """Whether the current text is wider (or, wrapped, taller) than the room the layout gave."""
-        if self._wrap:
-            return self._height_at(max(1, self.width())) > self.height()
+        if self._wrap:  # a layout that already has our height for this width and gave less will not give more
+            width = max(1, self.width())
+            return self._height_at(width) > max(self.height(), self._answered.get(width, 0))
         return self._ideal_width(self._text) > max(self.width(), self._room.width())
