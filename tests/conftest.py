@@ -64,3 +64,18 @@ def app_model(tmp_path_factory) -> str | None:
     model.init_weights(torch.Generator().manual_seed(0))
     save_checkpoint(model, folder)
     return str(folder)
+
+
+@pytest.fixture
+def window(qtbot, app_model):
+    """The app's window on the test model with "Time flies fast", its first run planned; closed after the test.
+    (Test files that need another window define their own `window`.)"""
+    from kvviz.app.main_window import MainWindow
+    from kvviz.app.settings import app_settings
+
+    win = MainWindow(app_model, "Time flies fast", settings=app_settings())
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
+    yield win
+    win.close()

@@ -3,23 +3,12 @@ teaching switch that breaks the cache is never remembered and always shown."""
 
 from __future__ import annotations
 
-import pytest
 from helpers_qt import LayoutRequests
 
 from kvviz.app.main_window import MainWindow
 from kvviz.app.settings import AppSettings, app_settings
 
 PROMPT = "Time flies fast"
-
-
-@pytest.fixture
-def window(qtbot, app_model):
-    win = MainWindow(app_model, PROMPT, settings=app_settings())
-    qtbot.addWidget(win)
-    win.show()
-    qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
-    yield win
-    win.close()
 
 
 def steps(qtbot, win, n: int) -> None:

@@ -3,23 +3,12 @@ cannot compute in gets a dialog and keeps the model and the menu as they were.""
 
 from __future__ import annotations
 
-import pytest
 from PySide6.QtWidgets import QMessageBox
 
 from kvviz.app.main_window import MainWindow
 from kvviz.app.settings import AppSettings, app_settings
 
 PROMPT = "Time flies fast"
-
-
-@pytest.fixture
-def window(qtbot, app_model):
-    win = MainWindow(app_model, PROMPT, settings=app_settings())
-    qtbot.addWidget(win)
-    win.show()
-    qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
-    yield win
-    win.close()
 
 
 def _checked(win: MainWindow) -> list[str]:

@@ -35,16 +35,6 @@ def tiny_checkpoint(folder: Path, n_layer: int = 2) -> Path:
     return folder / "model.safetensors"
 
 
-@pytest.fixture
-def window(qtbot, app_model):
-    win = MainWindow(app_model, PROMPT, settings=app_settings())
-    qtbot.addWidget(win)
-    win.show()
-    qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
-    yield win
-    win.close()
-
-
 def press(qtbot, win, key, times: int = 1) -> None:
     for _ in range(times):
         qtbot.keyClick(win, key)

@@ -21,16 +21,6 @@ PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 N = 12
 
 
-@pytest.fixture
-def window(qtbot, app_model):
-    win = MainWindow(app_model, PROMPT, settings=app_settings())
-    qtbot.addWidget(win)
-    win.show()
-    qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
-    yield win
-    win.close()
-
-
 def engine_run(app_model, prompt: str, n: int, use_cache: bool = True):
     from kvviz.engine import Engine, generate_ids
     from kvviz.weights import load_model

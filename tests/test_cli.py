@@ -363,3 +363,9 @@ def test_export_takes_a_dtype_for_stills_and_animations(tiny_checkpoint, tmp_pat
     assert main(["export", *common, "--out", str(tmp_path / "c"), "--animate", "--format", "gif", "--width", "320",
                  "--dtype", "float16"]) == 0
     assert [p.cache_bytes_per_position for p in plans] == [2 * 3 * 32 * 4, 2 * 3 * 32 * 2, 2 * 3 * 32 * 2]
+
+
+def test_bench_attention_needs_the_window(capsys):
+    assert main(["bench", "--attention"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--attention times the attention view in the window: add --gui" in err

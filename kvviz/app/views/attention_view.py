@@ -10,11 +10,11 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QCursor, QFont, QHideEvent, QShowEvent
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSpinBox, QToolTip, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.base import cache_axes, chip_text, style_plot
+from kvviz.app.views.base import cache_axes, cell_plot, cell_under, chip_text, style_plot
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
@@ -63,6 +63,8 @@ class AttentionView(QWidget):
         self._layer = 0
         self._head = ALL_HEADS
         self._strip = np.zeros((1, 1), dtype=np.float32)  # (heads, width) of the shown layer
+        self._values = np.zeros((0, 0), dtype=np.float32)  # strip_values() of `_values_of`
+        self._values_of: tuple[StepRecord, int] | None = None
         self._hover: tuple[int, int] | None = None
 
         self.heading = LiveLabel(wrap=True)  # its texts repaint it without a relayout of the window
@@ -81,19 +83,7 @@ class AttentionView(QWidget):
         controls.addWidget(self.layer_spin)
         controls.addWidget(self.head_box)
 
-        self.plot_widget = pg.PlotWidget()
-        self.plot_widget.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
-        self.plot_widget.setMinimumHeight(STRIP_MIN_HEIGHT)
-        self.plot_widget.setMouseTracking(True)
-        self.plot_item = self.plot_widget.getPlotItem()
-        self.plot_item.setMenuEnabled(False)
-        self.plot_item.hideButtons()
-        vb = self.plot_item.getViewBox()
-        vb.setMouseEnabled(x=False, y=False)
-        vb.invertY(True)
-        vb.setDefaultPadding(0.0)
-        self.image_item = pg.ImageItem(axisOrder="row-major")
-        self.plot_item.addItem(self.image_item)
+        self.plot_widget, self.plot_item, self.image_item = cell_plot(STRIP_MIN_HEIGHT)
         self.head_outline = pg.QtWidgets.QGraphicsRectItem()
         self.head_outline.setZValue(10)
         self.head_outline.hide()
@@ -247,8 +237,11 @@ class AttentionView(QWidget):
         record = self._last
         if record is None or record.attention is None:
             return np.zeros((0, 0), dtype=np.float32)
-        weights = record.attention
-        return np.array(weights.layer(self._layer), dtype=np.float32)
+        seen = self._values_of
+        if seen is None or seen[0] is not record or seen[1] != self._layer:  # once per record and layer
+            self._values = np.array(record.attention.layer(self._layer), dtype=np.float32)  # (heads, positions)
+            self._values_of = (record, self._layer)
+        return self._values
 
     def top_positions(self, head: int) -> list[tuple[int, float]]:
         """`head`'s TOP_POSITIONS likeliest positions in the shown layer: (position, weight), heaviest first."""
@@ -383,14 +376,11 @@ class AttentionView(QWidget):
         return super().eventFilter(watched, event)
 
     def _on_mouse_moved(self, scene_pos: QPointF) -> None:
-        vb = self.plot_item.getViewBox()
-        if not vb.sceneBoundingRect().contains(scene_pos):
+        cell = cell_under(self.plot_item, scene_pos)
+        if cell is None:
             self._hover = None
             QToolTip.hideText()
-            return
-        point = vb.mapSceneToView(scene_pos)
-        cell = (int(np.floor(point.y())), int(np.floor(point.x())))
-        if cell != self._hover:
+        elif cell != self._hover:
             self._hover = cell
             self._show_tooltip(*cell)
 

@@ -1,10 +1,14 @@
-"""The protocol every view of a run follows, and text helpers the views share."""
+"""The protocol every view of a run follows, and the plot and text helpers the views share."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
+
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF
+from PySide6.QtWidgets import QSizePolicy
 
 from kvviz.app.theme import Theme
 from kvviz.records import RunPlan, StepRecord
@@ -81,6 +85,34 @@ def cache_axes(plot_item: object) -> None:
     for name in ("left", "bottom", "right", "top"):
         axis = plot_item.getAxis(name)
         axis.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+
+
+def cell_plot(min_height: int) -> tuple[pg.PlotWidget, pg.PlotItem, pg.ImageItem]:
+    """A plot of cells (the K/V grid, the attention strip): one row-major ImageItem, rows downwards from 0,
+    no menu, no buttons, no panning or zooming by mouse, no padding, the mouse tracked for tooltips."""
+    plot_widget = pg.PlotWidget()
+    plot_widget.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+    plot_widget.setMouseTracking(True)
+    plot_widget.setMinimumHeight(min_height)
+    plot_item = plot_widget.getPlotItem()
+    plot_item.setMenuEnabled(False)
+    plot_item.hideButtons()
+    vb = plot_item.getViewBox()
+    vb.setMouseEnabled(x=False, y=False)
+    vb.invertY(True)
+    vb.setDefaultPadding(0.0)
+    image_item = pg.ImageItem(axisOrder="row-major")
+    plot_item.addItem(image_item)
+    return plot_widget, plot_item, image_item
+
+
+def cell_under(plot_item: pg.PlotItem, scene_pos: QPointF) -> tuple[int, int] | None:
+    """(row, column) of the cell of a `cell_plot` at `scene_pos`, or None off its view box."""
+    vb = plot_item.getViewBox()
+    if not vb.sceneBoundingRect().contains(scene_pos):
+        return None
+    point = vb.mapSceneToView(scene_pos)
+    return int(math.floor(point.y())), int(math.floor(point.x()))
 
 
 def style_plot(plot_item: object, theme: Theme) -> None:

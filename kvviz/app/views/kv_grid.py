@@ -6,15 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QAction, QColor, QCursor, QFont, QFontMetrics, QMouseEvent, QPen, QResizeEvent
-from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QLabel, QToolTip, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.flow_layout import FlowLayout
 from kvviz.app.theme import Theme
-from kvviz.app.views.base import cache_axes, chip_text, style_plot
+from kvviz.app.views.base import cache_axes, cell_plot, cell_under, chip_text, style_plot
 from kvviz.app.views.grid_cells import (
     COMPUTED,
     EMPTY,
@@ -88,19 +87,8 @@ class KVGridView(QWidget):
         self._tick_width: int | None = None  # pixels reserved for the left axis's labels, None: as wide as they are
         self._set_rows()
 
-        self.plot_widget = pg.PlotWidget()
-        self.plot_widget.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
-        self.plot_widget.setMouseTracking(True)
-        self.plot_widget.setMinimumHeight(PLOT_MIN_HEIGHT)
-        self.plot_item = self.plot_widget.getPlotItem()
-        self.plot_item.setMenuEnabled(False)
-        self.plot_item.hideButtons()
+        self.plot_widget, self.plot_item, self.image_item = cell_plot(PLOT_MIN_HEIGHT)
         vb = self.plot_item.getViewBox()
-        vb.setMouseEnabled(x=False, y=False)
-        vb.invertY(True)
-        vb.setDefaultPadding(0.0)
-        self.image_item = pg.ImageItem(axisOrder="row-major")
-        self.plot_item.addItem(self.image_item)
         self._outline = QGraphicsRectItem()  # the selected layer's rows
         self._outline.setZValue(self.image_item.zValue() + 1)
         self._outline.setVisible(False)
@@ -555,11 +543,10 @@ class KVGridView(QWidget):
 
     def _cell_at(self, scene_pos: QPointF) -> tuple[int, int] | None:
         """(display row, position) of the cell at `scene_pos`, or None off the cells."""
-        vb = self.plot_item.getViewBox()
-        if self._plan is None or not vb.sceneBoundingRect().contains(scene_pos):
+        cell = cell_under(self.plot_item, scene_pos) if self._plan is not None else None
+        if cell is None:
             return None
-        point = vb.mapSceneToView(scene_pos)
-        row, position = int(np.floor(point.y())), int(np.floor(point.x()))
+        row, position = cell
         if not (0 <= row < len(self._row_layers) and 0 <= position < self._states.shape[1]):
             return None
         return row, position
