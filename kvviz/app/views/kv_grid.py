@@ -17,9 +17,6 @@ from kvviz.app.views.base import cache_axes, cell_plot, cell_under, chip_text, s
 from kvviz.app.views.grid_cells import (
     COMPUTED,
     EMPTY,
-    HEAD_ROW,
-    LAST_HEAD_ROW,
-    LAYER_ROW,
     PENDING,
     REUSED,
     ROW_KINDS,
@@ -27,6 +24,7 @@ from kvviz.app.views.grid_cells import (
     cell_tile,
     state_swatch,
 )
+from kvviz.app.views.grid_rows import GridRows
 from kvviz.app.views.grid_title import grid_title, mode_name
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
@@ -278,14 +276,14 @@ class KVGridView(QWidget):
 
     def display_states(self) -> np.ndarray:
         """(rows, width) states as drawn, one row per `display_rows()` entry (a copy)."""
-        return self._states[self._row_layers]
+        return self._states[self._rows.layers]
 
     def display_rows(self) -> list[tuple[int, int | None]]:
         """The rows drawn, top to bottom: (layer, None) for a layer, (layer, head) for one of its heads."""
         if self._plan is None:
             return []
         return [(int(layer), None if head < 0 else int(head))
-                for layer, head in zip(self._row_layers, self._row_heads, strict=True)]
+                for layer, head in zip(self._rows.layers, self._rows.heads, strict=True)]
 
     def expand_layer(self, layer: int, expanded: bool = True) -> None:
         """Show `layer`'s heads as rows under it (or hide them). A run without heads (n_head 0) shows none."""
@@ -364,21 +362,7 @@ class KVGridView(QWidget):
     def _set_rows(self) -> None:
         """The display rows: each layer, followed by its heads when it is expanded."""
         n_head = self._plan.n_head if self._plan is not None else 0
-        layers: list[int] = []
-        heads: list[int] = []
-        kinds: list[int] = []
-        for layer in range(self._states.shape[0]):
-            layers.append(layer)
-            heads.append(-1)
-            kinds.append(LAYER_ROW)
-            if layer in self._expanded and n_head > 0:
-                layers += [layer] * n_head
-                heads += range(n_head)
-                kinds += [HEAD_ROW] * (n_head - 1) + [LAST_HEAD_ROW]
-        self._row_layers = np.array(layers, dtype=np.intp)  # display row -> layer: display = states[row_layers]
-        self._row_heads = np.array(heads, dtype=np.intp)  # display row -> head, -1 on a layer's row
-        self._row_kinds = np.array(kinds, dtype=np.intp)[:, None]  # (rows, 1): the separator under each row
-        self._layer_rows = np.flatnonzero(self._row_heads < 0)  # layer -> its display row
+        self._rows = GridRows(self._states.shape[0], n_head, self._expanded)
 
     def _update_outline(self) -> None:
         layer = self._selected
@@ -387,12 +371,12 @@ class KVGridView(QWidget):
             return
         rows = 1 + (self._plan.n_head if layer in self._expanded else 0)
         px, py = self.plot_item.getViewBox().viewPixelSize()  # one pixel, in cells: the pen inside the plot's edge
-        rect = QRectF(0, int(self._layer_rows[layer]), self._states.shape[1], rows)
+        rect = QRectF(0, int(self._rows.layer_rows[layer]), self._states.shape[1], rows)
         self._outline.setRect(rect.adjusted(px, py, -px, -py))
         self._outline.setVisible(True)
 
     def _cell_pixels(self) -> int:
-        rows, width = len(self._row_layers), self._states.shape[1]
+        rows, width = len(self._rows), self._states.shape[1]
         size = max(1, min(16, MAX_IMAGE_PIXELS // width, (MAX_IMAGE_PIXELS // 2) // rows))
         if self._colour_blind:
             size = max(size, 6 if width <= 512 else size)
@@ -407,14 +391,14 @@ class KVGridView(QWidget):
         return self._tiles[key]
 
     def _draw_image(self) -> None:
-        rows, width = len(self._row_layers), self._states.shape[1]
+        rows, width = len(self._rows), self._states.shape[1]
         size = self._cell_pixels()
         tiles = self._tiles_for(size)
-        display = self._states[self._row_layers]  # (R, W): each head row repeats its layer's
+        display = self._states[self._rows.layers]  # (R, W): each head row repeats its layer's
         if size == 1:
-            image = tiles[self._row_kinds, display, 0, 0]  # (R, W, 4)
+            image = tiles[self._rows.kinds, display, 0, 0]  # (R, W, 4)
         else:
-            cells = tiles[self._row_kinds, display]  # (R, W, s, s, 4)
+            cells = tiles[self._rows.kinds, display]  # (R, W, s, s, 4)
             image = cells.transpose(0, 2, 1, 3, 4).reshape(rows * size, width * size, 4)
         self.image_item.setImage(image, autoLevels=False, levels=(0, 255))
         if self._framed_shape != (rows, width):  # a new frame repaints the axes: only when the shape changes
@@ -422,37 +406,15 @@ class KVGridView(QWidget):
             self.image_item.setRect(QRectF(0, 0, width, rows))
             self.plot_item.getViewBox().setRange(xRange=(0, width), yRange=(0, rows), padding=0)
 
-    def _left_ticks(self, label_rows: int) -> list[tuple[float, str]]:
-        """Layer labels every few layers, so that they never overlap however short the grid is (`label_rows`
-        labels fit its height); then a head row's label wherever it has room between them."""
-        layers, rows = self._states.shape[0], len(self._row_layers)
-        gap = max(layers / 16, rows / label_rows)  # rows from one label to the next, at least
-        layer_rows = self._layer_rows
-        step = 1
-        while step < layers and (np.diff(layer_rows[::step]) < gap).any():
-            step += 1
-        labelled = layer_rows[::step]
-        ticks = [(float(r) + 0.5, str(int(self._row_layers[r]))) for r in labelled]
-        last = -np.inf  # the row of the label above
-        for r in np.flatnonzero(self._row_heads >= 0):
-            above = np.searchsorted(labelled, r)  # labelled[above] is the next layer label below r
-            if above:
-                last = max(last, labelled[above - 1])
-            below = labelled[above] if above < len(labelled) else np.inf
-            if r - last >= gap and below - r >= gap:
-                ticks.append((float(r) + 0.5, f"h{int(self._row_heads[r])}"))
-                last = r
-        return sorted(ticks)
-
     def _update_ticks(self) -> None:
         width = self._states.shape[1]
         metrics = QFontMetrics(self._tick_font)
         line = metrics.height()
         label_rows = max(1, int((self.plot_widget.height() - 3 * line) / (1.5 * line)))  # less the bottom axis
-        key = (label_rows, self._states.shape[0], len(self._row_layers), self.expanded_layers())
+        key = (label_rows, self._states.shape[0], len(self._rows), self.expanded_layers())
         if self._left_key != key:  # the layer labels only change with the height and the rows
             self._left_key = key
-            self._left = self._left_ticks(label_rows)
+            self._left = self._rows.left_ticks(label_rows)
         left = self._left
         column = (self.plot_widget.width() - self.plot_item.getAxis("left").width()) / width  # pixels, about
         if width <= TICK_LABEL_LIMIT and column >= metrics.horizontalAdvance("0000"):  # else labels would overlap
@@ -470,7 +432,7 @@ class KVGridView(QWidget):
             title = "token position"
         if (left, bottom, title) == self._ticks:  # setting ticks repaints an axis, even to the same ones
             return
-        left_title = "layer / head" if len(self._row_layers) > self._states.shape[0] else "layer"
+        left_title = "layer / head" if len(self._rows) > self._states.shape[0] else "layer"
         if left_title != self._left_title:
             self._left_title = left_title
             self.plot_item.setLabel("left", left_title)
@@ -533,7 +495,7 @@ class KVGridView(QWidget):
               and event.button() == Qt.MouseButton.LeftButton):
             cell = self._cell_at(self.plot_widget.mapToScene(event.position().toPoint()))
             if cell is not None:
-                layer = int(self._row_layers[cell[0]])
+                layer = int(self._rows.layers[cell[0]])
                 if event.type() == QEvent.Type.MouseButtonDblClick:
                     self.expand_layer(layer, layer not in self._expanded)
                 else:
@@ -547,7 +509,7 @@ class KVGridView(QWidget):
         if cell is None:
             return None
         row, position = cell
-        if not (0 <= row < len(self._row_layers) and 0 <= position < self._states.shape[1]):
+        if not (0 <= row < len(self._rows) and 0 <= position < self._states.shape[1]):
             return None
         return row, position
 
@@ -562,9 +524,9 @@ class KVGridView(QWidget):
 
     def _show_tooltip(self, row: int, position: int) -> None:
         text = ""
-        if 0 <= row < len(self._row_layers):
-            head = int(self._row_heads[row])
-            text = self.cell_info(int(self._row_layers[row]), position, None if head < 0 else head)
+        if 0 <= row < len(self._rows):
+            head = int(self._rows.heads[row])
+            text = self.cell_info(int(self._rows.layers[row]), position, None if head < 0 else head)
         if text:
             QToolTip.showText(QCursor.pos(), text, self.plot_widget)
         else:
