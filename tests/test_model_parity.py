@@ -295,7 +295,7 @@ def test_decode_one_equals_forward_in_every_dtype(dtype):
 
 
 def _packs_bfloat16() -> bool:
-    from kvviz.model import pack_for_cpu
+    from kvviz.products import pack_for_cpu
 
     return pack_for_cpu(torch.zeros(16, 16, dtype=torch.bfloat16)) is not None
 
