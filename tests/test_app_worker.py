@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
+import pytest
 from PySide6.QtWidgets import QMessageBox
 
 from kvviz.app.main_window import MainWindow
@@ -78,6 +80,32 @@ def test_gui_bench_alternates_runs_and_reports_every_key(qtbot, app_model):
     from kvviz.app.worker import running_threads
 
     qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)
+
+
+def test_gui_bench_fails_when_the_window_cannot_run_at_the_size_asked_for(qtbot, app_model):
+    """The tests' offscreen screen is 800x800, and the window shrinks to fit its screen a moment after it is
+    shown: a run "at 1920x1080" would be timed in a 796x796 window. It is an error, not a figure."""
+    from kvviz.app.gui_bench import GuiBenchError, run_gui_bench
+
+    with pytest.raises(GuiBenchError, match=r"not at the 1920x1080 asked for: the screen is smaller"):
+        run_gui_bench(app_model, "Time flies", 2, repeat=1, window_size=(1920, 1080))
+    from kvviz.app.worker import running_threads
+
+    qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)
+
+
+def test_gui_bench_makes_its_offscreen_screen_hold_the_window(tmp_path, app_model):
+    """Run as `kvviz bench --gui` is, in a process of its own: the window is timed at the size asked for."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "QT_QPA_PLATFORM"}
+    env["XDG_CONFIG_HOME"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "kvviz", "bench", "--gui", "--window-size", "1920x1080",
+                           "--prompt", "Time flies", "--new-tokens", "2", "--repeat", "1", "--json",
+                           *(["--model", app_model] if app_model else [])],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["window_size"] == [1920, 1080]
 
 
 def test_abort_reaches_inside_a_forward_pass(qtbot, app_model):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 from kvviz.counting import plural
 
@@ -13,6 +16,8 @@ STALL_TIMER_MS = 10  # a timer on the GUI thread; the largest gap between its ti
 WARMUP_TOKENS = 3
 POLL_MS = 20
 SLOW_POLL_MS = 500
+DEFAULT_WINDOW = (1600, 1000)
+SCREEN_MARGIN = 64  # the offscreen screen is this much larger than the window, for its (simulated) frame
 
 
 class GuiBenchError(Exception):
@@ -41,6 +46,8 @@ def run_gui_bench(
     headless run makes the same records as the window's worker (five candidates a step).
 
     `window_size` (width, height) sizes the window; by default it takes the screen's size up to 1600x1000.
+    Offscreen, the screen is made to hold the window (1600x1000 by default); `window_size` in the result is
+    the window's size during the timed runs, and a run at another size than the one asked for is an error.
 
     With `repeat` > 1 the GUI and headless runs alternate `repeat` times, with the window open; the
     rates are the best of each (as `timeit` takes the best), the stall figures the worst of all GUI runs.
@@ -50,11 +57,39 @@ def run_gui_bench(
     `attention`, the window has View > Attention open and both runs record the newest query's attention.
     """
     started = time.perf_counter() if launched_at is None else launched_at
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from kvviz.app.export.headless import without_offscreen_chatter
 
-    with without_offscreen_chatter():
+    with _screen_for(window_size or DEFAULT_WINDOW), without_offscreen_chatter():
         return _run_gui_bench(model, prompt, new_tokens, timeout_s, started, repeat, window_size, compare, attention)
+
+
+@contextlib.contextmanager
+def _screen_for(window_size: tuple[int, int]) -> Iterator[None]:
+    """Without a running QApplication or a chosen platform: the offscreen platform, with a screen that
+    holds a window of `window_size` (its default screen is 800x800, and the window shrinks to fit its
+    screen). The environment is put back once the QApplication exists."""
+    from PySide6.QtWidgets import QApplication
+
+    platform = os.environ.get("QT_QPA_PLATFORM")
+    if QApplication.instance() is not None or platform not in (None, "", "offscreen"):
+        yield
+        return
+    width, height = window_size
+    screen = {"name": "kvviz-bench", "x": 0, "y": 0, "width": width + SCREEN_MARGIN,
+              "height": height + SCREEN_MARGIN, "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}
+    with tempfile.TemporaryDirectory(prefix="kvviz-screen-") as folder:
+        config = os.path.join(folder, "offscreen.json")
+        with open(config, "w", encoding="utf-8") as file:
+            json.dump({"synchronousWindowSystemEvents": False, "windowFrameMargins": True, "screens": [screen]}, file)
+        os.environ["QT_QPA_PLATFORM"] = f"offscreen:configfile={config}"
+        try:
+            QApplication(sys.argv[:1])
+        finally:
+            if platform is None:
+                del os.environ["QT_QPA_PLATFORM"]
+            else:
+                os.environ["QT_QPA_PLATFORM"] = platform
+    yield
 
 
 def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: float, started: float, repeat: int,
@@ -74,7 +109,6 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
             window.resize(*window_size)
         window.show()
         app.processEvents()
-        shown_size = [window.width(), window.height()]
         window_shown_seconds = time.perf_counter() - started
         torch_loaded_when_shown = "torch" in sys.modules and not torch_before
 
@@ -147,6 +181,11 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
                 t0 = time.perf_counter()
                 tokens = headless_tokens(new_tokens)
                 headless_runs.append({"seconds": time.perf_counter() - t0, "tokens": tokens})
+            run_size = sorted({tuple(run["window_size"]) for run in gui_runs})
+            if window_size is not None and run_size != [tuple(window_size)]:
+                sizes = ", ".join(f"{w}x{h}" for w, h in run_size)
+                raise GuiBenchError(f"the window ran at {sizes}, not at the {window_size[0]}x{window_size[1]} asked "
+                                    "for: the screen is smaller")
             window.redraw()
             stop_reason = session.last_record.stop_reason if session.last_record else ""
         finally:
@@ -181,7 +220,7 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
         "max_slice_ms": round(max(r["max_slice_ms"] for r in gui_runs), 2),
         "stalls_over_50ms": sum(r["stalls_over_50ms"] for r in gui_runs),
         "gui_thread_cpu_share": round(best_gui["gui_thread_cpu_seconds"] / best_gui["seconds"], 4),
-        "window_size": shown_size,
+        "window_size": list(best_gui["window_size"]),
         "window_shown_seconds": round(window_shown_seconds, 4),
         "torch_loaded_when_shown": torch_loaded_when_shown,
         "identical": all(r["tokens"] == reference for r in gui_runs + headless_runs),
@@ -238,6 +277,7 @@ def _timed_gui_run(window, wait, prepared_run, new_tokens: int) -> dict:
         "max_redraw_ms": window.scheduler.max_redraw_ms,
         "max_slice_ms": window.scheduler.max_slice_ms,
         "gui_thread_cpu_seconds": gui_cpu_seconds,
+        "window_size": [window.width(), window.height()],  # at the end of the run, not only when shown
     }
 
 
