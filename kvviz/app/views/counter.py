@@ -47,6 +47,9 @@ class CounterPanel(CountPanel):
         self.progress.setObjectName("muted")
         self.stop = QLabel("")
         self.stop.setWordWrap(True)
+        policy = self.stop.sizePolicy()
+        policy.setRetainSizeWhenHidden(True)  # its room is kept while a run plays: showing it relayouts nothing
+        self.stop.setSizePolicy(policy)
         self.stop.hide()
         self._stop_style = ""
 
