@@ -15,8 +15,9 @@ from PySide6.QtCore import QByteArray, QSettings, Qt
 from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QMessageBox
 
+from kvviz.app.ini_file import plain_values
 from kvviz.app.main_window import MainWindow
-from kvviz.app.settings import AppSettings, app_settings, load_geometry, plain_values, save_geometry
+from kvviz.app.settings import AppSettings, app_settings, load_geometry, save_geometry
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 REPO = Path(__file__).resolve().parents[1]
@@ -552,12 +553,12 @@ def test_error_sentences_end_with_one_full_stop():
 
 
 def test_a_pickle_that_cannot_be_deleted_is_neither_read_nor_written_over(qtbot, tmp_path, monkeypatch):
-    import kvviz.app.settings as settings_module
+    import kvviz.app.ini_file as ini_file
 
     def read_only(path, data):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(settings_module, "write_atomically", read_only)
+    monkeypatch.setattr(ini_file, "write_atomically", read_only)
     marker = tmp_path / "unpickled"
     path = tmp_path / "kvviz.ini"
     data = b"[run]\nseed=5\ntop_k=" + pickled_value(tmp_path / "scratch.ini", marker) + b"\n"

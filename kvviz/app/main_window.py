@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-from pyqtgraph import GraphicsView
-from PySide6.QtCore import QEvent, QSettings, QTimer, Signal
+from PySide6.QtCore import QSettings, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QShowEvent
-from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QMainWindow, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QMainWindow, QWidget
 
 from kvviz.app import theme
-from kvviz.app.actions import build_actions
+from kvviz.app.actions import build_actions, window_slots
 from kvviz.app.banner import Banner
 from kvviz.app.clipboard import ImageCopier
 from kvviz.app.controls import RunControls
-from kvviz.app.dialogs import AboutDialog, ShortcutsDialog, show_error
+from kvviz.app.dialogs import show_error
 from kvviz.app.lesson_mode import LessonMode
 from kvviz.app.lesson_panel import LessonPanel
 from kvviz.app.loading import LoadingIndicator
 from kvviz.app.model_picker import ModelPicker
 from kvviz.app.precision import PrecisionMenu
 from kvviz.app.presentation import Presentation, fit_to_screen
-from kvviz.app.redraw import RedrawScheduler
+from kvviz.app.redraw import RedrawScheduler, painter
 from kvviz.app.session import RunSession
-from kvviz.app.settings import AppSettings, app_settings, load_geometry, save_geometry
-from kvviz.app.views.compare_view import CompareView
-from kvviz.app.views.memory_view import MemoryView
-from kvviz.app.views.run_view import RunView
+from kvviz.app.settings import AppSettings, app_settings
 from kvviz.app.views.status import StatusLine
+from kvviz.app.window_state import restore_window, save_window
+from kvviz.app.workspace import Workspace
 from kvviz.records import ModelInfo, RunPlan, StepRecord
 
 INITIAL_LOAD_DELAY_MS = 100  # after the window is first shown, so it paints before torch is imported
@@ -61,55 +59,26 @@ class MainWindow(QMainWindow):
         self.banner = Banner()
         self.lesson_panel = LessonPanel()  # lesson mode's step, beside the views
         self.lesson_panel.hide()
-        self.run_view = RunView()  # everything a viewer looks at: exported as "view"
+        self.workspace = Workspace(self.controls, self.banner, self.lesson_panel)
+        self.run_view, self.compare_view, self.memory_view = (self.workspace.run_view, self.workspace.compare_view,
+                                                              self.workspace.memory_view)
         self.token_strip, self.grid, self.chart, self.counter = self.run_view.views()
-        self.compare_view = CompareView()  # compare mode, in place of run_view; fed the same records
-        self.compare_view.hide()
-        panels = QWidget()
-        panels_layout = QVBoxLayout(panels)  # the hidden panel takes no room, and sets no minimum size
-        panels_layout.setContentsMargins(0, 0, 0, 0)
-        panels_layout.addWidget(self.run_view)
-        panels_layout.addWidget(self.compare_view)
-        central = QWidget()
-        central.setObjectName("central")
-        layout = QVBoxLayout(central)
-        layout.setContentsMargins(8, 6, 8, 4)
-        layout.setSpacing(6)
-        scroll = QScrollArea()  # on a screen too small for every panel's useful size, the panels scroll
-        scroll.setWidget(panels)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setObjectName("runScroll")
-        beside = QHBoxLayout()  # the lesson's column beside the views, so that they keep their height
-        beside.setSpacing(8)
-        beside.addWidget(scroll, 1)
-        self.memory_view = MemoryView()  # View > Memory: a column beside the views
-        self.memory_view.hide()
-        beside.addWidget(self.memory_view)
-        beside.addWidget(self.lesson_panel)
-        for widget, stretch in ((self.controls, 0), (self.banner, 0)):
-            layout.addWidget(widget, stretch)
-        layout.addLayout(beside, 1)
-        self.lesson_panel.set_places(layout, 2, beside)  # a strip over the views when a column does not fit
-        self.setCentralWidget(central)
+        self.setCentralWidget(self.workspace)
         self.status = StatusLine()
         self.statusBar().addWidget(self.status, 1)
         self.loading = LoadingIndicator(self.session, self.statusBar(), self.status, self.banner, self.picker)
-        # a new view joins here
-        views = (*self.run_view.views(), self.run_view.attention, *self.compare_view.views(), self.memory_view,
-                 self.status)
-        self.scheduler = RedrawScheduler(views, self._paint_now, self)
+        views = (*self.workspace.views(), self.status)
+        self.scheduler = RedrawScheduler(views, painter(self), self)
         chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
         self.presentation = Presentation(self, (*views, self.lesson_panel), chrome)
-        self._scenes = [view.scene() for view in self.findChildren(GraphicsView)]  # every plot's
         self.lesson = LessonMode(self, self.lesson_panel, lesson)
         self.records: list[StepRecord] = []  # the current run's, for an animated export
         self.copier = ImageCopier(self)  # Ctrl+Shift+C, and "Copy image" on the plots
-        self.actions = build_actions(self, self._action_slots())
+        self.actions = build_actions(self, window_slots(self))
         self.session.dtype = self.settings.dtype
         self.precision = PrecisionMenu(self.session, self.actions)  # Run > Precision
         self._wire()
-        self._restore(prompt)
+        restore_window(self, prompt)
         if lesson is not None:
             self.lesson.open(lesson)
         source = self.settings.model_source if model is None else model
@@ -117,29 +86,6 @@ class MainWindow(QMainWindow):
         self.grid.plot_widget.setFocus()
         # Start loading once the window is on screen: importing torch holds the GIL for seconds.
         QTimer.singleShot(INITIAL_LOAD_FALLBACK_MS, self._start_initial_load)
-
-    def _action_slots(self) -> dict:
-        s, c, p = self.session, self.controls, self.presentation
-        return {
-            "open_file": lambda: self.picker.open_checkpoint(False),
-            "open_folder": lambda: self.picker.open_checkpoint(True),
-            "choose_model": self.picker.pop_up, "export": self.export, "quit": self.close,
-            "copy_image": self.copier.copy_chart,
-            "step": s.step, "play": self.toggle_play, "faster": lambda: c.change_speed(+1),
-            "slower": lambda: c.change_speed(-1), "reset": self.reset_run, "toggle_cache": c.cache_check.toggle,
-            "edit_prompt": c.focus_prompt, "escape": self._on_escape, "presenter": p.set_presenter,
-            "lesson": self.lesson.set_active, "lesson_next": self.lesson.next, "lesson_back": self.lesson.back,
-            "colour_blind": self._set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
-            "memory": lambda on: (self.memory_view.setVisible(on), self.redraw()),
-            "attention": lambda on: (self.run_view.show_attention(on), c.set_attention(on)),
-            "heads": lambda: self.grid.toggle_heads(),
-            "theme_dark": lambda on: on and self.set_theme("dark"),
-            "theme_light": lambda on: on and self.set_theme("light"),
-            "zoom_in": lambda: p.step_zoom(+1),
-            "zoom_out": lambda: p.step_zoom(-1), "zoom_reset": lambda: p.set_zoom(1.0),
-            "shortcuts": lambda: ShortcutsDialog(self.actions.values(), self).exec(),
-            "about": lambda: AboutDialog(self.session.model_info, self).exec(),
-        }
 
     def _wire(self) -> None:
         s, c = self.session, self.controls
@@ -160,40 +106,16 @@ class MainWindow(QMainWindow):
         c.request_changed.connect(lambda: self.reset_run(replay_to=s.steps_done))
         c.speed_changed.connect(self._on_speed_changed)
         self.picker.model_chosen.connect(self.load_model)
-        for view in (self.grid, self.chart, self.compare_view.cached_grid, self.compare_view.uncached_grid):
+        for view in (self.chart, *self.workspace.grids()):
             view.export_requested.connect(self.export)
         self.presentation.presenter_changed.connect(self.actions["presenter"].setChecked)
         self.presentation.presenter_changed.connect(lambda on: self.lesson_panel.set_notes_shown(not on))
         c.set_state(False, False, False)
 
     # ----- settings -----
-    def _restore(self, prompt: str | None) -> None:
-        self.controls.restore(self.settings, prompt)
-        self.actions["colour_blind"].setChecked(self.settings.colour_blind)
-        self.actions["compare"].setChecked(self.settings.compare)
-        self.actions[f"theme_{theme.current().name}"].setChecked(True)
-        self.presentation.set_zoom(self.settings.zoom)
-        self.run_view.main_splitter.setSizes([430, 0, 520])
-        self.run_view.bottom_splitter.setSizes([1000, 360])
-        geometry = load_geometry(self.store)
-        if geometry is None or not self.restoreGeometry(geometry):
-            screen = self.screen().availableGeometry()
-            self.resize(min(1600, screen.width()), min(1000, screen.height()))
-            self.move(screen.topLeft())
-        fit_to_screen(self)  # the geometry may come from a larger screen than this one
-
     def save_settings(self) -> None:
-        if not self.lesson.active:  # a lesson's settings are its own: the free app's were kept when it began
-            self.controls.store(self.settings)
-        self.settings.colour_blind = self.actions["colour_blind"].isChecked()
-        self.settings.zoom = self.presentation.remembered_zoom
-        self.settings.theme = self.presentation.theme.name
-        if self.session.source is not None:
-            self.settings.model_source = self.session.source
-        self.settings.dtype = self.session.model_info.dtype if self.session.model_info else self.session.dtype
-        self.settings.save(self.store)
-        if not self.presentation.presenter:
-            save_geometry(self.store, self.saveGeometry())
+        """Remember the run, the view and the window for the next launch (see window_state)."""
+        save_window(self)
 
     # ----- models -----
     def showEvent(self, event: QShowEvent) -> None:
@@ -239,14 +161,7 @@ class MainWindow(QMainWindow):
     def _on_run_started(self, plan: RunPlan) -> None:
         self.banner.say("")
         self._show_title(plan.model_name, plan.cache_broken)
-        comparing = plan.twin is not None
-        if comparing != self.compare_view.isVisibleTo(self):
-            leaving = self.compare_view if not comparing else self.run_view
-            focus_was_there = leaving.isAncestorOf(QApplication.focusWidget()) if QApplication.focusWidget() else True
-            self.run_view.setVisible(not comparing)
-            self.compare_view.setVisible(comparing)
-            if focus_was_there:  # else Qt hands the focus to the prompt field, and Space types into it
-                self.focus_grid()
+        self.workspace.show_compare(plan.twin is not None)
         self.scheduler.reset(plan)
         self.run_prepared.emit(plan)
 
@@ -275,11 +190,11 @@ class MainWindow(QMainWindow):
 
     def focus_grid(self) -> None:
         """Keyboard focus on the shown K/V grid (keys step the run, none of them types)."""
-        grid = self.compare_view.cached_grid if self.compare_view.isVisibleTo(self) else self.grid
-        grid.plot_widget.setFocus()
+        self.workspace.focus_grid()
 
-    def _set_colour_blind(self, on: bool) -> None:
-        for grid in (self.grid, self.compare_view.cached_grid, self.compare_view.uncached_grid):
+    def set_colour_blind(self, on: bool) -> None:
+        """Patterns on the amber and teal cells of every grid (View > Colour-blind patterns)."""
+        for grid in self.workspace.grids():
             grid.set_colour_blind(on)
 
     def set_theme(self, name: str) -> None:
@@ -290,7 +205,8 @@ class MainWindow(QMainWindow):
             self.presentation.set_theme(chosen)
             self.lesson.set_theme(chosen)
 
-    def _on_escape(self) -> None:
+    def escape(self) -> None:
+        """Esc: the lesson's, else leave presenter mode, else the keyboard focus back on the grid."""
         if self.lesson.escape():
             return
         if self.presentation.presenter:
@@ -302,23 +218,10 @@ class MainWindow(QMainWindow):
         """Draw every view's latest state now (tests, exports)."""
         self.scheduler.flush()
 
-    def _paint_now(self) -> None:
-        """Paint what the views just changed, now, so that the time a redraw takes is its whole cost."""
-        if not self.isVisible():
-            return
-        for scene in self._scenes:
-            QApplication.sendPostedEvents(scene, QEvent.Type.MetaCall.value)  # a plot posts its scene's changes
-        QApplication.sendPostedEvents(self, QEvent.Type.UpdateRequest.value)  # paints the dirty regions only
-
     # ----- export and closing -----
     def export_targets(self) -> dict[str, QWidget]:
-        """What File > Export... can render: the chart, the grid, the whole view and, with View > Attention
-        open, the attention strip; in compare mode the compare view and its two grids."""
-        if self.compare_view.isVisibleTo(self):
-            compare = self.compare_view
-            return {"compare": compare, "cached_grid": compare.cached_grid, "uncached_grid": compare.uncached_grid}
-        attention = {"attention": self.run_view.attention} if self.run_view.attention.isVisibleTo(self) else {}
-        return {"chart": self.chart, "grid": self.grid, "view": self.run_view, **attention}
+        """What File > Export... can render now (see Workspace.export_targets)."""
+        return self.workspace.export_targets()
 
     def export(self) -> None:
         from kvviz.app.export import AnimationSource, ExportDialog, make_caption

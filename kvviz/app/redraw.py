@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from PySide6.QtCore import QObject, QTimer
-from PySide6.QtWidgets import QWidget
+from pyqtgraph import GraphicsView
+from PySide6.QtCore import QEvent, QObject, QTimer
+from PySide6.QtWidgets import QApplication, QWidget
 
 from kvviz.app.shared_interpreter import gui_thread_first
 from kvviz.app.views.base import RunViewProtocol, redraw_slices
@@ -19,6 +20,21 @@ REDRAW_BUDGET = 0.1  # the share of time redraws may take: a slow redraw spaces 
 # slows it down: there the views redraw less often, up to once a second.
 REDRAW_BUDGET_FULL_SPEED = 0.02
 REDRAW_MAX_MS_FULL_SPEED = 1000
+
+
+def painter(window: QWidget) -> Callable[[], None]:
+    """A function that paints what the views in `window` just changed, now (the scheduler calls it after
+    each slice, so that the time a redraw takes is its whole cost). The plots are those in `window` now."""
+    scenes = [view.scene() for view in window.findChildren(GraphicsView)]
+
+    def paint_now() -> None:
+        if not window.isVisible():
+            return
+        for scene in scenes:
+            QApplication.sendPostedEvents(scene, QEvent.Type.MetaCall.value)  # a plot posts its scene's changes
+        QApplication.sendPostedEvents(window, QEvent.Type.UpdateRequest.value)  # paints the dirty regions only
+
+    return paint_now
 
 
 class RedrawScheduler(QObject):
