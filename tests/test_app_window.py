@@ -274,7 +274,7 @@ def test_context_full_is_shown(qtbot, window):
     window.redraw()
     assert window.session.last_record.final and window.session.last_record.stop_reason == "context_full"
     assert window.banner.isVisible() and "Context full" in window.banner.text()
-    assert "Context full" in window.counter.stop.text()
+    assert window.counter.progress.text().endswith(f"; context full ({n_ctx} positions)")
 
 
 def test_help_dialogs_and_export_hooks(qtbot, window):

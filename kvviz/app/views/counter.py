@@ -13,9 +13,9 @@ from kvviz.app.views.count_table import ROW_TITLES, CountPanel, CountTable, fina
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
-STOP_REASONS = {
-    "max_new_tokens": "done: max new tokens reached",
-    "context_full": "context full: the model's {n_ctx} positions are used up",
+STOP_REASONS = {  # short: the progress line keeps the room it had (the banner explains a full context)
+    "max_new_tokens": "done",
+    "context_full": "context full ({n_ctx} positions)",
 }
 
 
@@ -45,14 +45,6 @@ class CounterPanel(CountPanel):
         self.measured_note.setWordWrap(True)
         self.progress = LiveLabel("", rich=False, wrap=True)
         self.progress.setObjectName("muted")
-        self.stop = QLabel("")
-        self.stop.setWordWrap(True)
-        policy = self.stop.sizePolicy()
-        policy.setRetainSizeWhenHidden(True)  # its room is kept while a run plays: showing it relayouts nothing
-        self.stop.setSizePolicy(policy)
-        self.stop.hide()
-        self._stop_style = ""
-
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
@@ -60,7 +52,6 @@ class CounterPanel(CountPanel):
         layout.addLayout(self.table)
         layout.addWidget(self.measured_note)
         layout.addWidget(self.progress)
-        layout.addWidget(self.stop)
         layout.addStretch(1)
         self._apply_theme()
         self._apply_fonts()
@@ -69,9 +60,8 @@ class CounterPanel(CountPanel):
         self._plan = plan
         self._record = None
         self.table.reserve(final_values(plan))
-        self.progress.reserve(self._progress_text(plan, plan.budget, plan.passes, True))
-        self.stop.setText(self._stop_text(plan.stop_reason))  # set now: the end of the run only shows it
-        self._style_stop()
+        # the longest text of the run, its end included: a new text never asks the window for more room
+        self.progress.reserve(self._progress_text(plan, plan.budget, plan.passes, True, plan.stop_reason))
         self._dirty = True
         self.refresh()
 
@@ -113,29 +103,22 @@ class CounterPanel(CountPanel):
         if rec is None:
             self.table.clear()
             self.progress.setText(f"P = {plan.prompt_tokens} prompt tokens, N = 0 of {plan.budget} new tokens")
-            self.stop.hide()
             return
         self.table.show_values(self.values())
-        self.progress.setText(self._progress_text(plan, rec.new_tokens, rec.step + 1, rec.token_id is None))
-        if rec.final:
-            text = self._stop_text(rec.stop_reason)
-            if text != self.stop.text():
-                self.stop.setText(text)
-            self._style_stop()
-            self.stop.show()
-        else:
-            self.stop.hide()
+        stop_reason = rec.stop_reason if rec.final else None
+        self.progress.setText(self._progress_text(plan, rec.new_tokens, rec.step + 1, rec.token_id is None,
+                                                  stop_reason))
 
     @staticmethod
-    def _progress_text(plan: RunPlan, new_tokens: int, step: int, cache_fill: bool) -> str:
+    def _progress_text(plan: RunPlan, new_tokens: int, step: int, cache_fill: bool,
+                       stop_reason: str | None = None) -> str:
+        """The run's progress; at its end (`stop_reason` given), why it stopped."""
         fill = " + cache fill" if cache_fill else ""
-        return (f"P = {plan.prompt_tokens} prompt tokens, N = {new_tokens} of {plan.budget} new tokens; "
+        text = (f"P = {plan.prompt_tokens} prompt tokens, N = {new_tokens} of {plan.budget} new tokens; "
                 f"step {step}{fill}")
-
-    def _stop_text(self, stop_reason: str | None) -> str:
-        n_ctx = self._plan.n_ctx if self._plan is not None else 0
-        reason = STOP_REASONS.get(stop_reason or "", stop_reason or "done").format(n_ctx=n_ctx)
-        return reason[0].upper() + reason[1:]
+        if stop_reason is None:
+            return text
+        return f"{text}; {STOP_REASONS.get(stop_reason, stop_reason).format(n_ctx=plan.n_ctx)}"
 
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
@@ -150,16 +133,6 @@ class CounterPanel(CountPanel):
         theme = self._theme
         self.setStyleSheet(self.panel_style(theme))
         self.table.set_theme(theme)
-        self._style_stop()
-
-    def _style_stop(self) -> None:
-        source = self._record if self._record is not None else self._plan
-        alert = source is not None and source.stop_reason == "context_full"
-        colour = self._theme.alert if alert else self._theme.teal
-        style = f"color: {colour}; font-weight: bold;"
-        if style != self._stop_style:  # setting a style sheet re-polishes the label, even the same one
-            self._stop_style = style
-            self.stop.setStyleSheet(style)
 
     def _apply_fonts(self) -> None:
         base = QFont(self.font())
@@ -172,6 +145,6 @@ class CounterPanel(CountPanel):
         heading.setPointSizeF(12.0 * self._font_scale)
         heading.setBold(True)
         self.heading.setFont(heading)
-        for label in (self.measured_note, self.progress, self.stop):
+        for label in (self.measured_note, self.progress):
             label.setFont(normal)
         self.table.set_fonts(normal, big)
