@@ -50,7 +50,6 @@ from collections.abc import Callable  # noqa: E402
 from kvviz import bench  # noqa: E402  (torch-free at import: the benchmarks load it when they run)
 from kvviz.cli_export import app_export, cmd_export  # noqa: E402
 from kvviz.cli_parser import (  # noqa: E402
-    BROKEN_CACHE_FAULT,
     GUI_BENCH_REPEAT,
     SIGPIPE_STATUS,
     OutputError,
@@ -78,86 +77,10 @@ def _load(model: str | None, device: str, dtype_name: str = "float32"):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from kvviz.cli_compare import dtype_honoured
+    from kvviz.cli_generate import run_generate
 
     with dtype_honoured(args.dtype, args.device):
-        return _generate(args)
-
-
-def _generate(args: argparse.Namespace) -> int:
-    import codecs
-
-    from kvviz.cli_compare import broken_cache_note
-    from kvviz.counting import plural
-    from kvviz.engine import Engine, SamplingSettings
-
-    if args.break_cache and args.no_cache:
-        raise UsageError("--break-cache breaks the KV cache, so it needs one: leave out --no-cache")
-    if args.attention and not args.json:
-        raise UsageError("--attention goes with --json")
-    sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-    loaded = _load(args.model, args.device, args.dtype)
-    engine = Engine(loaded.model, device=args.device)
-    prompt_ids = engine.encode_prompt(args.prompt)
-    use_cache = not args.no_cache
-    fault = BROKEN_CACHE_FAULT if args.break_cache else ""
-    # The whole request is checked before the prompt is echoed: an error is never glued to it.
-    plan = engine.plan(prompt_ids, args.max_new_tokens, use_cache, sampling, prompt=args.prompt,
-                       model_name=loaded.name, cache_fault=fault, attention=args.attention)
-    ids: list[int] = []
-    attention = []  # per generated token, its pass's AttentionWeights (with --attention)
-    last = None
-    text_stream = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split a character
-    started = time.perf_counter()
-    if not args.json:
-        if fault:
-            print(broken_cache_note(fault))
-        sys.stdout.write(args.prompt)
-        sys.stdout.flush()
-    for record in engine.run(plan, sampling, top_candidates=1):
-        last = record
-        if record.token_id is not None:
-            ids.append(record.token_id)
-            if record.attention is not None:
-                attention.append(record.attention)
-            if not args.json:
-                sys.stdout.write(text_stream.decode(engine.tokenizer.token_bytes(record.token_id)))
-                sys.stdout.flush()
-    seconds = time.perf_counter() - started
-    assert last is not None
-    text = engine.tokenizer.decode(ids)
-    if args.json:
-        # per generated token: a list per layer, of a list per head, of a weight per position (outside the timing)
-        extra = {"attention": [weights.as_lists() for weights in attention]} if args.attention else {}
-        print(json.dumps({
-            "model": loaded.name,
-            "prompt": args.prompt,
-            "prompt_ids": prompt_ids,
-            "output_ids": ids,
-            "text": text,
-            "cache": use_cache,
-            "dtype": args.dtype,
-            "break_cache": bool(fault),
-            "kv_computed_per_layer": last.kv_computed_total,
-            "kv_without_cache_per_layer": last.without_cache_total,
-            "kv_with_cache_per_layer": last.with_cache_total,
-            "layers": last.n_layer,
-            "forward_passes": last.step + 1,
-            "stop_reason": last.stop_reason,
-            "cache_bytes": last.cache_bytes,
-            "seconds": round(seconds, 4),
-            "tokens_per_second": round(len(ids) / seconds, 3) if seconds > 0 else None,
-            "temperature": args.temperature,
-            "top_k": args.top_k,
-            "seed": args.seed,
-            "device": args.device,
-            **extra,
-        }))
-    else:
-        print(text_stream.decode(b"", final=True))
-    sys.stdout.flush()  # the text ends its line before the note below
-    if last.stop_reason == "context_full":
-        _say(f"stopped after {plural(len(ids), 'new token')}: the model's context holds {engine.n_ctx} tokens")
-    return 0
+        return run_generate(args, _load, _say)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -1,12 +1,14 @@
 """The K/V grid's cells: their states, colours and the pixels of one cell (patterns in colour-blind mode, softer
-separators between the heads of an expanded layer)."""
+separators between the heads of an expanded layer), and the legend of the states."""
 
 from __future__ import annotations
 
 import numpy as np
-from PySide6.QtGui import QImage, QPixmap
+from PySide6.QtGui import QFont, QImage, QPixmap
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
 
 from kvviz.app import theme as themes
+from kvviz.app.flow_layout import FlowLayout
 from kvviz.app.theme import Theme
 
 # Cell states, the values of `KVGridView.cell_states()`.
@@ -69,3 +71,33 @@ def state_swatch(state: int, colour_blind: bool, theme: Theme, size: int = 14) -
     h, w = tile.shape[:2]
     image = QImage(tile.data, w, h, 4 * w, QImage.Format.Format_RGBA8888)
     return QPixmap.fromImage(image.copy())
+
+
+class GridLegend(FlowLayout):
+    """Each cell state's swatch and name, in a row that wraps on a narrow screen (a swatch stays with its
+    words). `shown=False` hides every entry: a hidden legend takes no room."""
+
+    def __init__(self, shown: bool = True) -> None:
+        super().__init__(spacing=14)
+        self._entries: list[tuple[QLabel, QLabel, int]] = []
+        for state in (COMPUTED, REUSED, PENDING, EMPTY):
+            swatch, text = QLabel(), QLabel(STATE_NAMES[state])
+            text.setObjectName("muted")
+            entry = QWidget()
+            entry_row = QHBoxLayout(entry)
+            entry_row.setContentsMargins(0, 0, 0, 0)
+            entry_row.addWidget(swatch)
+            entry_row.addWidget(text)
+            if not shown:  # (a parentless widget told to show would open as a window of its own)
+                entry.hide()
+            self.addWidget(entry)
+            self._entries.append((swatch, text, state))
+
+    def show_look(self, colour_blind: bool, theme: Theme) -> None:
+        """Draw the swatches as the grid draws its cells."""
+        for swatch, _text, state in self._entries:
+            swatch.setPixmap(state_swatch(state, colour_blind, theme))
+
+    def set_text_font(self, font: QFont) -> None:
+        for _swatch, text, _state in self._entries:
+            text.setFont(font)

@@ -1,12 +1,17 @@
-"""The K/V grid's rows: each layer, followed by its heads when it is expanded, and the left axis's labels."""
+"""The K/V grid's rows (each layer, followed by its heads when it is expanded) and its axes' labels."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
 import numpy as np
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFontMetrics
 
 from kvviz.app.views.grid_cells import HEAD_ROW, LAST_HEAD_ROW, LAYER_ROW
+from kvviz.app.views.grid_state import GridState
+
+TICK_LABEL_LIMIT = 40  # label columns with their tokens up to this many positions
 
 
 class GridRows:
@@ -58,3 +63,20 @@ class GridRows:
                 ticks.append((float(r) + 0.5, f"h{int(self.heads[r])}"))
                 last = r
         return sorted(ticks)
+
+
+def position_ticks(cells: GridState, column: float, metrics: QFontMetrics) -> tuple[list[tuple[float, str]], str]:
+    """The bottom axis's ticks and title: each column labelled with its token when there are few enough and
+    `column` (pixels a column) fits a label, else round positions."""
+    width = cells.width
+    if width <= TICK_LABEL_LIMIT and column >= metrics.horizontalAdvance("0000"):  # else labels would overlap
+        ticks = []
+        for i in range(width):
+            label = cells.label(i) or str(i)
+            label = label if len(label) <= 8 else label[:7] + "\u2026"
+            ticks.append((i + 0.5, metrics.elidedText(label, Qt.TextElideMode.ElideRight, int(column) - 4)))
+        return ticks, "token position (labelled with its token)"
+    tick = max(1, int(10 ** np.floor(np.log10(max(1, width / 8)))))
+    if width / tick > 16:
+        tick *= 5 if width / (tick * 5) >= 4 else 2
+    return [(i + 0.5, str(i)) for i in range(0, width, tick)], "token position"

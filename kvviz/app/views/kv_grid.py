@@ -8,30 +8,20 @@ from collections.abc import Sequence
 import numpy as np
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QAction, QColor, QCursor, QFont, QFontMetrics, QMouseEvent, QPen, QResizeEvent
-from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QLabel, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGraphicsRectItem, QToolTip, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
-from kvviz.app.flow_layout import FlowLayout
 from kvviz.app.theme import Theme
-from kvviz.app.views.base import cache_axes, cell_plot, cell_under, chip_text, style_plot
-from kvviz.app.views.grid_cells import (
-    COMPUTED,
-    EMPTY,
-    PENDING,
-    REUSED,
-    ROW_KINDS,
-    STATE_NAMES,
-    cell_tile,
-    state_swatch,
-)
-from kvviz.app.views.grid_rows import GridRows
+from kvviz.app.views.base import cache_axes, cell_plot, cell_under, style_plot
+from kvviz.app.views.grid_cells import ROW_KINDS, GridLegend, cell_tile
+from kvviz.app.views.grid_rows import GridRows, position_ticks
+from kvviz.app.views.grid_state import GridState
 from kvviz.app.views.grid_title import grid_title, mode_name
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
 MAX_IMAGE_PIXELS = 1800  # upsampled image size limit per axis, so a redraw stays cheap
 PLOT_MIN_HEIGHT = 80  # pixels at zoom 1: the grid never collapses into a strip
-TICK_LABEL_LIMIT = 40  # label columns with their tokens up to this many positions
 LOCKSTEP_RUNS = ("cached", "uncached")  # which run of a compare-mode lockstep a grid can show
 
 
@@ -72,12 +62,7 @@ class KVGridView(QWidget):
         self._font_scale = 1.0
         self._theme = themes.current()
         self._tiles: dict[tuple[int, bool], np.ndarray] = {}
-        self._labels: list[str] = []
-        self._states = np.zeros((1, 1), dtype=np.uint8)
-        self._computed_at = np.full((1, 1), -1, dtype=np.int32)  # pass number (1-based) of the latest computation
-        self._times_computed = np.zeros((1, 1), dtype=np.int32)
-        self._times_reused = np.zeros((1, 1), dtype=np.int32)  # reads from the cache since the latest computation
-        self._last: StepRecord | None = None
+        self._cells = GridState()  # the cells of the run shown, from its records
         self._dirty = False
         self._hover: tuple[int, int] | None = None  # (display row, position) under the mouse
         self._expanded: set[int] = set()  # layers shown with their heads
@@ -107,18 +92,7 @@ class KVGridView(QWidget):
         own_mode = mode_name(lockstep != "uncached")
         waiting = "K/V cache: no run yet" if lockstep is None else f"{own_mode}: no compare run"
         self.title = LiveLabel(waiting, wrap=True)
-        self.legend_row = FlowLayout(spacing=14)  # wraps on a narrow screen, one swatch and its words together
-        self._legend_labels: list[tuple[QLabel, QLabel, int]] = []
-        for state in (COMPUTED, REUSED, PENDING, EMPTY):
-            swatch, text = QLabel(), QLabel(STATE_NAMES[state])
-            text.setObjectName("muted")
-            entry = QWidget()
-            entry_row = QHBoxLayout(entry)
-            entry_row.setContentsMargins(0, 0, 0, 0)
-            entry_row.addWidget(swatch)
-            entry_row.addWidget(text)
-            self.legend_row.addWidget(entry)
-            self._legend_labels.append((swatch, text, state))
+        self.legend_row = GridLegend(shown=legend)
 
         self.setObjectName("kvGrid")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
@@ -128,8 +102,6 @@ class KVGridView(QWidget):
         layout.addWidget(self.title)
         layout.addWidget(self.plot_widget, 1)
         layout.addLayout(self.legend_row)
-        for index in range(self.legend_row.count()):
-            self.legend_row.itemAt(index).widget().setVisible(legend)  # hidden entries take no room
         self._apply_theme()
         self._apply_fonts()
 
@@ -143,16 +115,8 @@ class KVGridView(QWidget):
         if shown is None:
             self._show_nothing()
             return
-        plan = shown
-        self._plan = plan
-        shape = (plan.n_layer, max(1, plan.width))
-        self._labels = list(plan.prompt_labels)
-        self._states = np.zeros(shape, dtype=np.uint8)
-        self._states[:, : plan.prompt_tokens] = PENDING
-        self._computed_at = np.full(shape, -1, dtype=np.int32)
-        self._times_computed = np.zeros(shape, dtype=np.int32)
-        self._times_reused = np.zeros(shape, dtype=np.int32)
-        self._last = None
+        self._plan = shown
+        self._cells = GridState(shown)
         self._set_rows()
         self._reserve_tick_width()
         self._update_outline()
@@ -167,10 +131,11 @@ class KVGridView(QWidget):
             return
         for record in records:
             if self.lockstep is None:
-                self._apply_one(record)
+                self._cells.apply(record)
             else:
                 for run_pass in record.lockstep_passes()[LOCKSTEP_RUNS.index(self.lockstep)]:
-                    self._apply_one(run_pass)
+                    self._cells.apply(run_pass)
+            self._dirty = True
 
     def _shown_plan(self, plan: RunPlan) -> RunPlan | None:
         if self.lockstep is None:
@@ -182,12 +147,7 @@ class KVGridView(QWidget):
     def _show_nothing(self) -> None:
         """An empty grid and a title that says why (a lockstep grid given a plan without a twin)."""
         self._plan = None
-        self._labels = []
-        self._states = np.zeros((1, 1), dtype=np.uint8)
-        self._computed_at = np.full((1, 1), -1, dtype=np.int32)
-        self._times_computed = np.zeros((1, 1), dtype=np.int32)
-        self._times_reused = np.zeros((1, 1), dtype=np.int32)
-        self._last = None
+        self._cells = GridState()
         self._dirty = False
         self._set_rows()
         self._update_outline()
@@ -196,26 +156,6 @@ class KVGridView(QWidget):
         own_mode = mode_name(self.lockstep != "uncached")
         self.title.setText(f"<b>{own_mode}</b> &nbsp; <span style='color:{self._theme.muted}'>"
                            "no compare run: this grid shows one run of compare mode</span>")
-
-    def _apply_one(self, record: StepRecord) -> None:
-        width = self._states.shape[1]
-        computed = np.s_[:, record.computed_positions(width)]  # every layer, these positions
-        reused = np.s_[:, record.reused_positions(width)]
-        states = self._states
-        states[states != EMPTY] = PENDING
-        states[reused] = REUSED
-        states[computed] = COMPUTED
-        self._computed_at[computed] = record.step + 1
-        self._times_computed[computed] += 1
-        self._times_reused[computed] = 0
-        self._times_reused[reused] += 1
-        if record.token_id is not None:
-            self._labels.append(record.token_text)
-            new_position = record.sequence_length - 1
-            if new_position < width:
-                states[:, new_position] = PENDING
-        self._last = record
-        self._dirty = True
 
     def refresh(self) -> None:
         """Draw the current state if it changed since the last draw."""
@@ -233,7 +173,7 @@ class KVGridView(QWidget):
         if enabled == self._colour_blind:
             return
         self._colour_blind = enabled
-        self._update_legend()
+        self.legend_row.show_look(self._colour_blind, self._theme)
         self._dirty = True
         self.refresh()
 
@@ -261,7 +201,7 @@ class KVGridView(QWidget):
         self.setStyleSheet(f"QWidget#kvGrid {{ background: {theme.background}; }} "
                            f"QWidget#kvGrid QLabel {{ color: {theme.foreground}; background: transparent; }} "
                            f"QWidget#kvGrid QLabel#muted {{ color: {theme.muted}; }}")
-        self._update_legend()
+        self.legend_row.show_look(self._colour_blind, self._theme)
 
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
@@ -272,11 +212,11 @@ class KVGridView(QWidget):
 
     def cell_states(self) -> np.ndarray:
         """(n_layer, width) cell states: EMPTY, PENDING, COMPUTED or REUSED (a copy)."""
-        return self._states.copy()
+        return self._cells.states.copy()
 
     def display_states(self) -> np.ndarray:
         """(rows, width) states as drawn, one row per `display_rows()` entry (a copy)."""
-        return self._states[self._rows.layers]
+        return self._cells.states[self._rows.layers]
 
     def display_rows(self) -> list[tuple[int, int | None]]:
         """The rows drawn, top to bottom: (layer, None) for a layer, (layer, head) for one of its heads."""
@@ -324,59 +264,27 @@ class KVGridView(QWidget):
 
     def cell_info(self, layer: int, position: int, head: int | None = None) -> str:
         """What the hover tooltip says about one cell: of `layer`, or of one of its heads."""
-        plan = self._plan
-        if plan is None or not (0 <= layer < self._states.shape[0] and 0 <= position < self._states.shape[1]):
-            return ""
-        if head is not None and not 0 <= head < plan.n_head:
-            return ""
-        token = chip_text(self._labels[position]) if position < len(self._labels) else "(not generated yet)"
-        where = f"layer {layer}" if head is None else f"layer {layer}, head {head}"
-        lines = [f"{where}, position {position}", f"token: {token}"]
-        state = int(self._states[layer, position])
-        at = int(self._computed_at[layer, position])
-        if at < 0:
-            lines.append("K/V not computed yet" if state == PENDING else "position does not exist yet")
-        else:
-            lines.append(f"K/V computed at step {at}")
-            if plan.use_cache:
-                n = int(self._times_reused[layer, position])
-                lines.append(f"reused {n} time{'s' if n != 1 else ''} since")
-            else:
-                n = int(self._times_computed[layer, position])
-                lines.append(f"no cache: computed {n} time{'s' if n != 1 else ''} so far, reused never")
-        if state != EMPTY:
-            lines.append(STATE_NAMES[state])
-        kv = "K and V" if head is None else f"K and V of head {head}"
-        if plan.use_cache and state in (COMPUTED, REUSED) and plan.n_head > 0:  # in the cache: their bytes
-            b, d = plan.dtype_bytes, plan.head_dim
-            if head is None:
-                total = 2 * plan.n_head * d * b
-                lines.append(f"{kv}: 2 \u00d7 {plan.n_head} heads \u00d7 {d} \u00d7 {b} bytes = {total:,} bytes")
-            else:
-                lines.append(f"{kv}: 2 \u00d7 {d} \u00d7 {b} bytes = {2 * d * b:,} bytes")
-        elif not plan.use_cache and at >= 0:
-            lines.append(f"{kv}: recomputed each pass, not kept (no cache)")
-        return "\n".join(lines)
+        return self._cells.cell_info(layer, position, head)
 
     # ----- drawing -----
     def _set_rows(self) -> None:
         """The display rows: each layer, followed by its heads when it is expanded."""
         n_head = self._plan.n_head if self._plan is not None else 0
-        self._rows = GridRows(self._states.shape[0], n_head, self._expanded)
+        self._rows = GridRows(self._cells.n_layer, n_head, self._expanded)
 
     def _update_outline(self) -> None:
         layer = self._selected
-        if self._plan is None or layer is None or not 0 <= layer < self._states.shape[0]:
+        if self._plan is None or layer is None or not 0 <= layer < self._cells.n_layer:
             self._outline.setVisible(False)
             return
         rows = 1 + (self._plan.n_head if layer in self._expanded else 0)
         px, py = self.plot_item.getViewBox().viewPixelSize()  # one pixel, in cells: the pen inside the plot's edge
-        rect = QRectF(0, int(self._rows.layer_rows[layer]), self._states.shape[1], rows)
+        rect = QRectF(0, int(self._rows.layer_rows[layer]), self._cells.width, rows)
         self._outline.setRect(rect.adjusted(px, py, -px, -py))
         self._outline.setVisible(True)
 
     def _cell_pixels(self) -> int:
-        rows, width = len(self._rows), self._states.shape[1]
+        rows, width = len(self._rows), self._cells.width
         size = max(1, min(16, MAX_IMAGE_PIXELS // width, (MAX_IMAGE_PIXELS // 2) // rows))
         if self._colour_blind:
             size = max(size, 6 if width <= 512 else size)
@@ -391,10 +299,10 @@ class KVGridView(QWidget):
         return self._tiles[key]
 
     def _draw_image(self) -> None:
-        rows, width = len(self._rows), self._states.shape[1]
+        rows, width = len(self._rows), self._cells.width
         size = self._cell_pixels()
         tiles = self._tiles_for(size)
-        display = self._states[self._rows.layers]  # (R, W): each head row repeats its layer's
+        display = self._cells.states[self._rows.layers]  # (R, W): each head row repeats its layer's
         if size == 1:
             image = tiles[self._rows.kinds, display, 0, 0]  # (R, W, 4)
         else:
@@ -407,32 +315,20 @@ class KVGridView(QWidget):
             self.plot_item.getViewBox().setRange(xRange=(0, width), yRange=(0, rows), padding=0)
 
     def _update_ticks(self) -> None:
-        width = self._states.shape[1]
+        width = self._cells.width
         metrics = QFontMetrics(self._tick_font)
         line = metrics.height()
         label_rows = max(1, int((self.plot_widget.height() - 3 * line) / (1.5 * line)))  # less the bottom axis
-        key = (label_rows, self._states.shape[0], len(self._rows), self.expanded_layers())
+        key = (label_rows, self._cells.n_layer, len(self._rows), self.expanded_layers())
         if self._left_key != key:  # the layer labels only change with the height and the rows
             self._left_key = key
             self._left = self._rows.left_ticks(label_rows)
         left = self._left
         column = (self.plot_widget.width() - self.plot_item.getAxis("left").width()) / width  # pixels, about
-        if width <= TICK_LABEL_LIMIT and column >= metrics.horizontalAdvance("0000"):  # else labels would overlap
-            bottom = []
-            for i in range(width):
-                label = chip_text(self._labels[i]) if i < len(self._labels) else str(i)
-                label = label if len(label) <= 8 else label[:7] + "\u2026"
-                bottom.append((i + 0.5, metrics.elidedText(label, Qt.TextElideMode.ElideRight, int(column) - 4)))
-            title = "token position (labelled with its token)"
-        else:
-            tick = max(1, int(10 ** np.floor(np.log10(max(1, width / 8)))))
-            if width / tick > 16:
-                tick *= 5 if width / (tick * 5) >= 4 else 2
-            bottom = [(i + 0.5, str(i)) for i in range(0, width, tick)]
-            title = "token position"
+        bottom, title = position_ticks(self._cells, column, metrics)
         if (left, bottom, title) == self._ticks:  # setting ticks repaints an axis, even to the same ones
             return
-        left_title = "layer / head" if len(self._rows) > self._states.shape[0] else "layer"
+        left_title = "layer / head" if len(self._rows) > self._cells.n_layer else "layer"
         if left_title != self._left_title:
             self._left_title = left_title
             self.plot_item.setLabel("left", left_title)
@@ -456,14 +352,10 @@ class KVGridView(QWidget):
 
     def _update_title(self) -> None:
         if self._plan is not None:
-            text, widest = grid_title(self._plan, self._last, self.lockstep, self._theme)
+            text, widest = grid_title(self._plan, self._cells.last, self.lockstep, self._theme)
             if widest:  # room for the run's longest caption: its numbers grow without moving the grid
                 self.title.reserve(widest)
             self.title.setText(text)
-
-    def _update_legend(self) -> None:
-        for swatch, _text, state in self._legend_labels:
-            swatch.setPixmap(state_swatch(state, self._colour_blind, self._theme))
 
     def _apply_fonts(self) -> None:
         font = QFont(self.font())
@@ -477,8 +369,7 @@ class KVGridView(QWidget):
         title_font = QFont(self.font())
         title_font.setPointSizeF(10.0 * self._font_scale)
         self.title.setFont(title_font)
-        for _swatch, text, _state in self._legend_labels:
-            text.setFont(font)
+        self.legend_row.set_text_font(font)
 
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
         super().resizeEvent(event)
@@ -509,7 +400,7 @@ class KVGridView(QWidget):
         if cell is None:
             return None
         row, position = cell
-        if not (0 <= row < len(self._rows) and 0 <= position < self._states.shape[1]):
+        if not (0 <= row < len(self._rows) and 0 <= position < self._cells.width):
             return None
         return row, position
 
