@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from html import escape
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QCursor, QFont, QHideEvent, QShowEvent
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSpinBox, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtCore import QRectF, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QFont, QHideEvent, QShowEvent
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.base import cache_axes, cell_plot, cell_under, chip_text, style_plot
+from kvviz.app.views.attention_state import TOP_POSITIONS, AttentionState, top_list_text
+from kvviz.app.views.base import CellTooltips, cache_axes, cell_plot, style_plot
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
-TOP_POSITIONS = 3  # per head, the positions its query weighs most
 STRIP_MIN_HEIGHT = 70  # pixels at zoom 1
 ALL_HEADS = -1
 TEXT_UPDATES_PER_SECOND = 5
@@ -52,8 +51,7 @@ class AttentionView(QWidget):
         self._theme = themes.current()
         self._font_scale = 1.0
         self._plan: RunPlan | None = None
-        self._labels: list[str] = []
-        self._last: StepRecord | None = None  # the latest record with attention
+        self._state = AttentionState()  # the run's latest attention and tokens
         self._dirty = False
         self._texts_dirty = False
         self._texts_shown_at = 0.0
@@ -63,9 +61,6 @@ class AttentionView(QWidget):
         self._layer = 0
         self._head = ALL_HEADS
         self._strip = np.zeros((1, 1), dtype=np.float32)  # (heads, width) of the shown layer
-        self._values = np.zeros((0, 0), dtype=np.float32)  # strip_values() of `_values_of`
-        self._values_of: tuple[StepRecord, int] | None = None
-        self._hover: tuple[int, int] | None = None
 
         self.heading = LiveLabel(wrap=True)  # its texts repaint it without a relayout of the window
         self.layer_spin = QSpinBox()
@@ -91,8 +86,7 @@ class AttentionView(QWidget):
         self.plot_item.setLabel("left", "head")
         self.plot_item.getAxis("bottom").setStyle(showValues=False)
         cache_axes(self.plot_item)
-        self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
-        self.plot_widget.installEventFilter(self)
+        self.tooltips = CellTooltips(self.plot_widget, self.plot_item, self.cell_info)  # (head, position)
 
         self.top_list = LiveLabel(rich=False, wrap=True)  # plain text: no HTML to lay out at every step
 
@@ -110,8 +104,7 @@ class AttentionView(QWidget):
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
         self._texts_shown_at = 0.0  # a new run's texts show at once
-        self._labels = list(plan.prompt_labels)
-        self._last = None
+        self._state = AttentionState(plan)
         heads = max(1, plan.n_head)
         self.layer_spin.blockSignals(True)
         self.layer_spin.setRange(0, max(0, plan.n_layer - 1))
@@ -131,17 +124,14 @@ class AttentionView(QWidget):
         self.heading.reserve(f"<b>Attention, layer {plan.n_layer - 1}</b> &nbsp; the query of \u201c{widest}\u201d "
                              f"(position {plan.width}) reads keys recomputed this pass (no cache); "
                              "brightest: weight 0.00")
-        self.top_list.reserve(self._top_list_text([(h, [(plan.width, 1.0)] * TOP_POSITIONS) for h in range(heads)],
+        self.top_list.reserve(top_list_text([(h, [(plan.width, 1.0)] * TOP_POSITIONS) for h in range(heads)],
                                                   lambda _p: widest))
         self._dirty = True
         self.refresh()
 
     def apply(self, records: Sequence[StepRecord]) -> None:
         for record in records:
-            if record.token_id is not None:
-                self._labels.append(record.token_text)
-            if record.attention is not None:
-                self._last = record
+            if self._state.apply(record):
                 self._dirty = True
 
     def refresh(self) -> None:
@@ -157,10 +147,9 @@ class AttentionView(QWidget):
             return
         self._dirty = False
         self._texts_dirty = True
-        self._strip = self._layer_strip()
+        self._strip = self._state.strip(self._layer)
         self._draw()
-        if self._hover is not None:
-            self._show_tooltip(*self._hover)
+        self.tooltips.refresh()
 
     def _refresh_texts(self) -> None:
         """The heading and the top positions: at most TEXT_UPDATES_PER_SECOND while a run plays at full speed
@@ -234,49 +223,20 @@ class AttentionView(QWidget):
     # ----- what is drawn, for tests and tooltips -----
     def strip_values(self) -> np.ndarray:
         """(heads, positions recorded) weights of the shown layer, from the latest record with attention."""
-        record = self._last
-        if record is None or record.attention is None:
-            return np.zeros((0, 0), dtype=np.float32)
-        seen = self._values_of
-        if seen is None or seen[0] is not record or seen[1] != self._layer:  # once per record and layer
-            self._values = np.array(record.attention.layer(self._layer), dtype=np.float32)  # (heads, positions)
-            self._values_of = (record, self._layer)
-        return self._values
+        return self._state.values(self._layer)
 
     def top_positions(self, head: int) -> list[tuple[int, float]]:
-        """`head`'s TOP_POSITIONS likeliest positions in the shown layer: (position, weight), heaviest first."""
-        values = self.strip_values()
-        if values.size == 0:
-            return []
-        row = values[head]
-        order = np.argsort(-row, kind="stable")[:TOP_POSITIONS]
-        return [(int(p), float(row[p])) for p in order]
+        """`head`'s likeliest positions in the shown layer: (position, weight), heaviest first."""
+        return self._state.top_positions(self._layer, head)
 
     def cell_info(self, head: int, position: int) -> str:
-        values = self.strip_values()
-        if values.size == 0 or not (0 <= head < values.shape[0] and 0 <= position < values.shape[1]):
-            return ""
-        token = chip_text(self._labels[position]) if position < len(self._labels) else "?"
-        query = values.shape[1] - 1
-        return (f"layer {self._layer}, head {head}, position {position}\ntoken: {token}\n"
-                f"weight {values[head, position]:.4f} (the query at position {query} reads this key)")
+        return self._state.cell_info(self._layer, head, position)
 
     def brightest(self) -> float:
         """The largest weight in the strip: the brightest shade."""
-        values = self.strip_values()
-        return float(values.max()) if values.size else 0.0
+        return self._state.brightest(self._layer)
 
     # ----- drawing -----
-    def _layer_strip(self) -> np.ndarray:
-        plan = self._plan
-        heads, width = (max(1, plan.n_head), max(1, plan.width)) if plan is not None else (1, 1)
-        strip = np.full((heads, width), np.nan, dtype=np.float32)
-        values = self.strip_values()
-        if values.size:
-            shown = min(width, values.shape[1])
-            strip[: values.shape[0], :shown] = values[:, :shown]
-        return strip
-
     def _draw(self) -> None:
         heads, width = self._strip.shape
         table = shade_table(self._theme)
@@ -301,36 +261,10 @@ class AttentionView(QWidget):
             self.head_outline.show()
 
     def _show_heading(self) -> None:
-        record = self._last
-        if self._plan is None:
-            text = "<b>Attention</b> &nbsp; no run yet"
-        elif record is None:
-            text = f"<b>Attention, layer {self._layer}</b> &nbsp; recorded from the next step"
-        else:
-            query = record.fed_stop - 1
-            token = escape(chip_text(self._labels[query])) if query < len(self._labels) else str(query)
-            source = "its cached keys" if record.use_cache else "keys recomputed this pass (no cache)"
-            text = (f"<b>Attention, layer {self._layer}</b> &nbsp; the query of \u201c{token}\u201d (position "
-                    f"{query}) reads {source}; brightest: weight {self.brightest():.2f}")
-        self.heading.setText(text)
+        self.heading.setText(self._state.heading(self._layer))
 
     def _show_top_list(self) -> None:
-        values = self.strip_values()
-        if values.size == 0:
-            self.top_list.setText("")
-            return
-        heads = [self._head] if self._head != ALL_HEADS else list(range(values.shape[0]))
-        labels = self._labels
-        self.top_list.setText(self._top_list_text(
-            [(head, self.top_positions(head)) for head in heads],
-            lambda p: chip_text(labels[p]) if p < len(labels) else str(p)))
-
-    @staticmethod
-    def _top_list_text(tops: list[tuple[int, list[tuple[int, float]]]], token) -> str:
-        """Per head its top positions: "h3: ·flies @1 0.52, Time @0 0.31, ..." (a line a head up to 4 heads)."""
-        lines = [f"h{head}: " + ", ".join(f"{token(p)} @{p} {w:.2f}" for p, w in positions)
-                 for head, positions in tops]
-        return "\n".join(lines) if len(lines) <= 4 else "   \u00b7   ".join(lines)
+        self.top_list.setText(self._state.top_list(self._layer, None if self._head == ALL_HEADS else [self._head]))
 
     def _apply_theme(self) -> None:
         theme = self._theme
@@ -368,25 +302,3 @@ class AttentionView(QWidget):
     def hideEvent(self, event: QHideEvent) -> None:  # noqa: N802
         super().hideEvent(event)
         self.layer_shown.emit(None)
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
-        if watched is self.plot_widget and event.type() == QEvent.Type.Leave:
-            self._hover = None
-            QToolTip.hideText()
-        return super().eventFilter(watched, event)
-
-    def _on_mouse_moved(self, scene_pos: QPointF) -> None:
-        cell = cell_under(self.plot_item, scene_pos)
-        if cell is None:
-            self._hover = None
-            QToolTip.hideText()
-        elif cell != self._hover:
-            self._hover = cell
-            self._show_tooltip(*cell)
-
-    def _show_tooltip(self, head: int, position: int) -> None:
-        text = self.cell_info(head, position)
-        if text:
-            QToolTip.showText(QCursor.pos(), text, self.plot_widget)
-        else:
-            QToolTip.hideText()

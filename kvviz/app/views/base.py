@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF
-from PySide6.QtWidgets import QSizePolicy
+from PySide6.QtCore import QEvent, QObject, QPointF
+from PySide6.QtGui import QCursor
+from PySide6.QtWidgets import QSizePolicy, QToolTip
 
 from kvviz.app.theme import Theme
 from kvviz.records import RunPlan, StepRecord
@@ -113,6 +114,49 @@ def cell_under(plot_item: pg.PlotItem, scene_pos: QPointF) -> tuple[int, int] | 
         return None
     point = vb.mapSceneToView(scene_pos)
     return int(math.floor(point.y())), int(math.floor(point.x()))
+
+
+class CellTooltips(QObject):
+    """Tooltips on the cells of a `cell_plot`: what `text_at(row, column)` says about the cell under the mouse
+    ("" for none). The tooltip changes from cell to cell and leaves with the mouse; `refresh()` says it again
+    for new data under a still mouse, `forget()` drops the cell when the cells moved under it."""
+
+    def __init__(self, plot_widget: pg.PlotWidget, plot_item: pg.PlotItem,
+                 text_at: Callable[[int, int], str]) -> None:
+        super().__init__(plot_widget)
+        self._plot_widget, self._plot_item, self._text_at = plot_widget, plot_item, text_at
+        self.cell: tuple[int, int] | None = None  # (row, column) under the mouse
+        plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
+        plot_widget.installEventFilter(self)
+
+    def refresh(self) -> None:
+        if self.cell is not None:
+            self._show(*self.cell)
+
+    def forget(self) -> None:
+        self.cell = None
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
+        if event.type() == QEvent.Type.Leave:
+            self.cell = None
+            QToolTip.hideText()
+        return False
+
+    def _on_mouse_moved(self, scene_pos: QPointF) -> None:
+        cell = cell_under(self._plot_item, scene_pos)
+        if cell is None:
+            self.cell = None
+            QToolTip.hideText()
+        elif cell != self.cell:
+            self.cell = cell
+            self._show(*cell)
+
+    def _show(self, row: int, column: int) -> None:
+        text = self._text_at(row, column)
+        if text:
+            QToolTip.showText(QCursor.pos(), text, self._plot_widget)
+        else:
+            QToolTip.hideText()
 
 
 def style_plot(plot_item: object, theme: Theme) -> None:

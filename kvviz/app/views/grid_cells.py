@@ -3,6 +3,8 @@ separators between the heads of an expanded layer), and the legend of the states
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from PySide6.QtGui import QFont, QImage, QPixmap
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
@@ -10,6 +12,9 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
 from kvviz.app import theme as themes
 from kvviz.app.flow_layout import FlowLayout
 from kvviz.app.theme import Theme
+
+if TYPE_CHECKING:
+    from kvviz.app.views.grid_rows import GridRows
 
 # Cell states, the values of `KVGridView.cell_states()`.
 EMPTY = 0  # the position does not exist yet
@@ -29,6 +34,7 @@ LAYER_ROW = 0  # a layer: the usual gap below it
 HEAD_ROW = 1  # a head of an expanded layer: a soft 1 px line below it, so a layer's heads read as one band
 LAST_HEAD_ROW = 2  # the last head of an expanded layer: a wider gap closes the layer's group
 ROW_KINDS = (LAYER_ROW, HEAD_ROW, LAST_HEAD_ROW)
+MAX_IMAGE_PIXELS = 1800  # the grid's image size limit per axis, so a redraw stays cheap
 
 
 def state_colours(theme: Theme) -> dict[int, str]:
@@ -101,3 +107,27 @@ class GridLegend(FlowLayout):
     def set_text_font(self, font: QFont) -> None:
         for _swatch, text, _state in self._entries:
             text.setFont(font)
+
+
+class CellTiles:
+    """The grid's image: each cell drawn as its tile, the tiles made once per size, pattern and theme."""
+
+    def __init__(self) -> None:
+        self._tiles: dict[tuple[int, bool, Theme], np.ndarray] = {}
+
+    def image(self, states: np.ndarray, rows: GridRows, colour_blind: bool, theme: Theme) -> np.ndarray:
+        """(rows × s, width × s, 4) RGBA pixels of (n_layer, width) `states` shown as `rows`."""
+        n_rows, width = len(rows), states.shape[1]
+        size = max(1, min(16, MAX_IMAGE_PIXELS // width, (MAX_IMAGE_PIXELS // 2) // n_rows))
+        if colour_blind:
+            size = max(size, 6 if width <= 512 else size)
+        key = (size, colour_blind, theme)
+        if key not in self._tiles:
+            self._tiles[key] = np.stack([np.stack([cell_tile(s, size, colour_blind, theme, row) for s in range(4)])
+                                         for row in ROW_KINDS])  # (row kinds, states, s, s, 4)
+        tiles = self._tiles[key]
+        display = states[rows.layers]  # (R, W): each head row repeats its layer's
+        if size == 1:
+            return tiles[rows.kinds, display, 0, 0]  # (R, W, 4)
+        cells = tiles[rows.kinds, display]  # (R, W, s, s, 4)
+        return cells.transpose(0, 2, 1, 3, 4).reshape(n_rows * size, width * size, 4)

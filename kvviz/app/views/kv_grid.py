@@ -7,20 +7,19 @@ from collections.abc import Sequence
 
 import numpy as np
 from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QAction, QColor, QCursor, QFont, QFontMetrics, QMouseEvent, QPen, QResizeEvent
-from PySide6.QtWidgets import QGraphicsRectItem, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtGui import QAction, QColor, QFont, QMouseEvent, QPen, QResizeEvent
+from PySide6.QtWidgets import QGraphicsRectItem, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.base import cache_axes, cell_plot, cell_under, style_plot
-from kvviz.app.views.grid_cells import ROW_KINDS, GridLegend, cell_tile
-from kvviz.app.views.grid_rows import GridRows, position_ticks
+from kvviz.app.views.base import CellTooltips, cache_axes, cell_plot, cell_under, style_plot
+from kvviz.app.views.grid_cells import CellTiles, GridLegend
+from kvviz.app.views.grid_rows import GridAxes, GridRows
 from kvviz.app.views.grid_state import GridState
 from kvviz.app.views.grid_title import grid_title, mode_name
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
-MAX_IMAGE_PIXELS = 1800  # upsampled image size limit per axis, so a redraw stays cheap
 PLOT_MIN_HEIGHT = 80  # pixels at zoom 1: the grid never collapses into a strip
 LOCKSTEP_RUNS = ("cached", "uncached")  # which run of a compare-mode lockstep a grid can show
 
@@ -54,23 +53,18 @@ class KVGridView(QWidget):
         self._was_reset = False
         self._plan: RunPlan | None = None
         self._framed_shape: tuple[int, int] | None = None  # (rows, width) the view box was last framed to
-        self._ticks: tuple | None = None  # (left, bottom, label) last given to the axes
-        self._left: list[tuple[float, str]] = []  # the left axis's ticks, for `_left_key`
-        self._left_key: tuple | None = None  # (label rows, layers, rows, expanded) they were placed for
-        self._left_title = "layer"
         self._colour_blind = False
         self._font_scale = 1.0
         self._theme = themes.current()
-        self._tiles: dict[tuple[int, bool], np.ndarray] = {}
         self._cells = GridState()  # the cells of the run shown, from its records
         self._dirty = False
-        self._hover: tuple[int, int] | None = None  # (display row, position) under the mouse
         self._expanded: set[int] = set()  # layers shown with their heads
         self._selected: int | None = None  # the outlined layer
-        self._tick_width: int | None = None  # pixels reserved for the left axis's labels, None: as wide as they are
         self._set_rows()
 
         self.plot_widget, self.plot_item, self.image_item = cell_plot(PLOT_MIN_HEIGHT)
+        self._axes = GridAxes(self.plot_widget, self.plot_item)  # the layer and position labels
+        self._tiles = CellTiles()
         vb = self.plot_item.getViewBox()
         self._outline = QGraphicsRectItem()  # the selected layer's rows
         self._outline.setZValue(self.image_item.zValue() + 1)
@@ -84,8 +78,7 @@ class KVGridView(QWidget):
         self._export_action = QAction("Export view\u2026", self)
         self._export_action.triggered.connect(self.export_requested.emit)
         self.plot_widget.scene().contextMenu = [self._export_action]
-        self.plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
-        self.plot_widget.installEventFilter(self)
+        self.tooltips = CellTooltips(self.plot_widget, self.plot_item, self._tooltip_text)
         self.plot_widget.viewport().installEventFilter(self)  # clicks on rows
 
         # wrapped: a narrow screen wraps it instead of widening the window
@@ -118,7 +111,7 @@ class KVGridView(QWidget):
         self._plan = shown
         self._cells = GridState(shown)
         self._set_rows()
-        self._reserve_tick_width()
+        self._axes.reserve_width(self._plan)
         self._update_outline()
         self._dirty = True
         self.refresh()
@@ -152,7 +145,7 @@ class KVGridView(QWidget):
         self._set_rows()
         self._update_outline()
         self._draw_image()
-        self._update_ticks()
+        self._axes.update(self._cells, self._rows)
         own_mode = mode_name(self.lockstep != "uncached")
         self.title.setText(f"<b>{own_mode}</b> &nbsp; <span style='color:{self._theme.muted}'>"
                            "no compare run: this grid shows one run of compare mode</span>")
@@ -163,10 +156,9 @@ class KVGridView(QWidget):
             return
         self._dirty = False
         self._draw_image()
-        self._update_ticks()
+        self._axes.update(self._cells, self._rows)
         self._update_title()
-        if self._hover is not None:
-            self._show_tooltip(*self._hover)
+        self.tooltips.refresh()
 
     def set_colour_blind(self, enabled: bool) -> None:
         """Add patterns to the cells (stripes = computed, dot = reused, bar = pending)."""
@@ -191,7 +183,6 @@ class KVGridView(QWidget):
 
     def _apply_theme(self) -> None:
         theme = self._theme
-        self._tiles = {}
         self.plot_widget.setBackground(theme.background)
         pen = QPen(QColor(theme.frame))
         pen.setWidthF(2.0)
@@ -238,7 +229,7 @@ class KVGridView(QWidget):
         else:
             self._expanded.discard(layer)
         self._set_rows()
-        self._hover = None  # the rows under the mouse moved
+        self.tooltips.forget()  # the rows under the mouse moved
         self._update_outline()
         self._dirty = True
         self.refresh()
@@ -283,72 +274,14 @@ class KVGridView(QWidget):
         self._outline.setRect(rect.adjusted(px, py, -px, -py))
         self._outline.setVisible(True)
 
-    def _cell_pixels(self) -> int:
-        rows, width = len(self._rows), self._cells.width
-        size = max(1, min(16, MAX_IMAGE_PIXELS // width, (MAX_IMAGE_PIXELS // 2) // rows))
-        if self._colour_blind:
-            size = max(size, 6 if width <= 512 else size)
-        return size
-
-    def _tiles_for(self, size: int) -> np.ndarray:
-        key = (size, self._colour_blind)
-        if key not in self._tiles:
-            self._tiles[key] = np.stack([np.stack([cell_tile(s, size, self._colour_blind, self._theme, row)
-                                                   for s in range(4)])
-                                         for row in ROW_KINDS])  # (row kinds, states, s, s, 4)
-        return self._tiles[key]
-
     def _draw_image(self) -> None:
         rows, width = len(self._rows), self._cells.width
-        size = self._cell_pixels()
-        tiles = self._tiles_for(size)
-        display = self._cells.states[self._rows.layers]  # (R, W): each head row repeats its layer's
-        if size == 1:
-            image = tiles[self._rows.kinds, display, 0, 0]  # (R, W, 4)
-        else:
-            cells = tiles[self._rows.kinds, display]  # (R, W, s, s, 4)
-            image = cells.transpose(0, 2, 1, 3, 4).reshape(rows * size, width * size, 4)
+        image = self._tiles.image(self._cells.states, self._rows, self._colour_blind, self._theme)
         self.image_item.setImage(image, autoLevels=False, levels=(0, 255))
         if self._framed_shape != (rows, width):  # a new frame repaints the axes: only when the shape changes
             self._framed_shape = (rows, width)
             self.image_item.setRect(QRectF(0, 0, width, rows))
             self.plot_item.getViewBox().setRange(xRange=(0, width), yRange=(0, rows), padding=0)
-
-    def _update_ticks(self) -> None:
-        width = self._cells.width
-        metrics = QFontMetrics(self._tick_font)
-        line = metrics.height()
-        label_rows = max(1, int((self.plot_widget.height() - 3 * line) / (1.5 * line)))  # less the bottom axis
-        key = (label_rows, self._cells.n_layer, len(self._rows), self.expanded_layers())
-        if self._left_key != key:  # the layer labels only change with the height and the rows
-            self._left_key = key
-            self._left = self._rows.left_ticks(label_rows)
-        left = self._left
-        column = (self.plot_widget.width() - self.plot_item.getAxis("left").width()) / width  # pixels, about
-        bottom, title = position_ticks(self._cells, column, metrics)
-        if (left, bottom, title) == self._ticks:  # setting ticks repaints an axis, even to the same ones
-            return
-        left_title = "layer / head" if len(self._rows) > self._cells.n_layer else "layer"
-        if left_title != self._left_title:
-            self._left_title = left_title
-            self.plot_item.setLabel("left", left_title)
-        self._ticks = (left, bottom, title)
-        self.plot_item.getAxis("left").setTicks([left])
-        self.plot_item.getAxis("bottom").setTicks([bottom])
-        self.plot_item.setLabel("bottom", title)
-
-    def _reserve_tick_width(self) -> None:
-        """Room on the left axis for its widest label, a head's ("h11") too: expanding a layer does not move
-        the columns (nor part them from another grid's)."""
-        plan = self._plan
-        width = None
-        if plan is not None and plan.n_head > 0:
-            metrics = QFontMetrics(self._tick_font)
-            width = 2 + max(metrics.horizontalAdvance(str(plan.n_layer - 1)),
-                            metrics.horizontalAdvance(f"h{plan.n_head - 1}"))
-        if width != self._tick_width:
-            self._tick_width = width
-            self.plot_item.getAxis("left").setStyle(autoExpandTextSpace=width is None, tickTextWidth=width or 30)
 
     def _update_title(self) -> None:
         if self._plan is not None:
@@ -360,12 +293,7 @@ class KVGridView(QWidget):
     def _apply_fonts(self) -> None:
         font = QFont(self.font())
         font.setPointSizeF(max(6.0, 9.0 * self._font_scale))
-        self._tick_font = font
-        for name in ("left", "bottom"):
-            axis = self.plot_item.getAxis(name)
-            axis.setStyle(tickFont=font)
-            axis.label.setFont(font)
-        self._reserve_tick_width()
+        self._axes.set_font(font, self._plan)
         title_font = QFont(self.font())
         title_font.setPointSizeF(10.0 * self._font_scale)
         self.title.setFont(title_font)
@@ -374,16 +302,13 @@ class KVGridView(QWidget):
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
         super().resizeEvent(event)
         if self._plan is not None:
-            self._update_ticks()  # how many layer labels fit depends on the height
+            self._axes.update(self._cells, self._rows)  # how many layer labels fit depends on the height
 
     # ----- hover and clicks -----
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if watched is self.plot_widget and event.type() == QEvent.Type.Leave:
-            self._hover = None
-            QToolTip.hideText()
-        elif (watched is self.plot_widget.viewport() and isinstance(event, QMouseEvent)
-              and event.type() in (QEvent.Type.MouseButtonPress, QEvent.Type.MouseButtonDblClick)
-              and event.button() == Qt.MouseButton.LeftButton):
+        if (watched is self.plot_widget.viewport() and isinstance(event, QMouseEvent)
+                and event.type() in (QEvent.Type.MouseButtonPress, QEvent.Type.MouseButtonDblClick)
+                and event.button() == Qt.MouseButton.LeftButton):
             cell = self._cell_at(self.plot_widget.mapToScene(event.position().toPoint()))
             if cell is not None:
                 layer = int(self._rows.layers[cell[0]])
@@ -404,21 +329,8 @@ class KVGridView(QWidget):
             return None
         return row, position
 
-    def _on_mouse_moved(self, scene_pos: QPointF) -> None:
-        cell = self._cell_at(scene_pos)
-        if cell is None:
-            self._hover = None
-            QToolTip.hideText()
-        elif cell != self._hover:
-            self._hover = cell
-            self._show_tooltip(*cell)
-
-    def _show_tooltip(self, row: int, position: int) -> None:
-        text = ""
-        if 0 <= row < len(self._rows):
-            head = int(self._rows.heads[row])
-            text = self.cell_info(int(self._rows.layers[row]), position, None if head < 0 else head)
-        if text:
-            QToolTip.showText(QCursor.pos(), text, self.plot_widget)
-        else:
-            QToolTip.hideText()
+    def _tooltip_text(self, row: int, position: int) -> str:
+        if self._plan is None or not 0 <= row < len(self._rows):
+            return ""
+        head = int(self._rows.heads[row])
+        return self.cell_info(int(self._rows.layers[row]), position, None if head < 0 else head)

@@ -1,0 +1,110 @@
+"""What the attention view knows of a run, from its records (no Qt): the latest recorded attention, the tokens,
+and for one layer the strip of weights, each head's top positions, and the texts that say so."""
+
+from __future__ import annotations
+
+from html import escape
+
+import numpy as np
+
+from kvviz.app.views.base import chip_text
+from kvviz.records import RunPlan, StepRecord
+
+TOP_POSITIONS = 3  # per head, the positions its query weighs most
+
+
+class AttentionState:
+    """The latest record with attention of `plan`'s run, and its tokens, read one layer at a time."""
+
+    def __init__(self, plan: RunPlan | None = None) -> None:
+        self.plan = plan
+        self.labels: list[str] = list(plan.prompt_labels) if plan is not None else []
+        self.last: StepRecord | None = None
+        self._values = np.zeros((0, 0), dtype=np.float32)
+        self._values_of: tuple[StepRecord, int] | None = None
+
+    def apply(self, record: StepRecord) -> bool:
+        """Take one record; True when it carries attention (the strip changes)."""
+        if record.token_id is not None:
+            self.labels.append(record.token_text)
+        if record.attention is None:
+            return False
+        self.last = record
+        return True
+
+    def values(self, layer: int) -> np.ndarray:
+        """(heads, positions recorded) weights of `layer` in the latest record with attention."""
+        record = self.last
+        if record is None or record.attention is None:
+            return np.zeros((0, 0), dtype=np.float32)
+        seen = self._values_of
+        if seen is None or seen[0] is not record or seen[1] != layer:  # once per record and layer
+            self._values = np.array(record.attention.layer(layer), dtype=np.float32)  # (heads, positions)
+            self._values_of = (record, layer)
+        return self._values
+
+    def strip(self, layer: int) -> np.ndarray:
+        """(heads, plan width) weights of `layer`, NaN where no weight is recorded (positions to come)."""
+        plan = self.plan
+        heads, width = (max(1, plan.n_head), max(1, plan.width)) if plan is not None else (1, 1)
+        strip = np.full((heads, width), np.nan, dtype=np.float32)
+        values = self.values(layer)
+        if values.size:
+            shown = min(width, values.shape[1])
+            strip[: values.shape[0], :shown] = values[:, :shown]
+        return strip
+
+    def token(self, position: int, missing: str = "?") -> str:
+        return chip_text(self.labels[position]) if position < len(self.labels) else missing
+
+    def top_positions(self, layer: int, head: int) -> list[tuple[int, float]]:
+        """`head`'s TOP_POSITIONS likeliest positions in `layer`: (position, weight), heaviest first."""
+        values = self.values(layer)
+        if values.size == 0:
+            return []
+        row = values[head]
+        order = np.argsort(-row, kind="stable")[:TOP_POSITIONS]
+        return [(int(p), float(row[p])) for p in order]
+
+    def brightest(self, layer: int) -> float:
+        """The largest weight of `layer`: the brightest shade."""
+        values = self.values(layer)
+        return float(values.max()) if values.size else 0.0
+
+    def cell_info(self, layer: int, head: int, position: int) -> str:
+        """What the hover tooltip says about one weight."""
+        values = self.values(layer)
+        if values.size == 0 or not (0 <= head < values.shape[0] and 0 <= position < values.shape[1]):
+            return ""
+        query = values.shape[1] - 1
+        return (f"layer {layer}, head {head}, position {position}\ntoken: {self.token(position)}\n"
+                f"weight {values[head, position]:.4f} (the query at position {query} reads this key)")
+
+    def heading(self, layer: int) -> str:
+        """The view's heading (rich text): whose query, reading which keys."""
+        record = self.last
+        if self.plan is None:
+            return "<b>Attention</b> &nbsp; no run yet"
+        if record is None:
+            return f"<b>Attention, layer {layer}</b> &nbsp; recorded from the next step"
+        query = record.fed_stop - 1
+        token = escape(self.token(query, str(query)))
+        source = "its cached keys" if record.use_cache else "keys recomputed this pass (no cache)"
+        return (f"<b>Attention, layer {layer}</b> &nbsp; the query of \u201c{token}\u201d (position "
+                f"{query}) reads {source}; brightest: weight {self.brightest(layer):.2f}")
+
+    def top_list(self, layer: int, heads: list[int] | None = None) -> str:
+        """Per head (every head, or `heads`) its top positions in `layer`."""
+        values = self.values(layer)
+        if values.size == 0:
+            return ""
+        chosen = list(range(values.shape[0])) if heads is None else heads
+        return top_list_text([(head, self.top_positions(layer, head)) for head in chosen],
+                             lambda p: self.token(p, str(p)))
+
+
+def top_list_text(tops: list[tuple[int, list[tuple[int, float]]]], token) -> str:
+    """Per head its top positions: "h3: ·flies @1 0.52, Time @0 0.31, ..." (a line a head up to 4 heads)."""
+    lines = [f"h{head}: " + ", ".join(f"{token(p)} @{p} {w:.2f}" for p, w in positions)
+             for head, positions in tops]
+    return "\n".join(lines) if len(lines) <= 4 else "   \u00b7   ".join(lines)
