@@ -12,7 +12,9 @@ from collections.abc import Iterator
 
 from kvviz.counting import plural
 
-STALL_TIMER_MS = 10  # a probe timer on the GUI thread: how late it fires is how long the event loop was stalled
+STALL_TIMER_MS = 2  # a probe timer on the GUI thread: how late it fires is how long the event loop was stalled
+# (a stall that begins just after the probe fired shows up to STALL_TIMER_MS less: the gap between ticks, up to
+# STALL_TIMER_MS more, is the bound from above)
 WARMUP_TOKENS = 3
 POLL_MS = 20
 SLOW_POLL_MS = 500
