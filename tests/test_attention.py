@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_checkpoints import HELLO_IDS, gpt2_config, save_transformers_folder, tiny_kvviz_model
+from helpers_checkpoints import HELLO_IDS, gpt2_config, save_kvviz_folder, save_transformers_folder, tiny_kvviz_model
 
 from kvviz.cli import main
 from kvviz.compare import Lockstep, plan_lockstep
 from kvviz.engine import Engine, SamplingSettings
 from kvviz.kv_cache import KVCache
-from kvviz.model import GPT, GPTConfig
-from kvviz.weights import load_model, save_checkpoint
+from kvviz.weights import load_model
 
 TOLERANCE = 1e-5
 NEW_TOKENS = 6
@@ -200,11 +199,9 @@ def test_both_runs_in_lockstep_record_the_same_weights():
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("attention-model")
-    model = GPT(GPTConfig(n_ctx=48, n_layer=3, n_head=2, n_embd=32, name="attention-tiny"))
-    model.init_weights(torch.Generator().manual_seed(7))
-    save_checkpoint(model, folder)
-    return folder
+    """A random 3-layer model with 48 positions."""
+    folder = tmp_path_factory.mktemp("attention-model") / "tiny"
+    return save_kvviz_folder(folder, n_layer=3, n_head=2, n_embd=32, n_ctx=48, seed=7)
 
 
 @pytest.mark.parametrize("no_cache", [False, True], ids=["cached", "uncached"])

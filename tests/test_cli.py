@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_checkpoints import save_kvviz_folder
 
 from kvviz.cli import main
 from kvviz.model import GPT, GPTConfig
@@ -18,11 +19,9 @@ from kvviz.weights import save_checkpoint
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("cli-model")
-    model = GPT(GPTConfig(n_ctx=48, n_layer=3, n_head=2, n_embd=32, name="cli-tiny"))
-    model.init_weights(torch.Generator().manual_seed(7))
-    save_checkpoint(model, folder)
-    return folder
+    """A random 3-layer model with 48 positions."""
+    return save_kvviz_folder(tmp_path_factory.mktemp("cli-model") / "tiny", n_layer=3, n_head=2, n_embd=32, n_ctx=48,
+                             seed=7)
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

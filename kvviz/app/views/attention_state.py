@@ -20,8 +20,6 @@ class AttentionState:
         self.plan = plan
         self.labels: list[str] = list(plan.prompt_labels) if plan is not None else []
         self.last: StepRecord | None = None
-        self._values = np.zeros((0, 0), dtype=np.float32)
-        self._values_of: tuple[StepRecord, int] | None = None
 
     def apply(self, record: StepRecord) -> bool:
         """Take one record; True when it carries attention (the strip changes)."""
@@ -37,11 +35,9 @@ class AttentionState:
         record = self.last
         if record is None or record.attention is None:
             return np.zeros((0, 0), dtype=np.float32)
-        seen = self._values_of
-        if seen is None or seen[0] is not record or seen[1] != layer:  # once per record and layer
-            self._values = np.array(record.attention.layer(layer), dtype=np.float32)  # (heads, positions)
-            self._values_of = (record, layer)
-        return self._values
+        weights = record.attention
+        all_layers = np.frombuffer(weights.data, dtype=np.float32)  # a read-only view of the record's bytes
+        return all_layers.reshape(weights.layers, weights.heads, weights.positions)[layer]  # (heads, positions)
 
     def strip(self, layer: int) -> np.ndarray:
         """(heads, plan width) weights of `layer`, NaN where no weight is recorded (positions to come)."""
