@@ -306,7 +306,7 @@ def test_dialog_offers_animation_only_with_a_run(dialog_for):
 
 # ----- the window: its records, the clipboard, the plots' menus -----
 def test_window_copies_views_and_hands_its_records_to_the_dialog(qtbot, app_model, monkeypatch):
-    import kvviz.app.export as export
+    import kvviz.app.export.dialog as export  # where File > Export... finds the dialog
     from kvviz.app.main_window import MainWindow
     from kvviz.app.settings import app_settings
 

@@ -34,7 +34,7 @@ def test_t_switches_to_compare_mode_at_the_same_step_and_back(qtbot, window):
     single_cells = window.grid.cell_states()
     window.actions["compare"].trigger()  # T
     wait_plan(qtbot, window, True, 3)
-    compare = window.compare_view
+    compare = window.workspace.compare_view
     assert compare.isVisibleTo(window) and not window.run_view.isVisibleTo(window)
     record = window.session.last_record
     assert record.twin and record.max_abs_logit_diff is not None
@@ -78,8 +78,8 @@ def test_a_broken_cache_is_shown_everywhere_and_diverges(qtbot, window):
     assert "BROKEN" in window.windowTitle()
     window.redraw()
     assert "BROKEN" in window.status.text()
-    assert "BROKEN" in window.compare_view.cached_grid.title.text()
-    assert "BROKEN" not in window.compare_view.uncached_grid.title.text()
+    assert "BROKEN" in window.workspace.compare_view.cached_grid.title.text()
+    assert "BROKEN" not in window.workspace.compare_view.uncached_grid.title.text()
     records = []
     window.session.record_computed.connect(records.append)
     for _ in range(window.session.plan.budget):
@@ -88,7 +88,7 @@ def test_a_broken_cache_is_shown_everywhere_and_diverges(qtbot, window):
     window.redraw()
     parted = [r.new_tokens for r in records if r.token_id is not None and r.token_id != r.twin_token_id]
     assert parted, "the broken cache should change the tokens within the run"
-    banner = window.compare_view.banner
+    banner = window.workspace.compare_view.banner
     assert banner.shown and banner.first_divergence == parted[0]
     assert f"step {parted[0]}" in banner.text()
     assert max(r.max_abs_logit_diff for r in records if r.max_abs_logit_diff is not None) > 1e-2
@@ -121,7 +121,7 @@ def test_switching_panels_keeps_the_keys_on_the_grid(qtbot, window):
     qtbot.waitUntil(lambda: QApplication.focusWidget() is window.grid.plot_widget, timeout=5_000)
     window.actions["compare"].trigger()
     wait_plan(qtbot, window, True, 0)
-    assert QApplication.focusWidget() is window.compare_view.cached_grid.plot_widget
+    assert QApplication.focusWidget() is window.workspace.compare_view.cached_grid.plot_widget
     window.actions["compare"].trigger()
     wait_plan(qtbot, window, False, 0)
     assert QApplication.focusWidget() is window.grid.plot_widget
@@ -133,7 +133,7 @@ def test_compare_steps_relayout_nothing_around_the_views(qtbot, window):
     window.actions["compare"].trigger()
     wait_plan(qtbot, window, True, 0)
     steps(qtbot, window, 1)
-    compare = window.compare_view
+    compare = window.workspace.compare_view
     watched = [window, window.centralWidget(), compare, compare.main_splitter, compare.grid_splitter,
                compare.side_splitter, compare.time_plot, compare.counts, compare.cached_grid,
                compare.uncached_grid, compare.identity_strip, window.statusBar()]

@@ -113,7 +113,7 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
     # Step 5: compare mode at the end of the run; nothing framed; the last step.
     press(qtbot, window, Qt.Key.Key_PageDown)
     assert_step(window, "Time flies", "compare", 12, 5)
-    assert window.compare_view.isVisibleTo(window) and window.actions["compare"].isChecked()
+    assert window.workspace.compare_view.isVisibleTo(window) and window.actions["compare"].isChecked()
     assert lesson.focus_target() is None and not lesson.frame.isVisible() and not panel.question.isVisible()
     press(qtbot, window, Qt.Key.Key_PageDown)  # past the end: nothing happens
     assert lesson.slide == 8
@@ -235,9 +235,9 @@ max_new_tokens = 4
         assert win.session.plan.use_cache and win.session.steps_done == 0 and win.session.plan.max_new_tokens == 4
         assert panel.notes.isVisible() and "lecturer" in panel.notes.text()
         # a memory step opens View > Memory and points at it
-        assert win.memory_view.isVisible() and win.actions["memory"].isChecked()
-        assert lesson.focus_target() is win.memory_view and lesson.memory_frame.isVisible()
-        frame, view = lesson.memory_frame.geometry(), win.memory_view
+        assert win.workspace.memory_view.isVisible() and win.actions["memory"].isChecked()
+        assert lesson.focus_target() is win.workspace.memory_view and lesson.memory_frame.isVisible()
+        frame, view = lesson.memory_frame.geometry(), win.workspace.memory_view
         assert frame.contains(view.mapTo(win.centralWidget(), view.rect().center()))
         qtbot.keyClick(win, Qt.Key.Key_PageDown)
         settle(qtbot, win)
@@ -246,11 +246,11 @@ max_new_tokens = 4
         assert lesson.measured == 3 * per_position  # the prefill fills the prompt's 3 positions
         assert panel.answer_text() == f"measured: {3 * per_position:,} bytes"
         win.redraw()
-        positions, measured = win.memory_view.points()
+        positions, measured = win.workspace.memory_view.points()
         assert positions.tolist() == [3] and measured[0] == 3 * per_position  # the answer, on the view
         qtbot.keyClick(win, Qt.Key.Key_PageDown)
         settle(qtbot, win)
-        assert not win.memory_view.isVisible() and not win.actions["memory"].isChecked()  # the lesson opened it
+        assert not win.workspace.memory_view.isVisible() and not win.actions["memory"].isChecked()  # lesson opened it
         assert win.session.plan.twin is not None and win.session.steps_done == 2
         assert win.lesson_panel.position.text().startswith("step 3 of 3")
     finally:
@@ -327,8 +327,8 @@ def test_the_lesson_column_leaves_the_views_their_size(qtbot, window, width, hei
         where = f"at slide {slide}"
         assert scroll.horizontalScrollBar().maximum() == 0, f"the views are wider than the screen {where}"
         assert scroll.verticalScrollBar().maximum() == 0, f"the views do not fit the screen's height {where}"
-        if window.compare_view.isVisibleTo(window):
-            compare = window.compare_view
+        if window.workspace.compare_view.isVisibleTo(window):
+            compare = window.workspace.compare_view
             assert compare.cached_grid.plot_widget.height() >= 80 * scale
             assert compare.uncached_grid.plot_widget.height() >= 80 * scale
         else:

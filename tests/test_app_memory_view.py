@@ -65,17 +65,17 @@ def test_m_shows_the_memory_view_beside_a_run(qtbot, app_model):
     qtbot.addWidget(window)
     window.show()
     qtbot.waitUntil(lambda: window.session.plan is not None, timeout=60_000)
-    assert not window.memory_view.isVisible()
+    assert not window.workspace.memory_view.isVisible()
     qtbot.keyClick(window, Qt.Key.Key_M)
-    assert window.memory_view.isVisible() and window.actions["memory"].isChecked()
+    assert window.workspace.memory_view.isVisible() and window.actions["memory"].isChecked()
     for n in range(1, 4):
         qtbot.keyClick(window, Qt.Key.Key_Space)
         qtbot.waitUntil(lambda n=n: window.session.last_record is not None
                         and window.session.last_record.new_tokens == n, timeout=30_000)
     window.redraw()
-    positions, measured = window.memory_view.points()
+    positions, measured = window.workspace.memory_view.points()
     assert positions.tolist() == [3, 4, 5]  # three passes: the prefill's 3 positions, then one each
     assert measured[-1] == window.session.last_record.cache_bytes
     qtbot.keyClick(window, Qt.Key.Key_M)
-    assert not window.memory_view.isVisible()
+    assert not window.workspace.memory_view.isVisible()
     window.close()

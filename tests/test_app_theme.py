@@ -258,7 +258,7 @@ def test_view_theme_restyles_every_view_at_once_and_is_remembered(qtbot, app_mod
     theme_menu = next(a.menu() for a in view_menu.actions() if isinstance(a.menu(), QMenu) and a.text() == "&Theme")
     assert [a.text() for a in theme_menu.actions()] == ["&Dark", "&Light"]
     assert win.actions["theme_dark"].isChecked() and not win.actions["theme_light"].isChecked()
-    compare = win.compare_view
+    compare = win.workspace.compare_view
     pyqtgraph_views = (win.grid.plot_widget, win.chart.layout_widget, compare.cached_grid.plot_widget,
                        compare.uncached_grid.plot_widget, compare.time_plot.layout_widget)
     assert {background(v) for v in pyqtgraph_views} == {DARK.background}

@@ -141,7 +141,7 @@ def window_slots(window: MainWindow) -> dict[str, Callable]:
         "edit_prompt": c.focus_prompt, "escape": window.escape, "presenter": p.set_presenter,
         "lesson": window.lesson.set_active, "lesson_next": window.lesson.next, "lesson_back": window.lesson.back,
         "colour_blind": window.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
-        "memory": lambda on: (window.memory_view.setVisible(on), window.redraw()),
+        "memory": lambda on: (window.workspace.show_memory(on), window.redraw()),
         "attention": lambda on: (window.run_view.show_attention(on), c.set_attention(on)),
         "heads": lambda: window.grid.toggle_heads(),
         "theme_dark": lambda on: on and window.set_theme("dark"),

@@ -11,6 +11,7 @@ offers it (`export_requested`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QPoint, Qt
@@ -40,17 +41,26 @@ class ImageCopier(QObject):
         super().__init__(window)
         self.window = window
         self.menu: QMenu | None = None  # the context menu last shown
-        compare = window.compare_view
-        for view in (window.grid, window.chart, compare.cached_grid, compare.uncached_grid, compare.time_plot):
+        self.add_context_menus((window.grid, window.chart))
+        window.workspace.panel_built.connect(self._on_panel_built)
+
+    def add_context_menus(self, views: Sequence[QWidget]) -> None:
+        """ "Copy image" and "Export..." on the plots of `views` (compare mode's join when it is built)."""
+        for view in views:
             for plot in view.findChildren(QGraphicsView):
                 plot.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
                 plot.customContextMenuRequested.connect(
                     lambda pos, view=view, plot=plot: self._show_menu(view, plot, pos))
 
+    def _on_panel_built(self, panel: QWidget) -> None:
+        from kvviz.app.views.compare_view import CompareView
+
+        if isinstance(panel, CompareView):
+            self.add_context_menus((panel.cached_grid, panel.uncached_grid, panel.time_plot))
+
     def chart(self) -> QWidget:
         """What Ctrl+Shift+C copies: the chart, or in compare mode the compare view."""
-        compare = self.window.compare_view
-        return compare if compare.isVisibleTo(self.window) else self.window.chart
+        return self.window.workspace.compare_view if self.window.workspace.comparing else self.window.chart
 
     def copy_chart(self) -> QImage | None:
         return self.copy(self.chart())

@@ -207,12 +207,12 @@ class LessonMode(QObject):
 
     def _frame_focus(self, step: LessonStep) -> None:
         w = self._window
-        compare = w.compare_view
         self._show_memory_view(step.focus == "memory")
-        self.memory_frame.frame(w.memory_view if step.focus == "memory" else None)
+        self.memory_frame.frame(w.workspace.memory_view if step.focus == "memory" else None)
         if step.focus in ("all", "memory"):
             target = None
         elif step.compare:
+            compare = w.workspace.compare_view
             target = {"grid": compare.grid_splitter, "chart": compare.time_plot, "counter": compare.counts}[step.focus]
         else:
             target = {"grid": w.grid, "chart": w.chart, "counter": w.counter}[step.focus]

@@ -18,9 +18,10 @@ from kvviz.app.loading import LoadingIndicator
 from kvviz.app.model_picker import ModelPicker
 from kvviz.app.precision import PrecisionMenu
 from kvviz.app.presentation import Presentation, fit_to_screen
-from kvviz.app.redraw import RedrawScheduler, painter
+from kvviz.app.redraw import Painter, RedrawScheduler
 from kvviz.app.session import RunSession
 from kvviz.app.settings import AppSettings, app_settings
+from kvviz.app.views.kv_grid import KVGridView
 from kvviz.app.views.status import StatusLine
 from kvviz.app.window_state import restore_window, save_window
 from kvviz.app.workspace import Workspace
@@ -60,15 +61,15 @@ class MainWindow(QMainWindow):
         self.lesson_panel = LessonPanel()  # lesson mode's step, beside the views
         self.lesson_panel.hide()
         self.workspace = Workspace(self.controls, self.banner, self.lesson_panel)
-        self.run_view, self.compare_view, self.memory_view = (self.workspace.run_view, self.workspace.compare_view,
-                                                              self.workspace.memory_view)
+        self.run_view = self.workspace.run_view
         self.token_strip, self.grid, self.chart, self.counter = self.run_view.views()
         self.setCentralWidget(self.workspace)
         self.status = StatusLine()
         self.statusBar().addWidget(self.status, 1)
         self.loading = LoadingIndicator(self.session, self.statusBar(), self.status, self.banner, self.picker)
         views = (*self.workspace.views(), self.status)
-        self.scheduler = RedrawScheduler(views, painter(self), self)
+        self.painter = Painter(self)
+        self.scheduler = RedrawScheduler(views, self.painter, self)
         chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
         self.presentation = Presentation(self, (*views, self.lesson_panel), chrome)
         self.lesson = LessonMode(self, self.lesson_panel, lesson)
@@ -108,9 +109,16 @@ class MainWindow(QMainWindow):
         self.picker.model_chosen.connect(self.load_model)
         for view in (self.chart, *self.workspace.grids()):
             view.export_requested.connect(self.export)
+        self.workspace.panel_built.connect(self._on_panel_built)
         self.presentation.presenter_changed.connect(self.actions["presenter"].setChecked)
         self.presentation.presenter_changed.connect(lambda on: self.lesson_panel.set_notes_shown(not on))
         c.set_state(False, False, False)
+
+    def _on_panel_built(self, panel: QWidget) -> None:
+        self.painter.find_plots()
+        for grid in panel.findChildren(KVGridView):  # compare mode's two
+            grid.export_requested.connect(self.export)
+            grid.set_colour_blind(self.actions["colour_blind"].isChecked())
 
     # ----- settings -----
     def save_settings(self) -> None:
@@ -224,18 +232,9 @@ class MainWindow(QMainWindow):
         return self.workspace.export_targets()
 
     def export(self) -> None:
-        from kvviz.app.export import AnimationSource, ExportDialog, make_caption
+        from kvviz.app.export import export_from_window
 
-        self.session.pause()
-        self.scheduler.flush()
-        plan, record, info = self.session.plan, self.session.last_record, self.session.model_info
-        step = record.step + 1 if record is not None else None
-        caption = make_caption(plan.prompt if plan else self.controls.prompt_edit.text(),
-                               info.name if info else "no model", step, record.new_tokens if record else None,
-                               plan.use_cache if plan else None, compare=plan is not None and plan.twin is not None,
-                               cache_broken=plan is not None and plan.cache_broken)
-        animation = AnimationSource(plan, tuple(self.records)) if plan is not None and self.records else None
-        ExportDialog(self.export_targets(), caption, self, step=step, animation=animation).exec()
+        export_from_window(self)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.save_settings()

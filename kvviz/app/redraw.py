@@ -22,19 +22,24 @@ REDRAW_BUDGET_FULL_SPEED = 0.02
 REDRAW_MAX_MS_FULL_SPEED = 1000
 
 
-def painter(window: QWidget) -> Callable[[], None]:
-    """A function that paints what the views in `window` just changed, now (the scheduler calls it after
-    each slice, so that the time a redraw takes is its whole cost). The plots are those in `window` now."""
-    scenes = [view.scene() for view in window.findChildren(GraphicsView)]
+class Painter:
+    """Paints what the views in `window` just changed, now (the scheduler calls it after each slice, so that
+    the time a redraw takes is its whole cost). Call `find_plots()` again when a panel with plots joins."""
 
-    def paint_now() -> None:
-        if not window.isVisible():
+    def __init__(self, window: QWidget) -> None:
+        self._window = window
+        self._scenes: list = []
+        self.find_plots()
+
+    def find_plots(self) -> None:
+        self._scenes = [view.scene() for view in self._window.findChildren(GraphicsView)]
+
+    def __call__(self) -> None:
+        if not self._window.isVisible():
             return
-        for scene in scenes:
+        for scene in self._scenes:
             QApplication.sendPostedEvents(scene, QEvent.Type.MetaCall.value)  # a plot posts its scene's changes
-        QApplication.sendPostedEvents(window, QEvent.Type.UpdateRequest.value)  # paints the dirty regions only
-
-    return paint_now
+        QApplication.sendPostedEvents(self._window, QEvent.Type.UpdateRequest.value)  # the dirty regions only
 
 
 class RedrawScheduler(QObject):

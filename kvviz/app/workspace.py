@@ -3,6 +3,7 @@ memory and lesson columns beside them."""
 
 from __future__ import annotations
 
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
 
 from kvviz.app.banner import Banner
@@ -11,6 +12,7 @@ from kvviz.app.lesson_panel import LessonPanel
 from kvviz.app.views.compare_view import CompareView
 from kvviz.app.views.kv_grid import KVGridView
 from kvviz.app.views.memory_view import MemoryView
+from kvviz.app.views.on_demand import OnDemandView
 from kvviz.app.views.run_view import RunView
 
 
@@ -20,51 +22,76 @@ class Workspace(QWidget):
     `run_view` (exported as "view") and `compare_view` take turns in one scrolled place, so that on a
     screen too small for every panel's useful size the panels scroll; `memory_view` (View > Memory) and
     the lesson's panel are columns beside them, or the lesson a strip above when a column does not fit.
+    Compare mode's view and the memory view are built the first time they are asked for (`panel_built`
+    then says so): the window opens without them.
     """
+
+    panel_built = Signal(QWidget)  # compare_view or memory_view, just built and laid out (hidden)
 
     def __init__(self, controls: RunControls, banner: Banner, lesson_panel: LessonPanel) -> None:
         super().__init__()
         self.setObjectName("central")
         self.run_view = RunView()
-        self.compare_view = CompareView()  # in place of run_view; fed the same records
-        self.compare_view.hide()
-        self.memory_view = MemoryView()
-        self.memory_view.hide()
+        self._compare = OnDemandView(lambda: self._lay_out(CompareView(), self._panels_layout, 1))
+        self._memory = OnDemandView(lambda: self._lay_out(MemoryView(), self._beside, 1))
+        for panel in (self._compare, self._memory):
+            panel.on_built(self.panel_built.emit)
         panels = QWidget()
-        panels_layout = QVBoxLayout(panels)  # the hidden panel takes no room, and sets no minimum size
-        panels_layout.setContentsMargins(0, 0, 0, 0)
-        panels_layout.addWidget(self.run_view)
-        panels_layout.addWidget(self.compare_view)
+        self._panels_layout = QVBoxLayout(panels)  # the hidden panel takes no room, and sets no minimum size
+        self._panels_layout.setContentsMargins(0, 0, 0, 0)
+        self._panels_layout.addWidget(self.run_view)  # compare_view goes below it, in its place when shown
         scroll = QScrollArea()
         scroll.setWidget(panels)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setObjectName("runScroll")
-        beside = QHBoxLayout()  # the lesson's column beside the views, so that they keep their height
-        beside.setSpacing(8)
-        beside.addWidget(scroll, 1)
-        beside.addWidget(self.memory_view)
-        beside.addWidget(lesson_panel)
+        self._beside = QHBoxLayout()  # the lesson's column beside the views, so that they keep their height
+        self._beside.setSpacing(8)
+        self._beside.addWidget(scroll, 1)  # the memory view goes after it
+        self._beside.addWidget(lesson_panel)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 4)
         layout.setSpacing(6)
         layout.addWidget(controls)
         layout.addWidget(banner)
-        layout.addLayout(beside, 1)
-        lesson_panel.set_places(layout, 2, beside)
+        layout.addLayout(self._beside, 1)
+        lesson_panel.set_places(layout, 2, self._beside)
+
+    def _lay_out(self, panel: QWidget, layout: QVBoxLayout | QHBoxLayout, index: int) -> QWidget:
+        panel.hide()
+        layout.insertWidget(index, panel)
+        return panel
+
+    @property
+    def compare_view(self) -> CompareView:
+        """Compare mode's view, in place of run_view when shown; fed the same records (built on first use)."""
+        return self._compare.get()
+
+    @property
+    def memory_view(self) -> MemoryView:
+        """View > Memory, a column beside the views (built on first use)."""
+        return self._memory.get()
 
     def views(self) -> tuple:
         """Every view the redraw scheduler feeds: the run's, its attention strip, compare mode's, memory.
-        A new view joins here (and in the layout above)."""
-        return (*self.run_view.views(), self.run_view.attention, *self.compare_view.views(), self.memory_view)
+        A new view joins here (and in the layout above; as an OnDemandView if it starts hidden)."""
+        return (*self.run_view.views(), self.run_view.attention, self._compare, self._memory)
 
     def grids(self) -> tuple[KVGridView, ...]:
-        return self.run_view.grid, self.compare_view.cached_grid, self.compare_view.uncached_grid
+        """The K/V grids built so far: the run's, and compare mode's two once it has been used."""
+        compare = self._compare.view
+        return (self.run_view.grid,) if compare is None else (self.run_view.grid, compare.cached_grid,
+                                                              compare.uncached_grid)
 
     @property
     def comparing(self) -> bool:
         """Compare mode is the one shown."""
-        return self.compare_view.isVisibleTo(self)
+        return self._compare.view is not None and self._compare.view.isVisibleTo(self)
+
+    def show_memory(self, on: bool) -> None:
+        """Show or hide the memory view."""
+        if on or self._memory.built:
+            self.memory_view.setVisible(on)
 
     def show_compare(self, comparing: bool) -> None:
         """Show compare mode's view, or the single run's; the keyboard focus follows if it was in the other."""

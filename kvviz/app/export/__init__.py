@@ -4,7 +4,7 @@
 - `render`: the views painted into PNG, SVG and PDF bytes, `export_widget`;
 - `svg_repair`: Qt's SVG output made viewer-proof;
 - `files`: formats, targets, `parse_formats`, `ExportError`, atomic writes;
-- `dialog`: `ExportDialog` and its remembered `ExportSettings`;
+- `dialog`: `ExportDialog`, its remembered `ExportSettings`, and `export_from_window` (File > Export...);
 - `headless`: `run_export`, the `kvviz export` command;
 - `animation`: `run_animation` (`kvviz export --animate`) and `write_animation`, a GIF and an MP4 of a view
   step by step, through `encoders` (Pillow, PyAV);
@@ -23,7 +23,7 @@ from kvviz.app.export.animation import (
     write_animation,
 )
 from kvviz.app.export.caption import default_file_name, make_caption, shorten_caption
-from kvviz.app.export.dialog import ExportDialog, ExportSettings
+from kvviz.app.export.dialog import ExportDialog, ExportSettings, export_from_window
 from kvviz.app.export.files import (
     DEFAULT_PNG_WIDTH,
     FORMAT_FILTERS,
@@ -66,6 +66,7 @@ __all__ = [
     "ensure_application",
     "export_lesson",
     "export_format",
+    "export_from_window",
     "export_widget",
     "make_caption",
     "parse_formats",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (
@@ -38,7 +39,7 @@ from kvviz.app.export.animation import (
     animation_file_name,
 )
 from kvviz.app.export.animation_panel import AnimationRows, write_with_progress
-from kvviz.app.export.caption import default_file_name
+from kvviz.app.export.caption import default_file_name, make_caption
 from kvviz.app.export.files import (
     DEFAULT_PNG_WIDTH,
     FORMAT_FILTERS,
@@ -52,6 +53,9 @@ from kvviz.app.export.files import (
 )
 from kvviz.app.export.render import Page, export_widget, png_size
 from kvviz.app.settings import TypedSettings, app_settings, setting
+
+if TYPE_CHECKING:
+    from kvviz.app.main_window import MainWindow
 
 
 @dataclass
@@ -353,3 +357,19 @@ class ExportDialog(QDialog):
 
     def _fail(self, sentence: str) -> None:
         QMessageBox.warning(self, "Export failed", sentence)
+
+
+def export_from_window(window: MainWindow) -> None:
+    """File > Export...: pause the run, draw its latest state, and open the dialog on what the window shows,
+    captioned with the run's prompt, model and step."""
+    session = window.session
+    session.pause()
+    window.redraw()
+    plan, record, info = session.plan, session.last_record, session.model_info
+    step = record.step + 1 if record is not None else None
+    caption = make_caption(plan.prompt if plan else window.controls.prompt_edit.text(),
+                           info.name if info else "no model", step, record.new_tokens if record else None,
+                           plan.use_cache if plan else None, compare=plan is not None and plan.twin is not None,
+                           cache_broken=plan is not None and plan.cache_broken)
+    animation = AnimationSource(plan, tuple(window.records)) if plan is not None and window.records else None
+    ExportDialog(window.export_targets(), caption, window, step=step, animation=animation).exec()
