@@ -73,6 +73,9 @@ def test_gui_bench_alternates_runs_and_reports_every_key(qtbot, app_model):
         assert len(result[key]) == 2 and all(rate > 0 for rate in result[key])
     assert result["gui_tokens_per_second"] == max(result["gui_runs_tokens_per_second"])
     assert result["headless_tokens_per_second"] == max(result["headless_runs_tokens_per_second"])
+    turns = [g / h for g, h in zip(result["gui_runs_tokens_per_second"], result["headless_runs_tokens_per_second"],
+                                   strict=True)]
+    assert result["paired_median_ratio"] == pytest.approx((turns[0] + turns[1]) / 2, rel=1e-3)  # two turns: the mean
     assert result["window_shown_seconds"] > 0
     assert 0 < result["max_slice_ms"] <= result["max_redraw_ms"]
     assert "best of" in format_report(result) and "one more GUI run with the probe" in format_report(result)
@@ -184,7 +187,7 @@ def test_abort_reaches_inside_a_forward_pass(qtbot, app_model):
     assert model.before_block is None  # the shut-down worker lets go of the model
 
 
-def test_cli_bench_gui_takes_three_turns_by_default(qtbot, app_model, capsys):
+def test_cli_bench_gui_takes_five_turns_by_default(qtbot, app_model, capsys):
     import json
 
     from kvviz.cli import main
@@ -194,7 +197,7 @@ def test_cli_bench_gui_takes_three_turns_by_default(qtbot, app_model, capsys):
         args += ["--model", app_model]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["repeat"] == 3 and len(result["gui_runs_tokens_per_second"]) == 3
+    assert result["repeat"] == 5 and len(result["gui_runs_tokens_per_second"]) == 5
     assert result["identical"] and result["new_tokens"] == 4
     assert 0 < result["gui_thread_cpu_share"] < 1
     from kvviz.app.worker import running_threads

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -52,7 +53,9 @@ def run_gui_bench(
     the window's size during the timed runs, and a run at another size than the one asked for is an error.
 
     With `repeat` > 1 the GUI and headless runs alternate `repeat` times, with the window open; the
-    rates are the best of each (as `timeit` takes the best). The stall is measured in one more GUI run
+    rates are the best of each (as `timeit` takes the best); `paired_median_ratio` is the median of each
+    GUI turn's rate over the headless turn right after it, which a machine whose speed drifts between
+    turns moves less. The stall is measured in one more GUI run
     after them (`stall_run_tokens_per_second`): its probe wakes the GUI thread every STALL_TIMER_MS
     (about 2% of a core here), which would slow the runs it measures, so the timed runs go without it.
 
@@ -217,6 +220,7 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
         "gui_tokens_per_second": round(gui_rate, 3),
         "headless_tokens_per_second": round(headless_rate, 3),
         "ratio": round(gui_rate / headless_rate, 4) if headless_rate else 0.0,
+        "paired_median_ratio": round(_paired_median_ratio(gui_runs, headless_runs), 4),
         "gui_runs_tokens_per_second": [round(len(r["tokens"]) / r["seconds"], 3) for r in gui_runs],
         "headless_runs_tokens_per_second": [round(len(r["tokens"]) / r["seconds"], 3) for r in headless_runs],
         "max_stall_ms": round(stall_run["max_stall_ms"], 2),
@@ -310,7 +314,8 @@ def format_report(result: dict) -> str:
         f"GUI autoplay   {result['gui_tokens_per_second']:.2f} tokens/s{_runs(result['gui_runs_tokens_per_second'])}",
         f"headless       {result['headless_tokens_per_second']:.2f} tokens/s"
         f"{_runs(result['headless_runs_tokens_per_second'])}",
-        f"ratio          {result['ratio']:.3f} (GUI / headless)",
+        f"ratio          {result['ratio']:.3f} (GUI / headless; turn by turn, the median is "
+        f"{result['paired_median_ratio']:.3f})",
         f"max GUI stall  {result['max_stall_ms']:.1f} ms (how late a {result['stall_timer_ms']} ms timer fired at "
         f"worst; largest gap between its ticks {result['max_tick_gap_ms']:.1f} ms), in one more GUI run with the "
         f"probe: {result['stall_run_tokens_per_second']:.2f} tokens/s",
@@ -320,6 +325,12 @@ def format_report(result: dict) -> str:
         f"{' (torch already imported)' if result['torch_loaded_when_shown'] else ' (before torch was imported)'}",
         f"same tokens    {'yes' if result['identical'] else 'NO'}",
     ])
+
+
+def _paired_median_ratio(gui_runs: list[dict], headless_runs: list[dict]) -> float:
+    ratios = [(len(g["tokens"]) / g["seconds"]) / (len(h["tokens"]) / h["seconds"])
+              for g, h in zip(gui_runs, headless_runs, strict=True) if g["seconds"] > 0 and h["seconds"] > 0]
+    return statistics.median(ratios) if ratios else 0.0
 
 
 def _runs(rates: list[float]) -> str:
