@@ -106,6 +106,24 @@ def test_bad_input_gives_one_line_and_status_2(args, fragment):
     assert "Traceback" not in result.stderr
 
 
+def test_any_kvviz_error_is_one_line_and_status_2(capsys, monkeypatch):
+    """The CLI reports every KvvizError by its base class: a new error type, defined here and raised by a
+    command, needs no registration (the CLI once scanned sys.modules for the error types it knew)."""
+    from kvviz import cli
+    from kvviz.errors import KvvizError
+
+    class BrandNewError(KvvizError):
+        pass
+
+    def command(_args):
+        raise BrandNewError("the frobnicator is out of range\nsecond line never shown")
+
+    monkeypatch.setitem(cli.COMMANDS, "count", command)
+    assert cli.main(["count", "--prompt-tokens", "3", "--new-tokens", "12"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "kvviz: the frobnicator is out of range\n" and captured.out == ""
+
+
 def test_corrupt_checkpoint_and_long_prompt_are_refused(tiny_checkpoint, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()

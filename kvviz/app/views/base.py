@@ -67,6 +67,10 @@ class ViewGroup:
         for view in self.views():
             view.set_theme(theme)
 
+    def redraw_slices(self) -> list[Callable[[], None]]:
+        """Each view's drawing in its own slices: a group is never drawn in one pass."""
+        return [draw for view in self.views() for draw in redraw_slices(view)]
+
 
 def redraw_slices(view: RunViewProtocol) -> list[Callable[[], None]]:
     """The pieces `view` draws in, one pass of the event loop each."""
