@@ -17,8 +17,9 @@ REDRAW_MS = 30  # views redraw at most this often, with the latest records
 REDRAW_MAX_MS = 250  # ... and at least this often while records arrive
 REDRAW_BUDGET = 0.1  # the share of time redraws may take: a slow redraw spaces the next ones out
 # At full-speed autoplay the worker never waits, and every redraw (Python painting, holding the GIL)
-# slows it down: there the views redraw less often, up to once a second.
-REDRAW_BUDGET_FULL_SPEED = 0.02
+# slows it down about as much as it takes: there the views redraw less often (a 7 ms redraw every 0.7 s),
+# and at least once a second.
+REDRAW_BUDGET_FULL_SPEED = 0.01
 REDRAW_MAX_MS_FULL_SPEED = 1000
 
 
