@@ -55,9 +55,9 @@ def run_gui_bench(
     With `repeat` > 1 the GUI and headless runs alternate `repeat` times, with the window open; the
     rates are the best of each (as `timeit` takes the best); `paired_median_ratio` is the median of each
     GUI turn's rate over the headless turn right after it, which a machine whose speed drifts between
-    turns moves less. The stall is measured in one more GUI run
-    after them (`stall_run_tokens_per_second`): its probe wakes the GUI thread every STALL_TIMER_MS
-    (about 2% of a core here), which would slow the runs it measures, so the timed runs go without it.
+    turns moves less. The stall is measured in one more GUI run after them (`stall_run_tokens_per_second`):
+    its probe wakes the GUI thread every STALL_TIMER_MS (about 2% of a core here), which would slow the runs
+    it measures, so the timed runs go without it.
 
     With `compare`, the window runs in compare mode (the cached and the uncached run in lockstep) and the
     headless run is the same lockstep loop (kvviz.compare.Lockstep); rates count token steps. With
