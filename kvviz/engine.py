@@ -293,6 +293,7 @@ class Engine:
                 n_layer=n_layer,
                 final=final,
                 stop_reason=stop_reason if final else "",
+                kv_written=cache.last_written if cache is not None else None,
                 attention=attention,
             )
             step += 1

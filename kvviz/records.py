@@ -204,6 +204,7 @@ class StepRecord:
     n_layer: int
     final: bool  # no pass follows in this run
     stop_reason: str = ""  # set on the final record: why the run ended
+    kv_written: tuple[int, int] | None = None  # cache slots [start, stop) this pass wrote its K/V into; None: no cache
     # compare mode: the twin run's passes of the same token step (its cache-filling pass included), the
     # largest |logit difference| between the two runs' token passes, and which of them ran first
     twin: tuple[StepRecord, ...] = ()
@@ -230,6 +231,15 @@ class StepRecord:
         """Positions (below `width`) whose K/V this pass computed, in every layer."""
         width = self.fed_stop if width is None else width
         return slice(min(self.fed_start, width), min(self.fed_stop, width))
+
+    def written_positions(self, width: int | None = None) -> slice:
+        """Cache slots (below `width`) this pass wrote its K/V into, in every layer: its computed positions,
+        except on a cache broken on purpose (CACHE_FAULTS); none without a cache."""
+        width = self.fed_stop if width is None else width
+        if self.kv_written is None:
+            return slice(0, 0)
+        start, stop = self.kv_written
+        return slice(min(start, width), min(stop, width))
 
     def reused_positions(self, width: int | None = None) -> slice:
         """Positions (below `width`) whose K/V this pass read from the cache, in every layer."""

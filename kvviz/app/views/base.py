@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QObject, QPointF
-from PySide6.QtGui import QCursor
+from PySide6.QtCore import QEvent, QObject, QPointF, QRect
+from PySide6.QtGui import QCursor, QHelpEvent
 from PySide6.QtWidgets import QSizePolicy, QToolTip
 
 from kvviz.app.theme import Theme
@@ -120,10 +120,19 @@ def cell_under(plot_item: pg.PlotItem, scene_pos: QPointF) -> tuple[int, int] | 
     return int(math.floor(point.y())), int(math.floor(point.x()))
 
 
+TOOLTIP_MS = 600_000  # a cell's tooltip stays while the mouse rests on it (Qt's own would go after ~10 s)
+
+
 class CellTooltips(QObject):
     """Tooltips on the cells of a `cell_plot`: what `text_at(row, column)` says about the cell under the mouse
-    ("" for none). The tooltip changes from cell to cell and leaves with the mouse; `refresh()` says it again
-    for new data under a still mouse, `forget()` drops the cell when the cells moved under it."""
+    ("" for none). The tooltip changes from cell to cell and stays while the mouse rests on one; it leaves with
+    the mouse. `refresh()` says it again for new data under a still mouse, `forget()` drops the cell when the
+    cells moved under it.
+
+    The tooltip is shown as the mouse moves; when the mouse then rests, Qt asks the view for a tooltip
+    (QEvent.ToolTip), and the graphics scene would answer that no item has one and hide it: that request is
+    answered here with the cell's text.
+    """
 
     def __init__(self, plot_widget: pg.PlotWidget, plot_item: pg.PlotItem,
                  text_at: Callable[[int, int], str]) -> None:
@@ -132,6 +141,7 @@ class CellTooltips(QObject):
         self.cell: tuple[int, int] | None = None  # (row, column) under the mouse
         plot_widget.scene().sigMouseMoved.connect(self._on_mouse_moved)
         plot_widget.installEventFilter(self)
+        plot_widget.viewport().installEventFilter(self)  # the resting mouse's tooltip request goes to the viewport
 
     def refresh(self) -> None:
         if self.cell is not None:
@@ -141,9 +151,16 @@ class CellTooltips(QObject):
         self.cell = None
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
-        if event.type() == QEvent.Type.Leave:
+        if event.type() == QEvent.Type.Leave and watched is self._plot_widget:
             self.cell = None
             QToolTip.hideText()
+        elif event.type() == QEvent.Type.ToolTip and isinstance(event, QHelpEvent):
+            cell = cell_under(self._plot_item, self._plot_widget.mapToScene(event.pos()))
+            text = self._text_at(*cell) if cell is not None else ""
+            if text:
+                self.cell = cell
+                QToolTip.showText(event.globalPos(), text, self._plot_widget, QRect(), TOOLTIP_MS)
+                return True  # answered: the scene, which knows no tooltip here, would hide it
         return False
 
     def _on_mouse_moved(self, scene_pos: QPointF) -> None:
@@ -158,7 +175,7 @@ class CellTooltips(QObject):
     def _show(self, row: int, column: int) -> None:
         text = self._text_at(row, column)
         if text:
-            QToolTip.showText(QCursor.pos(), text, self._plot_widget)
+            QToolTip.showText(QCursor.pos(), text, self._plot_widget, QRect(), TOOLTIP_MS)
         else:
             QToolTip.hideText()
 
