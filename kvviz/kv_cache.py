@@ -38,6 +38,7 @@ class KVCache:
         self.n_layer = n_layer
         self.length = 0
         self._layer_lengths = [0] * n_layer
+        self.last_written = (0, 0)  # the slots [start, stop) the latest update or append wrote to
         if fault not in ("", "late_write"):
             raise ValueError(f"unknown cache fault {fault!r}")
         self.fault = fault  # "late_write": the teaching bug of kvviz.records.CACHE_FAULTS, else none
@@ -70,6 +71,7 @@ class KVCache:
         keys, values = self._layer_kv[layer].unbind(0)  # (B, nh, S, hs) each
         keys.narrow(2, start, T).copy_(k)
         values.narrow(2, start, T).copy_(v)
+        self.last_written = (start, end)
         return keys.narrow(2, 0, end), values.narrow(2, 0, end)  # (B, nh, end, hs)
 
     def append(self, layer: int, position: int, kv: torch.Tensor) -> torch.Tensor:
@@ -79,8 +81,10 @@ class KVCache:
         if self.fault == "late_write":  # the bug: one slot late, so row `position` keeps what it held
             if position + 1 < self.capacity:
                 self._layer_kv[layer].narrow(3, position + 1, 1).copy_(kv)
+            self.last_written = (position + 1, min(position + 2, self.capacity))
         else:
             cached.narrow(3, position, 1).copy_(kv)
+            self.last_written = (position, end)
         return cached
 
     @staticmethod

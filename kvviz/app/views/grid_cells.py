@@ -21,12 +21,14 @@ EMPTY = 0  # the position does not exist yet
 PENDING = 1  # the token exists, its K/V has not been computed yet
 COMPUTED = 2  # K/V computed in this pass (amber)
 REUSED = 3  # K/V read from the cache in this pass (teal)
+STALE = 4  # read in this pass but never written by it: its K/V went one slot late (a cache broken on purpose)
 
 STATE_NAMES = {
     EMPTY: "not generated yet",
     PENDING: "token without K/V yet",
     COMPUTED: "K/V computed this step",
     REUSED: "K/V reused from the cache",
+    STALE: "stale slot: this token's K/V went one slot late",
 }
 
 # What a row of the grid shows, for its cells' separators.
@@ -39,7 +41,7 @@ MAX_IMAGE_PIXELS = 1800  # the grid's image size limit per axis, so a redraw sta
 
 def state_colours(theme: Theme) -> dict[int, str]:
     """Each cell state's colour in `theme`."""
-    return {EMPTY: theme.empty, PENDING: theme.pending, COMPUTED: theme.amber, REUSED: theme.teal}
+    return {EMPTY: theme.empty, PENDING: theme.pending, COMPUTED: theme.amber, REUSED: theme.teal, STALE: theme.alert}
 
 
 def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int = LAYER_ROW) -> np.ndarray:
@@ -58,6 +60,8 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int 
             tile[(xx - c) ** 2 + (yy - c) ** 2 <= max(1.0, (size / 5) ** 2)] = dark
         elif state == PENDING:  # a horizontal bar
             tile[size // 2, :] = dark
+        elif state == STALE:  # a cross
+            tile[(xx == yy) | (xx + yy == size - 1)] = dark
     if size >= 4:
         gap = max(1, round(size * theme.cell_gap))
         if row == LAYER_ROW:
@@ -81,12 +85,15 @@ def state_swatch(state: int, colour_blind: bool, theme: Theme, size: int = 14) -
 
 class GridLegend(FlowLayout):
     """Each cell state's swatch and name, in a row that wraps on a narrow screen (a swatch stays with its
-    words). `shown=False` hides every entry: a hidden legend takes no room."""
+    words). `shown=False` hides every entry: a hidden legend takes no room. The stale slot's entry shows only
+    for a run on a cache broken on purpose (`show_stale`)."""
 
     def __init__(self, shown: bool = True) -> None:
         super().__init__(spacing=14)
+        self._shown = shown
         self._entries: list[tuple[QLabel, QLabel, int]] = []
-        for state in (COMPUTED, REUSED, PENDING, EMPTY):
+        self._stale_entry: QWidget | None = None
+        for state in (COMPUTED, STALE, REUSED, PENDING, EMPTY):
             swatch, text = QLabel(), QLabel(STATE_NAMES[state])
             text.setObjectName("muted")
             entry = QWidget()
@@ -94,10 +101,17 @@ class GridLegend(FlowLayout):
             entry_row.setContentsMargins(0, 0, 0, 0)
             entry_row.addWidget(swatch)
             entry_row.addWidget(text)
-            if not shown:  # (a parentless widget told to show would open as a window of its own)
+            if not shown or state == STALE:  # (a parentless widget told to show would open as a window of its own)
                 entry.hide()
+            if state == STALE:
+                self._stale_entry = entry
             self.addWidget(entry)
             self._entries.append((swatch, text, state))
+
+    def show_stale(self, on: bool) -> None:
+        """Show the stale slot's entry (a run on a cache broken on purpose), or hide it."""
+        if self._stale_entry is not None and self._stale_entry.parentWidget() is not None:
+            self._stale_entry.setVisible(on and self._shown)
 
     def show_look(self, colour_blind: bool, theme: Theme) -> None:
         """Draw the swatches as the grid draws its cells."""
@@ -123,7 +137,8 @@ class CellTiles:
             size = max(size, 6 if width <= 512 else size)
         key = (size, colour_blind, theme)
         if key not in self._tiles:
-            self._tiles[key] = np.stack([np.stack([cell_tile(s, size, colour_blind, theme, row) for s in range(4)])
+            states_all = range(len(STATE_NAMES))
+            self._tiles[key] = np.stack([np.stack([cell_tile(s, size, colour_blind, theme, row) for s in states_all])
                                          for row in ROW_KINDS])  # (row kinds, states, s, s, 4)
         tiles = self._tiles[key]
         display = states[rows.layers]  # (R, W): each head row repeats its layer's
