@@ -47,7 +47,7 @@ import json  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
-from kvviz import bench  # noqa: E402  (torch-free at import: the benchmarks load it when they run)
+from kvviz import bench, speed  # noqa: E402  (torch-free at import: the benchmarks load it when they run)
 from kvviz.cli_export import app_export, cmd_export  # noqa: E402
 from kvviz.cli_parser import (  # noqa: E402
     GUI_BENCH_REPEAT,
@@ -98,6 +98,10 @@ def cmd_count(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.sweep:
+        return _bench_sweep(args)
+    if args.max_length is not None:
+        raise UsageError("--max-length is the longest length of a speed sweep: add --sweep")
     if args.compare and not args.gui:
         raise UsageError("--compare times compare mode in the window: add --gui (or use kvviz compare)")
     if args.attention and not args.gui:
@@ -124,6 +128,39 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = bench.run_bench(args.model, args.prompt, args.new_tokens, device=args.device, peer=args.peer,
                                  repeat=args.repeat, dtype=args.dtype)
     _print_result(result, args.json, "kvviz bench")
+    return 0
+
+
+def _bench_sweep(args: argparse.Namespace) -> int:
+    """`kvviz bench --sweep`: ms per token step against the length, both modes; medians per length."""
+    for option, given in (("--gui", args.gui), ("--peer", args.peer), ("--compare", args.compare),
+                          ("--attention", args.attention), ("--window-size", args.window_size is not None)):
+        if given:
+            raise UsageError(f"{option} does not apply to --sweep")
+    _check_device(args.device)
+    from kvviz.cli_compare import dtype_honoured
+    from kvviz.engine import Engine
+    from kvviz.speed_sweep import run_sweep
+    from kvviz.weights import load_model, torch_dtype
+
+    def progress(done: int, total: int) -> None:
+        print(f"progress {done}/{total}", file=sys.stderr, flush=True)
+
+    with dtype_honoured(args.dtype, args.device):
+        loaded = load_model(args.model, device=args.device, dtype=torch_dtype(args.dtype))
+        result = run_sweep(Engine(loaded.model, device=args.device), args.max_length,
+                                 repeat=args.repeat or speed.SWEEP_REPEAT, model_name=loaded.name,
+                                 progress=progress if args.progress else None)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+        return 0
+    print(f"kvviz bench --sweep: {result.model}, {result.dtype}, median of {result.repeat} turns per length")
+    print(f"{'length':>6}  {'cached ms':>10}  {'uncached ms':>11}  {'uncached/cached':>15}")
+    for length, cached, uncached, ratio in zip(result.lengths, result.cached_ms, result.uncached_ms,
+                                               result.ratios, strict=True):
+        print(f"{length:>6}  {cached:>10.2f}  {uncached:>11.2f}  {ratio:>14.1f}x")
+    print(f"at {result.lengths[-1]} positions: {result.ratio_at().sentence('at this length')}")
+    print(result.as_dict()["why"])
     return 0
 
 

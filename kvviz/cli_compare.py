@@ -61,6 +61,8 @@ def _compare_step(passes: list) -> tuple[dict, str, str]:
         "uncached_token_id": uncached_token.token_id,
         "same": cached_token.token_id == uncached_token.token_id,
         "max_abs_logit_diff": token_pass.max_abs_logit_diff,
+        "logit_tolerance": token_pass.logit_tolerance,
+        "logits_agree": token_pass.logits_agree,
         "cached_seconds": round(sum(r.seconds for r in cached), 6),
         "uncached_seconds": round(sum(r.seconds for r in uncached), 6),
         "cached_kv_computed": sum(r.kv_computed[0] for r in cached),
@@ -80,6 +82,13 @@ def _table_line(cells: tuple) -> str:
     return "  ".join(parts).rstrip()
 
 
+def _same_mark(step: dict) -> str:
+    """✓ the same token and logits within float noise, ≠ the same token but logits beyond it, ✗ other tokens."""
+    if not step["same"]:
+        return "✗"
+    return "≠" if step["logits_agree"] is False else "✓"
+
+
 def _token_cell(token_id: int, text: str) -> str:
     cell = f"{token_id} {text!r}"
     return cell if len(cell) <= COMPARE_WIDTHS[1] else cell[: COMPARE_WIDTHS[1] - 3] + "..."
@@ -90,7 +99,7 @@ def _compare_row(step: dict, cached_text: str, uncached_text: str) -> str:
         step["step"],
         _token_cell(step["cached_token_id"], cached_text),
         _token_cell(step["uncached_token_id"], uncached_text),
-        "✓" if step["same"] else "✗",
+        _same_mark(step),
         f"{step['max_abs_logit_diff']:.2e}",
         f"{step['cached_seconds'] * 1000:.2f}",
         f"{step['uncached_seconds'] * 1000:.2f}",
@@ -99,25 +108,47 @@ def _compare_row(step: dict, cached_text: str, uncached_text: str) -> str:
     ))
 
 
-def _compare_summary_lines(summary, steps: list[dict], parted_texts: tuple[str, str]) -> list[str]:
+def _time_verdict(summary) -> str:
+    estimate = summary.time_estimate
+    if estimate is None:
+        return "no step timed"
+    return f"{estimate.sentence()} (median of the {estimate.steps} steps' ratios)"
+
+
+def _compare_summary_lines(summary, steps: list[dict], parted_texts: tuple[str, str], dtype_name: str) -> list[str]:
     from kvviz.counting import plural
 
     if summary.identical:
-        verdict = f"identical: yes, the same {plural(len(steps), 'token')} with and without the cache"
+        verdict = (f"identical: yes, the same {plural(len(steps), 'token')} with and without the cache, "
+                   f"the logits within float noise at every step")
+    elif summary.first_divergence is None:
+        step = steps[summary.first_logit_divergence - 1]
+        verdict = (f"identical: no, the logits part at step {summary.first_logit_divergence} (max |Δlogit| "
+                   f"{step['max_abs_logit_diff']:.2e} > float noise {step['logit_tolerance']:.1e}), "
+                   f"though the {plural(len(steps), 'token')} still agree")
     else:
         parted = steps[summary.first_divergence - 1]
         verdict = (f"identical: no, the runs part at step {summary.first_divergence} (cached "
                    f"{_token_cell(parted['cached_token_id'], parted_texts[0])}, uncached "
                    f"{_token_cell(parted['uncached_token_id'], parted_texts[1])})")
+        if summary.first_logit_divergence is not None and summary.first_logit_divergence < summary.first_divergence:
+            verdict += f"; their logits part earlier, at step {summary.first_logit_divergence}"
     avoided = summary.kv_without_cache - summary.kv_with_cache
     return [
         verdict,
-        f"max |Δlogit|: {summary.max_abs_logit_diff:.2e}",
+        f"max |Δlogit|: {summary.max_abs_logit_diff:.2e} (float noise for {dtype_name}: up to "
+        f"{summary.logit_tolerance:.1e} here)",
         f"time: {summary.cached_seconds_total:.3f} s with cache, {summary.uncached_seconds_total:.3f} s without: "
-        f"uncached/cached = {summary.time_ratio:.1f}x",
+        f"{_time_verdict(summary)}",
         f"K/V per layer, measured: {summary.kv_with_cache:,} with cache, {summary.kv_without_cache:,} without"
         + (f" ({avoided:,} avoided)" if avoided > 0 else ""),
     ]
+
+
+def _interval(estimate) -> list[float] | None:
+    if estimate is None or estimate.low is None:
+        return None
+    return [round(estimate.low, 3), round(estimate.high, 3)]
 
 
 def run_compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
@@ -172,16 +203,21 @@ def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None
             "summary": {
                 "identical": summary.identical,
                 "first_divergence": summary.first_divergence,
+                "first_logit_divergence": summary.first_logit_divergence,
                 "max_abs_logit_diff": summary.max_abs_logit_diff,
+                "logit_tolerance": summary.logit_tolerance,
                 "cached_seconds_total": round(summary.cached_seconds_total, 6),
                 "uncached_seconds_total": round(summary.uncached_seconds_total, 6),
                 "time_ratio": round(summary.time_ratio, 3),
+                "time_ratio_interval": _interval(summary.time_estimate),
+                "time_ratio_clear": bool(summary.time_estimate and summary.time_estimate.clear),
+                "time_verdict": _time_verdict(summary),
                 "kv_with_cache": summary.kv_with_cache,
                 "kv_without_cache": summary.kv_without_cache,
             },
         }))
     else:
-        for line in _compare_summary_lines(summary, steps, parted_texts or ("", "")):
+        for line in _compare_summary_lines(summary, steps, parted_texts or ("", ""), args.dtype):
             print(line)
     sys.stdout.flush()  # the table ends before the note below
     if plan.stop_reason == "context_full":

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from kvviz import bench  # torch-free at import: the benchmarks load it when they run
+from kvviz import bench, speed  # torch-free at import: the benchmarks load it when they run
 from kvviz.errors import KvvizError
 from kvviz.records import CACHE_FAULTS
 
@@ -288,6 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
                         f"ones; at most {bench.MAX_REPEAT})")
     p.add_argument("--gui", action="store_true",
                    help="run the real app window offscreen, autoplaying, and compare its speed with headless")
+    p.add_argument("--sweep", action="store_true",
+                   help="measure the ms of one token step against the sequence length, with and without the "
+                        "cache (both modes interleaved, the median of --repeat turns per length)")
+    p.add_argument("--max-length", type=whole_number(speed.MIN_SWEEP_LENGTH, MAX_TOKENS), default=None,
+                   metavar="L", help=f"with --sweep: the longest sequence measured (default: the model's context, "
+                                     f"at most {speed.DEFAULT_MAX_LENGTH})")
+    p.add_argument("--progress", action="store_true", help=argparse.SUPPRESS)  # --sweep: "progress D/T" lines
     p.add_argument("--window-size", type=window_size, default=None, metavar="WxH",
                    help="with --gui: the window's size, e.g. 1920x1080 (default: the screen's, up to 1600x1000)")
     p.add_argument("--compare", action="store_true",

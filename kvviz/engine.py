@@ -49,10 +49,29 @@ class Engine:
         self.tokenizer = tokenizer or get_tokenizer()
         self.device = torch.device(device)
         self.kv_cache: KVCache | None = None
+        self._warm = False
 
     @property
     def n_ctx(self) -> int:
         return self.model.config.n_ctx
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The number type of the weights and the cache."""
+        return self.model.transformer.wte.weight.dtype
+
+    def warm_up(self, tokens: int = 4) -> None:
+        """Run each kind of pass once, untimed, so that no timed pass pays a one-time cost (kernel set-up,
+        weight packing, first allocations): a prefill, cached one-token steps, and uncached passes. Only the
+        first call on an engine does anything."""
+        if self._warm:
+            return
+        prompt_tokens = max(1, min(tokens, self.n_ctx // 2))
+        new_tokens = max(1, min(tokens, self.n_ctx - prompt_tokens))
+        for use_cache in (True, False):
+            for _ in self.run(self.plan([0] * prompt_tokens, new_tokens, use_cache), top_candidates=1):
+                pass
+        self._warm = True
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """Prompt ids; an empty prompt starts from <|endoftext|>."""

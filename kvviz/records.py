@@ -209,6 +209,7 @@ class StepRecord:
     # largest |logit difference| between the two runs' token passes, and which of them ran first
     twin: tuple[StepRecord, ...] = ()
     max_abs_logit_diff: float | None = None
+    logit_tolerance: float | None = None  # float noise the two logits may differ by (compare.logit_tolerance)
     twin_ran_first: bool = False
     attention: AttentionWeights | None = None  # the newest query's weights, when the plan asks for them
 
@@ -216,6 +217,14 @@ class StepRecord:
     def twin_token_id(self) -> int | None:
         """The token the twin run chose in this step (None outside compare mode and for a filling pass)."""
         return next((r.token_id for r in self.twin if r.token_id is not None), None)
+
+    @property
+    def logits_agree(self) -> bool | None:
+        """Compare mode: whether the two runs' logits of this step agree within float noise (a NaN
+        difference never agrees); None for a record that carries no comparison."""
+        if self.max_abs_logit_diff is None or self.logit_tolerance is None:
+            return None
+        return self.max_abs_logit_diff <= self.logit_tolerance
 
     def lockstep_passes(self) -> tuple[tuple[StepRecord, ...], tuple[StepRecord, ...]]:
         """(cached passes, uncached passes) of this record's step in compare mode, this record included."""

@@ -163,6 +163,7 @@ class GenerationWorker(QObject):
             loaded = load_model(source or None, progress=self._on_download_progress, dtype=getattr(torch, dtype))
             engine = Engine(loaded.model, get_tokenizer())
             check_dtype_runs(loaded.model, dtype)
+            engine.warm_up()  # the first step of the first run is timed like every other
         except Exception as exc:  # any failure keeps the previous model; the GUI says why in one sentence
             if isinstance(exc, DownloadCancelled):
                 self.model_load_cancelled.emit(source)

@@ -15,6 +15,7 @@ from kvviz.app.theme import Theme
 from kvviz.app.views.base import cache_axes, nice_ceiling, style_plot
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
+from kvviz.speed import RatioEstimate, paired_ratio
 
 RUNS = ("cached", "uncached")  # row 0 and row 1 of the arrays
 TIME_PLOT_MIN_HEIGHT = 200  # pixels at zoom 1: two small plots and the ratio line stay readable
@@ -22,7 +23,8 @@ TIME_PLOT_MIN_HEIGHT = 200  # pixels at zoom 1: two small plots and the ratio li
 
 class CompareTimePlot(QWidget):
     """The time each run of a lockstep took, measured: ms per token step (above) and cumulative
-    seconds (below), teal with the cache and amber without, and the ratio of the two totals.
+    seconds (below), teal with the cache and amber without, and the ratio of the two: the median of the
+    steps' ratios, said in words only when it stands out of the noise.
 
     A view (views.base.RunViewProtocol). A step's time is the `seconds` of that run's passes in the
     step (the cached run's cache-filling pass counts in its last step). The arrays are sized by the
@@ -178,24 +180,26 @@ class CompareTimePlot(QWidget):
         """(cached, uncached) seconds measured so far."""
         return float(self._ms[0].sum()) / 1000.0, float(self._ms[1].sum()) / 1000.0
 
-    def time_ratio(self) -> float | None:
-        """Uncached over cached seconds so far; None before both have a time."""
-        cached, uncached = self.totals()
-        return uncached / cached if cached > 0 and uncached > 0 else None
+    def time_ratio(self) -> RatioEstimate | None:
+        """Uncached over cached time of the token steps both runs have reached: the median of the
+        per-step ratios with its interval (kvviz.speed.paired_ratio); None before a step has both."""
+        n = min(self._steps)
+        return paired_ratio(self._ms[0, :n], self._ms[1, :n]) if n else None
 
     # ----- drawing -----
     def _ratio_text(self, cached: float | None = None, uncached: float | None = None,
-                    ratio: float | None = None) -> str:
+                    sentence: str | None = None) -> str:
         """The ratio line for the times so far (or for the given ones)."""
         if cached is None or uncached is None:
             cached, uncached = self.totals()
-            ratio = self.time_ratio()
-        if ratio is None:
+            estimate = self.time_ratio()
+            sentence = None if estimate is None else estimate.sentence()
+        if sentence is None:
             return f"<b>measured time</b> <span style='color:{self._theme.muted}'>appears with the first step</span>"
         teal, amber = self._theme.teal, self._theme.amber
         return (f"<b>measured time</b> &nbsp; <span style='color:{teal}'>with cache {cached:.3g} s</span>, "
                 f"<span style='color:{amber}'>without {uncached:.3g} s</span>: "
-                f"without cache took <b>{ratio:.2f}\u00d7</b> the time")
+                f"<b>{sentence}</b> (median of the steps)")
 
     def _frame(self, last_x: int, ms_top: float, seconds_top: float) -> None:
         for plot, top in ((self.ms_plot, ms_top), (self.seconds_plot, seconds_top)):
@@ -223,4 +227,4 @@ class CompareTimePlot(QWidget):
         label_font.setPointSizeF(10.0 * self._font_scale)
         self.ratio.setFont(label_font)
         # room for the widest line ("%.3g" is widest below 1 s): new numbers never move the plots
-        self.ratio.reserve(self._ratio_text(0.0888, 0.0888, 88.88))
+        self.ratio.reserve(self._ratio_text(0.0888, 0.0888, "too few steps to tell the two apart (88 so far)"))

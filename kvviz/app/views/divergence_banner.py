@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.lockstep import token_step
+from kvviz.app.views.lockstep import format_logit_diff, token_step
 from kvviz.records import RunPlan, StepRecord
 
 CONTINUATION_LIMIT = 120  # characters of each continuation shown: its start and its newest end
@@ -45,14 +45,16 @@ class _WrappedLabel(QLabel):
 
 
 class DivergenceBanner(QWidget):
-    """Empty while the two runs of a lockstep choose the same tokens. From the first token step
-    where they differ on, a red banner names that step and shows both continuations from there,
-    growing as the runs go on.
+    """Empty while the two runs of a lockstep agree: the same tokens, and logits within the float
+    noise their records name. From the first token step where they differ on, a red banner names that
+    step and shows both continuations from there, growing as the runs go on; logits that part while
+    the tokens still agree are named first, with their |Δlogit| against the noise.
 
     A view (views.base.RunViewProtocol). The widget itself stays shown (a hidden view is not
     redrawn) and takes no room while its `label` is hidden. `shown` says whether the banner is up;
-    `first_divergence` is the 1-based token step (the record's `new_tokens`), None while the runs
-    agree; `continuations()` returns (cached, uncached) texts from that step on.
+    `first_divergence` is the 1-based token step (the record's `new_tokens`) where the tokens part,
+    `first_logit_divergence` where the logits do, each None while the runs agree; `continuations()`
+    returns (cached, uncached) texts from that step on.
     """
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -72,6 +74,8 @@ class DivergenceBanner(QWidget):
         self._cached: list[str] = []  # each token step's token text, per run
         self._uncached: list[str] = []
         self.first_divergence: int | None = None
+        self.first_logit_divergence: int | None = None
+        self._logit_divergence: tuple[float, float] = (0.0, 0.0)  # that step's |Δlogit| and float noise
         self._first_index = 0  # where the first diverging step is in the lists above
         self._dirty = False
         self._apply_style()
@@ -81,6 +85,7 @@ class DivergenceBanner(QWidget):
         self._broken = plan.cache_broken
         self._cached, self._uncached = [], []
         self.first_divergence = None
+        self.first_logit_divergence = None
         self._first_index = 0
         self._dirty = True
         self.refresh()
@@ -95,7 +100,15 @@ class DivergenceBanner(QWidget):
             if self.first_divergence is None and not step.same:
                 self.first_divergence = step.step
                 self._first_index = len(self._cached) - 1
-            self._dirty = self._dirty or self.first_divergence is not None
+            if self.first_logit_divergence is None and not step.logits_agree:
+                self.first_logit_divergence = step.step
+                self._logit_divergence = (step.max_abs_logit_diff, step.logit_tolerance)
+            self._dirty = self._dirty or self.shown_due
+
+    @property
+    def shown_due(self) -> bool:
+        """The runs have parted: in their tokens, or in their logits beyond float noise."""
+        return self.first_divergence is not None or self.first_logit_divergence is not None
 
     @property
     def shown(self) -> bool:
@@ -116,16 +129,26 @@ class DivergenceBanner(QWidget):
         if not self._dirty:
             return
         self._dirty = False
-        texts = self.continuations()
-        if texts is None:
+        if not self.shown_due:
             self.label.setText("")
             self.label.hide()
             return
-        cached, uncached = texts
         why = " The cache is broken on purpose (teaching switch)." if self._broken else ""
-        self.label.setText(f"The runs diverge at token step {self.first_divergence}: from there, "
-                           f"with cache: \u201c{_shown(cached)}\u201d  \u2014  "
-                           f"without cache: \u201c{_shown(uncached)}\u201d.{why}")
+        logits = ""
+        if self.first_logit_divergence is not None and (
+                self.first_divergence is None or self.first_logit_divergence < self.first_divergence):
+            difference, tolerance = self._logit_divergence
+            logits = (f"The runs' logits part at token step {self.first_logit_divergence}: max |\u0394logit| "
+                      f"{format_logit_diff(difference)}, beyond the float noise of {format_logit_diff(tolerance)}. ")
+        texts = self.continuations()
+        if texts is None:
+            text = f"{logits}The tokens still agree, but the cached run computes something else."
+        else:
+            cached, uncached = texts
+            text = (f"{logits}The runs diverge at token step {self.first_divergence}: from there, "
+                    f"with cache: \u201c{_shown(cached)}\u201d  \u2014  "
+                    f"without cache: \u201c{_shown(uncached)}\u201d.")
+        self.label.setText(text + why)
         self.label.show()
         self.label.fit_height()
 

@@ -17,7 +17,7 @@ from kvviz.app.views.lockstep import format_logit_diff, token_step
 from kvviz.records import RunPlan, StepRecord
 
 PAD_X, PAD_Y, GAP = 5.0, 2.0, 6.0
-SAME, DIFFERENT = "\u2713", "\u2717"  # check mark, cross
+SAME, DIFFERENT, LOGITS_DIFFER = "\u2713", "\u2717", "\u2260"  # check mark, cross, not-equal sign
 ROW_TITLES = ("token step", "with cache", "without cache", "same  max |\u0394logit|")
 PLACEHOLDER = "Compare mode: the token each run chose appears here, step by step."
 
@@ -31,10 +31,14 @@ class IdentityEntry:
     uncached: str  # chip_text of the uncached run's token
     same: bool  # the runs chose the same token
     logit_diff: str  # the max |Δlogit| of the step, compact ("3e-06", "0", "14")
+    logits_agree: bool = True  # within the float noise of the step's record
 
     @property
     def mark(self) -> str:
-        return SAME if self.same else DIFFERENT
+        """✓ the same token and logits, ≠ the same token but logits beyond float noise, ✗ other tokens."""
+        if not self.same:
+            return DIFFERENT
+        return SAME if self.logits_agree else LOGITS_DIFFER
 
 
 class _Rows:
@@ -111,7 +115,7 @@ class _Entries(QWidget):
                 painter.drawRoundedRect(rect, 4, 4)
                 painter.setPen(QColor(theme.foreground))
                 painter.drawText(rect, centre, text)
-            painter.setPen(QColor(theme.teal if entry.same else theme.alert))
+            painter.setPen(QColor(theme.teal if entry.mark == SAME else theme.alert))
             painter.drawText(rows.row(3, left, width), centre, f"{entry.mark} {entry.logit_diff}")
         painter.end()
 
@@ -174,7 +178,7 @@ class IdentityStrip(QWidget):
             if step is not None:
                 self._entries.append(IdentityEntry(step.step, chip_text(step.cached.token_text),
                                                    chip_text(step.uncached.token_text), step.same,
-                                                   format_logit_diff(step.max_abs_logit_diff)))
+                                                   format_logit_diff(step.max_abs_logit_diff), step.logits_agree))
 
     def refresh(self) -> None:
         """Lay out and paint the entries that arrived since the last refresh (only those)."""

@@ -16,6 +16,13 @@ class TokenStep:
     uncached: StepRecord  # the uncached run's pass that chose it
     same: bool  # both runs chose the same token (record.token_id == record.twin_token_id)
     max_abs_logit_diff: float  # the largest |logit difference| of the two passes, as recorded
+    logits_agree: bool = True  # the difference lies within the float noise the record names (logit_tolerance)
+    logit_tolerance: float = 0.0
+
+    @property
+    def diverged(self) -> bool:
+        """The runs part at this step: other tokens, or logits beyond float noise."""
+        return not self.same or not self.logits_agree
 
 
 def token_step(record: StepRecord) -> TokenStep | None:
@@ -25,11 +32,13 @@ def token_step(record: StepRecord) -> TokenStep | None:
         return None
     cached, uncached = (next(p for p in passes if p.token_id is not None) for passes in record.lockstep_passes())
     return TokenStep(record.new_tokens, cached, uncached, record.token_id == record.twin_token_id,
-                     record.max_abs_logit_diff)
+                     record.max_abs_logit_diff, record.logits_agree is not False, record.logit_tolerance or 0.0)
 
 
 def format_logit_diff(value: float) -> str:
     """A compact |Δlogit|: "0", "8e-06", "0.25", "4.8", "13"."""
+    if value != value:
+        return "NaN"
     if value == 0:
         return "0"
     if value < 0.01:
