@@ -159,7 +159,7 @@ def _bench_sweep(args: argparse.Namespace) -> int:
     for length, cached, uncached, ratio in zip(result.lengths, result.cached_ms, result.uncached_ms,
                                                result.ratios, strict=True):
         print(f"{length:>6}  {cached:>10.2f}  {uncached:>11.2f}  {ratio:>14.1f}x")
-    print(f"at {result.lengths[-1]} positions: {result.ratio_at().sentence('at this length')}")
+    print(result.headline())
     print(result.as_dict()["why"])
     return 0
 

@@ -16,7 +16,7 @@ from kvviz.errors import KvvizError
 CONFIDENCE = 0.95  # of the interval around the median ratio
 SAME_WITHIN = 0.10  # a median ratio within 10% of 1 reads as "about the same", however sure
 SWEEP_POINTS = 8  # lengths measured, evenly spaced up to the longest
-SWEEP_REPEAT = 5  # interleaved turns per length; the median of them counts
+SWEEP_REPEAT = 7  # interleaved turns per length, the median of them counts: 7 gives an interval at 98%
 MAX_SWEEP_REPEAT = 50
 MIN_SWEEP_LENGTH = 2
 DEFAULT_MAX_LENGTH = 256  # positions a sweep reaches by default, or the model's context if shorter
@@ -113,6 +113,40 @@ class SweepResult:
         assert estimate is not None
         return estimate
 
+    @classmethod
+    def from_dict(cls, data: dict) -> SweepResult:
+        """The result `as_dict` wrote (what `kvviz bench --sweep --json` prints); KvvizError if it is not one."""
+        try:
+            result = cls(
+                model=str(data["model"]), dtype=str(data["dtype"]),
+                lengths=tuple(int(v) for v in data["lengths"]),
+                cached_ms=tuple(float(v) for v in data["cached_ms"]),
+                uncached_ms=tuple(float(v) for v in data["uncached_ms"]),
+                repeat=int(data["repeat"]),
+                cached_turns_ms=tuple(tuple(float(v) for v in t) for t in data["cached_turns_ms"]),
+                uncached_turns_ms=tuple(tuple(float(v) for v in t) for t in data["uncached_turns_ms"]),
+                weight_bytes=int(data.get("weight_bytes", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise KvvizError(f"not a speed sweep's result ({exc})") from exc
+        if not result.lengths or not len(result.lengths) == len(result.cached_ms) == len(result.uncached_ms):
+            raise KvvizError("not a speed sweep's result (its lengths and times do not pair up)")
+        return result
+
+    def headline(self) -> str:
+        """What the sweep measured, in one sentence a student reads right: the ratio at the shortest and at
+        the longest length, each only where it stands out of the noise."""
+        shortest, longest = self.ratio_at(0), self.ratio_at(-1)
+        first, last = self.lengths[0], self.lengths[-1]
+        if not longest.clear:
+            return (f"At {last} positions the two modes are too close to tell apart: on this model and machine "
+                    f"reading the weights costs more than the sequence.")
+        if longest.median < 1.0:
+            return f"At {last} positions a step with the cache took {1.0 / longest.median:.1f}\u00d7 as long."
+        start = (f"{shortest.median:.1f}\u00d7 as long at {first} positions" if shortest.clear
+                 else f"about as long at {first} positions")
+        return f"Without the cache a token step took {start} and {longest.median:.1f}\u00d7 as long at {last}."
+
     def as_dict(self) -> dict:
         longest = self.ratio_at()
         return {
@@ -128,6 +162,7 @@ class SweepResult:
             "ratio_at_longest": round(longest.median, 3),
             "ratio_at_longest_interval": [round(v, 3) for v in (longest.low, longest.high) if v is not None],
             "clear_at_longest": longest.clear,
+            "headline": self.headline(),
             "cached_turns_ms": [[round(v, 4) for v in turns] for turns in self.cached_turns_ms],
             "uncached_turns_ms": [[round(v, 4) for v in turns] for turns in self.uncached_turns_ms],
             "weight_bytes": self.weight_bytes,

@@ -21,6 +21,7 @@ from kvviz.app.presentation import Presentation, fit_to_screen
 from kvviz.app.redraw import Painter, RedrawScheduler
 from kvviz.app.session import RunSession
 from kvviz.app.settings import AppSettings, app_settings
+from kvviz.app.speed_panel import SpeedPanel
 from kvviz.app.views.kv_grid import KVGridView
 from kvviz.app.views.status import StatusLine
 from kvviz.app.window_state import restore_window, save_window
@@ -71,7 +72,8 @@ class MainWindow(QMainWindow):
         self.painter = Painter(self)
         self.scheduler = RedrawScheduler(views, self.painter, self)
         chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
-        self.presentation = Presentation(self, (*views, self.lesson_panel), chrome)
+        self.speed = SpeedPanel(self)  # View > Speed: the sweep runs in a process of its own
+        self.presentation = Presentation(self, (*views, self.lesson_panel, self.speed.view), chrome)
         self.lesson = LessonMode(self, self.lesson_panel, lesson)
         self.records: list[StepRecord] = []  # the current run's, for an animated export
         self.copier = ImageCopier(self)  # Ctrl+Shift+C, and "Copy image" on the plots
@@ -196,6 +198,17 @@ class MainWindow(QMainWindow):
         self.reset_run()
         self.focus_grid()
 
+    def show_speed(self) -> None:
+        """View > Speed: the speed of a token step against the length, for the loaded model (measured once)."""
+        info = self.session.model_info
+        if info is None:
+            self.banner.say("No model is loaded yet: the speed is measured on the loaded model.", alert=True)
+            return
+        if self.speed.isVisible():
+            self.speed.close()
+            return
+        self.speed.show_for(self.session.source or "", info.dtype, info.name)
+
     def focus_grid(self) -> None:
         """Keyboard focus on the shown K/V grid (keys step the run, none of them types)."""
         self.workspace.focus_grid()
@@ -239,6 +252,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:
         self.save_settings()
         self.scheduler.stop()
+        self.speed.shut_down()
         if not self.session.stop(1000):
             # Only an uninterruptible load (reading weights) can outlast the second: hide and let it end.
             self.hide()

@@ -1,0 +1,181 @@
+"""The speed view: ms per token step against the sequence length, with and without the cache, as measured on
+this machine by a speed sweep, with the ratio and why the curves look as they do."""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
+
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
+from kvviz.app.views.base import style_plot
+from kvviz.speed import SWEEP_WHY, SweepResult
+
+WAITING = "Not measured yet: press Measure to time both modes on this machine."
+
+
+class SpeedView(QWidget):
+    """One speed sweep (kvviz.speed.SweepResult): two curves of the median ms per token step against the
+    sequence length, teal with the cache and amber without, each labelled at its end; above them the measured
+    ratio in words (`headline`), below them why the curves look so. While a sweep runs it shows its progress
+    and a Cancel button; `measure_requested` and `cancel_requested` ask for a sweep or its end.
+
+    Reads results only: the sweep runs elsewhere (app.speed_runner)."""
+
+    measure_requested = Signal()
+    cancel_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("speedView")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        self._theme = themes.current()
+        self._font_scale = 1.0
+        self.result: SweepResult | None = None
+
+        self.heading = QLabel()
+        self.headline = QLabel(WAITING)
+        self.headline.setWordWrap(True)
+        self.why = QLabel(SWEEP_WHY)
+        self.why.setWordWrap(True)
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(True)
+        self.progress.hide()
+        self.measure_button = QPushButton("&Measure")
+        self.measure_button.setToolTip("Time a token step at several lengths, both modes taking turns")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.hide()
+        self.measure_button.clicked.connect(self.measure_requested)
+        self.cancel_button.clicked.connect(self.cancel_requested)
+
+        self.plot_widget = pg.PlotWidget()
+        self.plot_item = self.plot_widget.getPlotItem()
+        self.plot_item.setMenuEnabled(False)
+        self.plot_item.hideButtons()
+        self.plot_item.getViewBox().setMouseEnabled(x=False, y=False)
+        self.plot_item.setLabel("bottom", "sequence length (positions)")
+        self.plot_item.setLabel("left", "ms per token step")
+        self.plot_item.getAxis("left").enableAutoSIPrefix(False)
+        self.cached_curve = self.plot_item.plot([], [], symbol="o")
+        self.uncached_curve = self.plot_item.plot([], [], symbol="t")
+        # at the ends of the lines, right of the last points: the slower line's label above, the other's below
+        self.cached_label = pg.TextItem("with cache", anchor=(0.0, 0.0))
+        self.uncached_label = pg.TextItem("without cache", anchor=(0.0, 1.0))
+        for label in (self.cached_label, self.uncached_label):
+            self.plot_item.addItem(label, ignoreBounds=True)
+            label.hide()
+
+        controls = QHBoxLayout()
+        controls.addWidget(self.progress, 1)
+        controls.addStretch(0)
+        controls.addWidget(self.measure_button)
+        controls.addWidget(self.cancel_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 8, 8)
+        layout.addWidget(self.heading)
+        layout.addWidget(self.headline)
+        layout.addWidget(self.plot_widget, 1)
+        layout.addWidget(self.why)
+        layout.addLayout(controls)
+        self.setMinimumSize(420, 320)
+        self._apply_theme()
+        self._apply_fonts()
+
+    # ----- what the sweep says -----
+    def show_started(self, model: str) -> None:
+        self.heading.setText(f"<b>Speed</b> of {model}, measured on this machine")
+        self.progress.setRange(0, 0)
+        self.progress.setFormat("loading the model\u2026")
+        self.progress.show()
+        self.cancel_button.show()
+        self.measure_button.setEnabled(False)
+        if self.result is None:
+            self.headline.setText("Measuring: both modes take turns at every length.")
+
+    def show_progress(self, done: int, total: int) -> None:
+        self.progress.setRange(0, total)
+        self.progress.setValue(done)
+        self.progress.setFormat(f"measuring: {done} of {total} steps timed")
+
+    def show_result(self, result: SweepResult) -> None:
+        self.result = result
+        self._end_progress()
+        self.heading.setText(f"<b>Speed</b> of {result.model} ({result.dtype}), measured on this machine")
+        self.headline.setText(f"<b>{result.headline()}</b>")
+        self.cached_curve.setData(list(result.lengths), list(result.cached_ms))
+        self.uncached_curve.setData(list(result.lengths), list(result.uncached_ms))
+        last = result.lengths[-1]
+        self.cached_label.setPos(last, result.cached_ms[-1])
+        self.uncached_label.setPos(last, result.uncached_ms[-1])
+        for label in (self.cached_label, self.uncached_label):
+            label.show()
+        top = max(max(result.uncached_ms), max(result.cached_ms))
+        self.plot_item.setXRange(0, last * 1.3, padding=0.02)  # room for the labels at the lines' ends
+        self.plot_item.setYRange(0, top * 1.15, padding=0.0)
+
+    def show_failure(self, sentence: str) -> None:
+        self._end_progress()
+        self.headline.setText(sentence)
+
+    def show_cancelled(self) -> None:
+        self._end_progress()
+        if self.result is None:
+            self.headline.setText("The sweep was cancelled. " + WAITING)
+
+    def _end_progress(self) -> None:
+        self.progress.hide()
+        self.cancel_button.hide()
+        self.measure_button.setEnabled(True)
+        self.measure_button.setText("&Measure again")
+
+    @property
+    def measuring(self) -> bool:
+        return not self.progress.isHidden()
+
+    # ----- looks -----
+    def set_font_scale(self, scale: float) -> None:
+        self._font_scale = scale
+        self._apply_fonts()
+
+    def set_theme(self, theme: Theme) -> None:
+        self._theme = theme
+        self._apply_theme()
+        self._apply_fonts()
+
+    def _apply_theme(self) -> None:
+        theme = self._theme
+        self.plot_widget.setBackground(theme.background)
+        style_plot(self.plot_item, theme)
+        for curve, label, colour in ((self.cached_curve, self.cached_label, theme.teal),
+                                     (self.uncached_curve, self.uncached_label, theme.amber)):
+            curve.setPen(pg.mkPen(colour, width=3))
+            curve.setSymbolBrush(colour)
+            curve.setSymbolPen(pg.mkPen(colour))
+            label.setColor(colour)
+        self.setStyleSheet(f"QWidget#speedView {{ background: {theme.background}; }} "
+                           f"QWidget#speedView QLabel {{ color: {theme.foreground}; background: transparent; }}")
+        self.why.setStyleSheet(f"color: {theme.muted};")
+
+    def _apply_fonts(self) -> None:
+        scale = self._font_scale
+        base = QFont(self.font())
+        for label, points in ((self.heading, 12.0), (self.headline, 12.0), (self.why, 10.0)):
+            font = QFont(base)
+            font.setPointSizeF(points * scale)
+            label.setFont(font)
+        tick = QFont(base)
+        tick.setPointSizeF(10.0 * scale)
+        for name in ("bottom", "left"):
+            axis = self.plot_item.getAxis(name)
+            axis.setTickFont(tick)
+            axis.label.setFont(tick)
+        ends = QFont(base)
+        ends.setPointSizeF(11.0 * scale)
+        ends.setBold(True)
+        for label in (self.cached_label, self.uncached_label):
+            label.setFont(ends)
+        size = max(6, round(8 * scale))
+        for curve in (self.cached_curve, self.uncached_curve):
+            curve.setSymbolSize(size)

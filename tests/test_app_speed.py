@@ -1,0 +1,68 @@
+"""View > Speed: the sweep runs in a child process (the GUI thread never runs the model), reports its
+progress, can be cancelled, and the view draws what it measured, with the ratio in words."""
+
+from __future__ import annotations
+
+import pytest
+from helpers_checkpoints import save_kvviz_folder
+
+from kvviz.app.speed_panel import SpeedPanel
+from kvviz.app.speed_runner import sweep_arguments
+from kvviz.speed import SweepResult
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return str(save_kvviz_folder(tmp_path_factory.mktemp("speed") / "tiny", n_layer=2, n_head=2, n_embd=32,
+                                 n_ctx=17, seed=5))
+
+
+@pytest.fixture
+def panel(qtbot):
+    widget = SpeedPanel()
+    qtbot.addWidget(widget)
+    yield widget
+    widget.shut_down()
+
+
+def test_the_sweep_runs_in_the_background_and_the_view_draws_it(qtbot, panel, tiny):
+    progress = []
+    panel.sweeper.progressed.connect(lambda done, total: progress.append((done, total)))
+    with qtbot.waitSignal(panel.sweeper.finished, timeout=120_000) as finished:
+        panel.show_for(tiny, "float32", "tiny")
+        assert panel.view.measuring and panel.view.cancel_button.isVisibleTo(panel)
+    result: SweepResult = finished.args[0]
+    # the context of 17 positions allows a longest cached step at 16: eight lengths, 2 modes x 7 turns each
+    assert result.lengths == (2, 4, 6, 8, 10, 12, 14, 16) and result.repeat == 7
+    assert progress[-1] == (112, 112) and [d for d, _ in progress] == sorted(d for d, _ in progress)
+    assert not panel.view.measuring and panel.result is result
+    x, y = panel.view.uncached_curve.getData()
+    assert list(x) == list(result.lengths) and list(y) == list(result.uncached_ms)
+    assert list(panel.view.cached_curve.getData()[1]) == list(result.cached_ms)
+    assert result.headline() in panel.view.headline.text()
+    # shown again for the same model and precision: no second sweep
+    panel.show_for(tiny, "float32", "tiny")
+    assert not panel.sweeper.running
+
+
+def test_cancel_ends_the_sweep_and_says_so(qtbot, panel, tiny):
+    with qtbot.waitSignal(panel.sweeper.progressed, timeout=60_000):
+        panel.show_for(tiny, "float32", "tiny")
+    with qtbot.waitSignal(panel.sweeper.cancelled, timeout=5_000):
+        panel.view.cancel_button.click()
+    assert not panel.sweeper.running and not panel.view.measuring
+    assert "cancelled" in panel.view.headline.text() and panel.result is None
+
+
+def test_a_sweep_that_fails_says_why_in_one_sentence(qtbot, panel, tmp_path):
+    with qtbot.waitSignal(panel.sweeper.failed, timeout=60_000) as failed:
+        panel.show_for(str(tmp_path / "no-such-model"), "float32", "missing")
+    sentence = failed.args[0]
+    assert sentence.startswith("The speed sweep failed: ") and "\n" not in sentence and "Traceback" not in sentence
+    assert "no-such-model" in sentence and sentence in panel.view.headline.text()
+
+
+def test_the_sweep_command_names_the_model_and_precision():
+    assert sweep_arguments("", "bfloat16") == ["-m", "kvviz", "bench", "--sweep", "--json", "--progress",
+                                               "--dtype", "bfloat16"]
+    assert sweep_arguments("random:gpt2", "float32", 64)[-4:] == ["--model", "random:gpt2", "--max-length", "64"]
