@@ -50,7 +50,7 @@ class MainWindow(QMainWindow):
                  settings: QSettings | None = None, unattended: bool = False, lesson: str | None = None,
                  theme_name: str | None = None) -> None:
         super().__init__()
-        self.setWindowTitle("kvviz \u2014 KV cache visualiser")
+        self.setWindowTitle("KV cache visualiser")  # Qt adds " \u2014 kvviz", the application's display name
         self.unattended = unattended
         self.store = settings if settings is not None else app_settings()
         self.settings = AppSettings.load(self.store)
@@ -150,7 +150,7 @@ class MainWindow(QMainWindow):
 
     def _show_title(self, model_name: str, broken: bool) -> None:
         warning = " \u2014 CACHE BROKEN ON PURPOSE (Run > Break the cache)" if broken else ""
-        self.setWindowTitle(f"kvviz \u2014 {model_name}{warning}")
+        self.setWindowTitle(f"{model_name}{warning}")
 
     def _on_model_load_failed(self, source: str, message: str) -> None:
         if self.unattended:

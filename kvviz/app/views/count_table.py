@@ -4,7 +4,7 @@ per layer and over all layers. It shows the numbers a view gives it; it reads no
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QFont, QResizeEvent
+from PySide6.QtGui import QFont, QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel
 
 from kvviz.app.theme import Theme
@@ -16,6 +16,7 @@ ROW_TITLES = {"with_cache": "with cache", "without_cache": "without cache", "avo
 # each row's colour, a Theme field
 ROW_COLOURS = {"with_cache": "teal", "without_cache": "amber", "avoided": "foreground", "ratio": "foreground"}
 DASH = "\u2013"
+BOTTOM_RIGHT = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignBottom
 
 
 def format_count(value: int) -> str:
@@ -53,9 +54,10 @@ class CountTable(QGridLayout):
         self._reserved: dict[str, object] = {}
         for row, key in enumerate(ROWS, start=1):
             name = QLabel(ROW_TITLES[key])
+            name.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignBottom)
             per_layer, all_layers = LiveLabel(DASH, rich=False), LiveLabel(DASH, rich=False)
-            per_layer.setAlignment(Qt.AlignmentFlag.AlignRight)
-            all_layers.setAlignment(Qt.AlignmentFlag.AlignRight)
+            per_layer.setAlignment(BOTTOM_RIGHT)  # a row's three texts on one baseline (see set_fonts)
+            all_layers.setAlignment(BOTTOM_RIGHT)
             for col, label in enumerate((name, per_layer, all_layers)):
                 self.addWidget(label, row, col)
             self.labels[key] = (name, per_layer, all_layers)
@@ -92,12 +94,17 @@ class CountTable(QGridLayout):
         self.show_values({})
 
     def set_fonts(self, normal: QFont, big: QFont) -> None:
+        """Headers, row names and all-layers numbers in `normal`, the per-layer numbers in `big`. A row's texts
+        sit at its bottom, the `normal` ones raised by the difference of the fonts' descents: one baseline."""
         for label in (self.per_layer_header, self.all_layers_header):
             label.setFont(normal)
+        raise_by = max(0, QFontMetrics(big).descent() - QFontMetrics(normal).descent())
         for name, per_layer, all_layers in self.labels.values():
             name.setFont(normal)
             per_layer.setFont(big)
             all_layers.setFont(normal)
+            for label in (name, all_layers):
+                label.setContentsMargins(0, 0, 0, raise_by)
 
     def set_theme(self, theme: Theme) -> None:
         for key, labels in self.labels.items():
