@@ -95,12 +95,42 @@ def test_the_style_sheet_is_made_from_the_theme():
     template = QSS.read_text(encoding="utf-8")
     assert not HEX.search(template), "colours belong to kvviz.app.theme, not to the style sheet"
     fields = set(re.findall(r"\{([a-z_]+)\}", template))
-    assert fields and fields <= set(theme.COLOUR_FIELDS)
+    assert fields and fields <= {*theme.COLOUR_FIELDS, "name", "icons"}  # name and icons: the arrows' files
     dark, light = theme.stylesheet(DARK), theme.stylesheet(LIGHT)
     assert dark != light and not re.search(r"\{[a-z_]+\}", dark + light)
     assert f"background: {LIGHT.background}" in light and f"background: {DARK.background}" in dark
     theme.set_current("light")
     assert theme.stylesheet() == light and theme.current() is LIGHT
+
+
+def test_the_spin_boxes_arrows_are_files_in_the_themes_colours(qtbot):
+    """A style sheet that styles a spin box hides its native arrows: the sheet draws them from resources/icons,
+    in each theme's text colour (and a grey when the box is disabled or at its limit)."""
+    from PySide6.QtWidgets import QSpinBox
+
+    for chosen in (DARK, LIGHT):
+        sheet = theme.stylesheet(chosen)
+        urls = re.findall(r'url\("([^"]+)"\)', sheet)
+        assert {Path(u).name for u in urls} == {f"spin-{d}-{k}.svg" for d in ("up", "down")
+                                                for k in (chosen.name, "disabled")}
+        for url in urls:
+            assert Path(url).is_file(), url
+            if chosen.name in Path(url).name:
+                assert f'fill="{chosen.foreground}"' in Path(url).read_text(encoding="utf-8")
+        box = QSpinBox()
+        qtbot.addWidget(box)
+        box.setStyleSheet(sheet)
+        box.setRange(0, 10)
+        box.setValue(5)
+        box.resize(120, 32)
+        image = box.grab().toImage().convertToFormat(QImage.Format.Format_RGB888)
+        rgb = np.frombuffer(image.constBits(), np.uint8, image.sizeInBytes()).reshape(
+            image.height(), image.bytesPerLine())[:, : image.width() * 3].reshape(image.height(), image.width(), 3)
+        buttons = rgb[:, image.width() - 16:].astype(int)  # the up and down buttons' column
+        text = np.array(theme.rgba(chosen.foreground)[:3])
+        arrow = np.abs(buttons - text).max(axis=2) < 40
+        upper, lower = arrow[: image.height() // 2].sum(), arrow[image.height() // 2:].sum()
+        assert upper >= 8 and lower >= 8, (chosen.name, upper, lower)  # a glyph in each button, in the text colour
 
 
 def test_no_colour_is_written_outside_the_theme():

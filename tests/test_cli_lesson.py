@@ -81,7 +81,7 @@ def test_list_json_has_exactly_the_titles_and_question_keys(capsys):
     assert set(result) == {"title", "steps"} and result["title"] == lesson.title == "The KV cache in five steps"
     assert all(set(step) == {"title", "question"} for step in result["steps"])
     assert result["steps"] == [{"title": s.title, "question": s.question} for s in lesson.steps]
-    assert result["steps"][0] == {"title": "Two tokens in", "question": "next_kv_with_cache"}
+    assert result["steps"][0] == {"title": "The prompt goes in", "question": "next_kv_with_cache"}
     assert result["steps"][-1]["question"] is None
 
 
@@ -89,7 +89,7 @@ def test_list_prints_a_row_per_step(capsys, tmp_path):
     assert main(["lesson", "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "The KV cache in five steps (built-in): 5 steps, 4 questions, 9 slides"
-    assert re.fullmatch(r"  1  Two tokens in +question: next_kv_with_cache", lines[1])
+    assert re.fullmatch(r"  1  The prompt goes in +question: next_kv_with_cache", lines[1])
     assert re.fullmatch(r"  5  Two things to remember +question: none", lines[5]) and len(lines) == 6
     path = tmp_path / "one.toml"
     path.write_text(lesson_text({"title": "Only"}, title="Mine"), encoding="utf-8")
@@ -142,7 +142,7 @@ def test_export_writes_a_png_per_slide_and_a_deck(builtin_export):
     for number, line in enumerate(printed[:-1], start=1):
         assert line.startswith(f"slide {number}/{BUILTIN_SLIDES}: step ") and line.endswith(
             f" -> {out / slide_file_name(number, BUILTIN_SLIDES)}")
-    assert printed[1] == (f"slide 2/9: step 1 of 5, \u201cTwo tokens in\u201d, answer: 2 (measured) -> "
+    assert printed[1] == (f"slide 2/9: step 1 of 5, \u201cThe prompt goes in\u201d, answer: 2 (measured) -> "
                           f"{out / 'kvviz-lesson-02.png'}")
     assert printed[-1] == f"deck of 9 pages -> {out / 'kvviz-lesson.pdf'}"
 

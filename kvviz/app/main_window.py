@@ -113,7 +113,7 @@ class MainWindow(QMainWindow):
             view.export_requested.connect(self.export)
         self.workspace.panel_built.connect(self._on_panel_built)
         self.presentation.presenter_changed.connect(self.actions["presenter"].setChecked)
-        self.presentation.presenter_changed.connect(lambda on: self.lesson_panel.set_notes_shown(not on))
+        self.presentation.presenter_changed.connect(lambda on: on and self.lesson_panel.set_notes_shown(False))
         c.set_state(False, False, False)
 
     def _on_panel_built(self, panel: QWidget) -> None:

@@ -130,7 +130,15 @@ def _template() -> str:
     return resource_path("styles", "kvviz.qss").read_text(encoding="utf-8")
 
 
+@cache
+def _icons_folder() -> str:
+    from kvviz.resources import resource_path
+
+    return resource_path("icons").as_posix()
+
+
 def stylesheet(theme: Theme | None = None) -> str:
-    """The app's style sheet (widgets, dialogs, menus, tables) in `theme`'s colours (default: the current one)."""
-    colours = dataclasses.asdict(theme or _current)
-    return PLACEHOLDER.sub(lambda match: colours[match.group(1)], _template())
+    """The app's style sheet (widgets, dialogs, menus, tables) in `theme`'s colours (default: the current one);
+    its images (the spin boxes' arrows) from resources/icons."""
+    fields = {**dataclasses.asdict(theme or _current), "icons": _icons_folder()}
+    return PLACEHOLDER.sub(lambda match: str(fields[match.group(1)]), _template())
