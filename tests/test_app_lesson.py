@@ -3,10 +3,15 @@ its state, questions are answered with what the engine measured, and leaving giv
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QMessageBox, QScrollArea
+from PySide6.QtGui import QTextLayout, QTextOption
+from PySide6.QtWidgets import QApplication, QMessageBox, QScrollArea
 
+from kvviz.app.dialogs import ShortcutsDialog
+from kvviz.app.lesson_panel import keep_together
 from kvviz.app.main_window import MainWindow
 from kvviz.app.presentation import presenter_zoom
 from kvviz.app.settings import AppSettings, app_settings
@@ -64,16 +69,16 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
 
     # Step 1: "Time flies" (2 tokens), cached, before the prefill; the question shown, not its answer.
     assert_step(window, "Time flies", True, 0, 1)
-    assert panel.title.text() == "Two tokens in"
-    assert panel.question.text() == lesson.step.question_text and panel.question.isVisible()
-    assert lesson.measured is None and panel.answer_text() == "Page Down: measure"
+    assert panel.title.text() == "The prompt goes in"
+    assert panel.question.text() == keep_together(lesson.step.question_text) and panel.question.isVisible()
+    assert lesson.measured is None and panel.answer_text() == "Enter or Page Down: measure"
     states = window.grid.cell_states()
     assert (states[:, :2] == PENDING).all() and (states[:, 2:] == EMPTY).all()
     assert lesson.focus_target() is window.grid and lesson.frame.isVisible()
 
     press(qtbot, window, Qt.Key.Key_PageDown)  # one generation step: the prefill computes both prompt tokens
     assert_step(window, "Time flies", True, 1, 1)
-    assert lesson.measured == 2 and panel.answer_text() == "measured: 2"
+    assert lesson.measured == 2 and panel.answer_text() == "measured 2"
     assert (window.grid.cell_states()[:, :2] == COMPUTED).all()
 
     # Step 2: without the cache, at 3 new tokens: the last pass recomputed every position.
@@ -88,7 +93,7 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
     settle(qtbot, window)
     assert_step(window, "Time flies", False, 4, 2)
     assert lesson.measured == 2 + 3  # the fourth pass feeds the prompt and the 3 tokens so far: P + 3
-    assert panel.answer_text() == "your guess 6 \u2014 measured 5"
+    assert panel.answer_text() == "you said 6 \u00b7 measured 5"
 
     # Step 3: the same prompt with the cache at 3 new tokens: one amber column, teal before it.
     press(qtbot, window, Qt.Key.Key_PageDown)
@@ -98,7 +103,7 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
     assert counts(window) == (2 + 1 + 1, 2 + 3 + 4, 9 - 4)
     press(qtbot, window, Qt.Key.Key_PageDown)
     assert_step(window, "Time flies", True, 4, 3)
-    assert lesson.measured == 1 and panel.answer_text() == "measured: 1"
+    assert lesson.measured == 1 and panel.answer_text() == "measured 1"
 
     # Step 4: "Time flies fast" (3 tokens) at 11 of 12 tokens, the counter pointed at.
     press(qtbot, window, Qt.Key.Key_PageDown)
@@ -108,7 +113,7 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
     assert_step(window, "Time flies fast", True, 12, 4)
     p, n = 3, 12
     assert lesson.measured == n * p + n * (n - 1) // 2 - (p + n) == 87
-    assert panel.answer_text() == "measured: 87" and counts(window)[2] == 87  # what the counter shows too
+    assert panel.answer_text() == "measured 87" and counts(window)[2] == 87  # what the counter shows too
 
     # Step 5: compare mode at the end of the run; nothing framed; the last step.
     press(qtbot, window, Qt.Key.Key_PageDown)
@@ -122,13 +127,13 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
     press(qtbot, window, Qt.Key.Key_PageUp)
     assert_step(window, "Time flies fast", True, 12, 4)
     assert window.run_view.isVisibleTo(window) and not window.actions["compare"].isChecked()
-    assert lesson.measured == 87 and panel.answer_text() == "measured: 87"
+    assert lesson.measured == 87 and panel.answer_text() == "measured 87"
     press(qtbot, window, Qt.Key.Key_Left)  # from the answer back to the question
     assert_step(window, "Time flies fast", True, 11, 4)
-    assert lesson.measured is None and panel.answer_text() == "Page Down: measure"
+    assert lesson.measured is None and panel.answer_text() == "Enter or Page Down: measure"
     press(qtbot, window, Qt.Key.Key_PageUp, 3)
     assert_step(window, "Time flies", False, 4, 2)
-    assert lesson.measured == 5 and panel.answer_text() == "your guess 6 \u2014 measured 5"  # the guess is kept
+    assert lesson.measured == 5 and panel.answer_text() == "you said 6 \u00b7 measured 5"  # the guess is kept
     press(qtbot, window, Qt.Key.Key_PageUp)
     assert_step(window, "Time flies", False, 3, 2)
     assert panel.guess_edit.text() == "6"
@@ -148,19 +153,21 @@ def test_space_steps_freely_and_the_next_press_still_reveals_one_step(qtbot, win
     assert window.session.steps_done == 4 and window.lesson.measured == 5
 
 
-def test_escape_leaves_the_lesson_at_its_state_and_l_resumes_it(qtbot, window):
+def test_escape_leaves_the_lesson_for_the_free_app_and_l_resumes_it(qtbot, window):
     press(qtbot, window, Qt.Key.Key_PageDown, 4)  # step 3: cached at 3
     qtbot.keyClick(window, Qt.Key.Key_Escape)
     assert not window.lesson.active and not window.lesson_panel.isVisible()
     assert not window.actions["lesson"].isChecked() and not window.lesson.frame.isVisible()
-    assert window.session.steps_done == 3 and window.session.plan.prompt == "Time flies"
+    qtbot.waitUntil(lambda: window.session.plan is not None and window.session.plan.prompt == FREE_PROMPT,
+                    timeout=30_000)  # the free app's own run (the lesson began before it had stepped)
+    assert window.controls.prompt_edit.text() == FREE_PROMPT and window.session.steps_done == 0
     keys = [k.toString() for k in window.actions["step"].shortcuts()]
     assert keys == ["Space", "Right", "PgDown"] and window.actions["lesson_next"].shortcuts() == []
-    for key, done in ((Qt.Key.Key_PageDown, 4), (Qt.Key.Key_Right, 5), (Qt.Key.Key_Space, 6)):
+    for key, done in ((Qt.Key.Key_PageDown, 1), (Qt.Key.Key_Right, 2), (Qt.Key.Key_Space, 3)):
         qtbot.keyClick(window, key)  # the free app's keys step the run again
         qtbot.waitUntil(lambda d=done: window.session.steps_done == d, timeout=30_000)
     qtbot.keyClick(window, Qt.Key.Key_PageUp)
-    assert window.session.steps_done == 6
+    assert window.session.steps_done == 3
     qtbot.keyClick(window, Qt.Key.Key_L)  # back where it was left, the step's state again
     assert window.lesson.active and window.lesson.slide == 4
     settle(qtbot, window)
@@ -229,10 +236,12 @@ max_new_tokens = 4
         settle(qtbot, win)
         assert win.session.steps_done == 3
         # after the third token: 3 + 4 + 5 = 12 K/V without the cache, 3 + 2 = 5 with it
-        assert lesson.measured == pytest.approx(12 / 5) and panel.answer_text() == "measured: 2.4x"
+        assert lesson.measured == pytest.approx(12 / 5) and panel.answer_text() == "measured 2.4x"
         qtbot.keyClick(win, Qt.Key.Key_PageDown)
         settle(qtbot, win)
         assert win.session.plan.use_cache and win.session.steps_done == 0 and win.session.plan.max_new_tokens == 4
+        assert panel.notes_button.isVisible() and not panel.notes.isVisible()  # hidden until shown
+        qtbot.keyClick(win, Qt.Key.Key_N)
         assert panel.notes.isVisible() and "lecturer" in panel.notes.text()
         # a memory step opens View > Memory and points at it
         assert win.workspace.memory_view.isVisible() and win.actions["memory"].isChecked()
@@ -244,7 +253,7 @@ max_new_tokens = 4
         info = win.session.model_info
         per_position = 2 * info.n_layer * info.n_embd * 4  # a key and a value, float32, every layer
         assert lesson.measured == 3 * per_position  # the prefill fills the prompt's 3 positions
-        assert panel.answer_text() == f"measured: {3 * per_position:,} bytes"
+        assert panel.answer_text() == f"measured {3 * per_position:,} bytes"
         win.redraw()
         positions, measured = win.workspace.memory_view.points()
         assert positions.tolist() == [3] and measured[0] == 3 * per_position  # the answer, on the view
@@ -335,3 +344,163 @@ def test_the_lesson_column_leaves_the_views_their_size(qtbot, window, width, hei
             assert window.chart.height() >= 180 * scale and window.grid.plot_widget.height() >= 80 * scale
         assert panel.layout().totalHeightForWidth(panel.width()) <= panel.height(), f"lesson text clipped {where}"
         assert panel.text.font().pointSizeF() >= 13.5 * scale  # the app's text is 10 pt
+
+
+# ----- lesson hygiene: nothing gives an answer away, the guess needs no click, leaving gives the free app back
+
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve")
+
+
+def _says(text: str, number: str) -> bool:
+    """Whether `text` states `number` ("87", "2.4x"; small whole numbers in words too)."""
+    digits = number.replace(",", "").rstrip("x").split(" ")[0]
+    pattern = rf"(?<![\w.,]){re.escape(digits)}(?![\w]|[.,]\d)"
+    if re.search(pattern, text.replace(",", "")):
+        return True
+    return digits.isdigit() and int(digits) < len(NUMBER_WORDS) and bool(
+        re.search(rf"\b{NUMBER_WORDS[int(digits)]}\b", text, re.IGNORECASE))
+
+
+def _panel_texts(win: MainWindow) -> list[str]:
+    """What the lesson panel shows (its "step k of n" counter aside), and its notes even while hidden: a
+    lecturer may show them on a mirrored screen."""
+    panel = win.lesson_panel
+    shown = [label.text() for label in (panel.title, panel.text, panel.question, panel.answer, panel.hint)
+             if label.isVisibleTo(win)]
+    return [*shown, panel.notes.text(), panel.guess_edit.text()]
+
+
+def test_no_question_of_the_built_in_lesson_shows_its_answer_before_the_reveal(qtbot, window):
+    lesson, asked = window.lesson, 0
+    assert not window.lesson_panel.notes_shown  # notes are hidden on the projected window until N
+    while True:
+        step = lesson.step
+        if step.question and not lesson.revealed:
+            before = _panel_texts(window)
+            press(qtbot, window, Qt.Key.Key_PageDown)  # the reveal
+            answer = window.lesson_panel.answer_text().removeprefix("measured ")
+            with_cache, without_cache, _avoided = counts(window)
+            forbidden = [answer]  # and for a difference or a ratio, the two counts it is made of
+            if step.question in ("avoided_after_next", "ratio_after_next"):
+                forbidden += [str(with_cache), str(without_cache)]
+            for number in forbidden:
+                assert not any(_says(text, number) for text in before), (step.title, number, before)
+            asked += 1
+        if lesson.slide + 1 == len(lesson.lesson.slides()):
+            break
+        press(qtbot, window, Qt.Key.Key_PageDown)
+    assert asked == 4
+
+
+def test_the_check_for_answers_finds_them():
+    assert _says("For P = 3 and N = 12 that is 102 against 15.", "15") and _says("avoided 87 (6.8x)", "87")
+    assert _says("one amber column", "1") and _says("is two tokens", "2") and _says("36,864 bytes", "36,864 bytes")
+    assert not _says("step 12 of float32", "2") and not _says("once", "1") and not _says("6.8x", "8")
+
+
+def test_notes_are_hidden_until_n_and_hidden_again_in_presenter_mode(qtbot, window):
+    panel = window.lesson_panel
+    assert window.lesson.step.notes and panel.notes_button.isVisible()
+    assert not panel.notes.isVisible() and not window.actions["lesson_notes"].isChecked()
+    qtbot.keyClick(window, Qt.Key.Key_N)
+    assert panel.notes.isVisible() and panel.notes_button.isChecked()
+    qtbot.keyClick(window, Qt.Key.Key_N)
+    assert not panel.notes.isVisible()
+    panel.notes_button.click()  # the button is the same switch
+    assert panel.notes.isVisible() and window.actions["lesson_notes"].isChecked()
+    window.presentation.presenter_changed.emit(True)  # as F11 does
+    assert not panel.notes.isVisible()
+    window.presentation.presenter_changed.emit(False)  # leaving presenter mode shows nothing more
+    assert not panel.notes.isVisible()
+    assert ("Lesson notes (the lecturer's; hidden until shown)", "N") in ShortcutsDialog(
+        window.actions.values(), window).rows()  # F1 lists it
+
+
+def test_a_question_takes_typed_digits_and_enter_reveals_with_feedback(qtbot, window):
+    panel, lesson = window.lesson_panel, window.lesson
+    press(qtbot, window, Qt.Key.Key_PageDown, 6)  # step 4's question: avoided after the 12th token
+    assert lesson.step.question == "avoided_after_next" and not lesson.revealed
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is panel.guess_edit, timeout=5_000)  # no click needed
+    for key in (Qt.Key.Key_8, Qt.Key.Key_0):
+        qtbot.keyClick(QApplication.focusWidget(), key)
+    assert panel.guess_edit.text() == "80"
+    assert panel.guess_label.isVisible() and not panel.hint.isVisible()
+    qtbot.keyClick(QApplication.focusWidget(), Qt.Key.Key_Return)
+    settle(qtbot, window)
+    assert lesson.revealed and lesson.measured == 87
+    assert panel.answer_text() == "you said 80 \u00b7 measured 87"
+    assert panel.hint.isVisible() and panel.hint.text() == "Page Down: next"
+    assert not panel.guess_label.isVisible() and not panel.guess_edit.isVisible()  # no orphan "your guess"
+
+
+def test_the_guess_field_passes_space_and_the_lesson_keys_on(qtbot, window):
+    press(qtbot, window, Qt.Key.Key_PageDown, 2)  # step 2's question, uncached at 3
+    panel = window.lesson_panel
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is panel.guess_edit, timeout=5_000)
+    qtbot.keyClick(panel.guess_edit, Qt.Key.Key_Space)  # Space steps the run, as everywhere in the lesson
+    qtbot.waitUntil(lambda: window.session.steps_done == 4, timeout=30_000)
+    assert panel.guess_edit.text() == "" and window.lesson.slide == 2
+    qtbot.keyClick(panel.guess_edit, Qt.Key.Key_Right)  # Right goes on: the reveal
+    settle(qtbot, window)
+    assert window.lesson.revealed and window.lesson.measured == 5
+
+
+def test_k_v_never_breaks_across_lines(qtbot, window):
+    panel = window.lesson_panel
+    press(qtbot, window, Qt.Key.Key_PageDown, 6)  # step 4: "K/V" in its text and its question
+    label = panel.text
+    assert "K/\u2060V" in label.text() and "K/\u2060V" in panel.question.text()
+    assert keep_together("N(N\u22121)/2 K/V") == "N(N\u22121)/\u20602 K/\u2060V"
+
+    def lines(text: str, width: int) -> list[str]:
+        layout = QTextLayout(text, label.font())
+        option = QTextOption()
+        option.setWrapMode(QTextOption.WrapMode.WordWrap)
+        layout.setTextOption(option)
+        layout.beginLayout()
+        out = []
+        while (line := layout.createLine()).isValid():
+            line.setLineWidth(width)
+            out.append(text[line.textStart():line.textStart() + line.textLength()])
+        layout.endLayout()
+        return out
+
+    plain = window.lesson.step.text
+    widths = range(120, 600, 3)
+    # without the joiner, some widths break "K/" from "V" (so the check below can fail)
+    assert any(line.rstrip().endswith("K/") for width in widths for line in lines(plain, width))
+    for width in widths:
+        for line in lines(label.text(), width):
+            assert not line.rstrip().endswith(("K/", "K/\u2060", "/\u2060")), (width, line)
+    assert label.width() in range(100, 2000) and lines(label.text(), label.width())  # laid out in the panel
+
+
+def test_leaving_the_lesson_gives_the_free_app_its_prompt_settings_and_run_back(qtbot, app_model):
+    win = open_window(qtbot, app_model, None)
+    try:
+        qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
+        c = win.controls
+        win.actions["toggle_cache"].trigger()  # C: the cache off
+        c.max_new_spin.setValue(7)
+        c.top_k_spin.setValue(5)
+        win.actions["compare"].trigger()  # T: compare mode
+        qtbot.waitUntil(lambda: win.session.plan is not None and win.session.plan.twin is not None
+                        and win.session.plan.max_new_tokens == 7, timeout=30_000)
+        for _ in range(2):
+            win.session.step()
+        qtbot.waitUntil(lambda: win.session.steps_done == 2, timeout=30_000)
+        qtbot.keyClick(win, Qt.Key.Key_L)
+        settle(qtbot, win)
+        press(qtbot, win, Qt.Key.Key_PageDown, 3)  # step 2: "Time flies" without the cache, 12 tokens
+        assert win.session.plan.prompt == "Time flies" and win.session.plan.twin is None
+        qtbot.keyClick(win, Qt.Key.Key_Escape)
+        qtbot.waitUntil(lambda: win.session.plan is not None and win.session.plan.prompt == FREE_PROMPT
+                        and win.session.steps_done == 2, timeout=30_000)
+        plan = win.session.plan
+        assert c.prompt_edit.text() == FREE_PROMPT and not c.cache_check.isChecked()
+        assert c.max_new_spin.value() == 7 and c.top_k_spin.value() == 5 and c.compare
+        assert win.actions["compare"].isChecked() and not win.actions["break_cache"].isChecked()
+        assert not plan.use_cache and plan.max_new_tokens == 7 and plan.twin is not None
+    finally:
+        win.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject
@@ -26,6 +27,16 @@ def lesson_path(source: str) -> str | None:
     return None if source in BUILTIN else source
 
 
+@dataclass(frozen=True)
+class FreeApp:
+    """What the free app had when a lesson began, besides the run settings kept in the window's settings:
+    leaving the lesson gives it back."""
+
+    source: str  # the model (a --model value; "" = the embedded default)
+    steps: int  # the token its run was at, or on its way to
+    break_cache: bool
+
+
 class LessonMode(QObject):
     """Puts `window` into each slide of a lesson: a step, or a step's measured answer.
 
@@ -34,7 +45,9 @@ class LessonMode(QObject):
     first; the next press takes one generation step and shows, beside the audience's guess, the answer
     measured from the step's last record (the one the counter shows: after the last token, the pass
     that fills the cache) and the record before the step. Any slide reached backwards (or after free
-    steps) is replayed, so it looks as it did. Leaving keeps the state and gives the keys back.
+    steps) is replayed, so it looks as it did. A question's guess field has the keyboard focus, so
+    typed digits go in (Enter reveals). Leaving gives the keys back and the free app its own state: its
+    prompt and run settings, compare mode and Break the cache, its model, and its run at the token it was at.
     """
 
     def __init__(self, window: MainWindow, panel: LessonPanel, source: str | None = None) -> None:
@@ -53,6 +66,7 @@ class LessonMode(QObject):
         self._records: dict[int, StepRecord] = {}  # new_tokens -> the latest record at that count, current run
         self._revealing = False  # waiting for the record that answers the question
         self._model_asked: str | None = None
+        self._free: FreeApp | None = None  # the free app's state while a lesson is on
         s = window.session
         s.run_started.connect(self._on_run_started)
         s.record_computed.connect(self._on_record_computed)
@@ -90,33 +104,50 @@ class LessonMode(QObject):
             return
         w = self._window
         w.controls.store(w.settings)  # what is remembered: the free app's settings, never a lesson's
+        self._free = FreeApp(w.session.latest_source, w.session.steps_target, w.controls.break_cache)
         self.active = True
         set_lesson_keys(w.actions, True)
+        self.panel.set_notes_action(w.actions["lesson_notes"])
         self.panel.show()
         self._on_placed(self.panel.beside)
         self._show_active(True)
         self._show_slide(forward=False)
 
     def stop(self) -> None:
-        """Back to the free app, at the state the lesson left it in."""
+        """Back to the free app, as it was when the lesson began (see the class)."""
         if not self.active:
             return
+        w = self._window
         self.active = False
         self._revealing = False
-        set_lesson_keys(self._window.actions, False)
+        set_lesson_keys(w.actions, False)
         self.panel.hide()
-        self._window.controls.show()
+        w.controls.show()
         self.frame.frame(None)
         self.memory_frame.frame(None)
         self._show_memory_view(False)
         self._show_active(False)
-        self._window.focus_grid()
+        w.focus_grid()
+        self._restore_free_app()
+
+    def _restore_free_app(self) -> None:
+        w, free = self._window, self._free
+        if free is None:
+            return
+        self._free = None
+        c, actions = w.controls, w.actions
+        c.restore(w.settings)  # the prompt and the run settings the lesson began with, compare mode too
+        c.break_cache = free.break_cache
+        for name, on in (("compare", c.compare), ("break_cache", free.break_cache)):
+            with signals_blocked(actions[name]):
+                actions[name].setChecked(on)
+        if free.source != w.session.latest_source:
+            w.load_model(free.source)  # its run starts once it is loaded
+        else:
+            w.session.start_run(c.request(), free.steps)
 
     def escape(self) -> bool:
-        """Esc: out of the guess field, else out of the lesson; False when there was nothing to leave."""
-        if self.panel.guess_edit.hasFocus():
-            self._window.focus_grid()
-            return True
+        """Esc: out of the lesson (a question's guess field too); False when there was nothing to leave."""
         if self.active:
             self.stop()
             return True
@@ -165,6 +196,8 @@ class LessonMode(QObject):
         self._set_controls(step)
         self._frame_focus(step)
         w.focus_grid()  # the keys step the lesson and the run, none of them types
+        if step.question and not revealed:
+            self.panel.focus_guess()  # ... but digits go into the guess (GuessEdit passes the other keys on)
         if step.model is not None and step.model not in (w.session.source, self._model_asked):
             self._model_asked = step.model
             w.load_model(step.model)  # the step's run follows once it is loaded (_on_model_loaded)

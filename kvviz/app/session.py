@@ -52,6 +52,7 @@ class RunSession(QObject):
         self._replay_target = 0
         self._steps_requested = 0
         self._deferred_run: tuple[RunRequest, int] | None = None  # asked for while loading
+        self.resume_steps = 0  # the step the run that follows the current load starts at (see `load`)
         w = self.controller.worker
         w.model_loading.connect(self.model_loading)
         w.download_progressed.connect(self.download_progressed)
@@ -82,11 +83,22 @@ class RunSession(QObject):
         """New tokens the current run has generated so far."""
         return self.last_record.new_tokens if self.last_record is not None else 0
 
+    @property
+    def steps_target(self) -> int:
+        """The token the current run is at or on its way to: its replay's target and every step asked for.
+        A run that replaces it (a setting changed, another precision) replays to this one, so a change made
+        during a replay leaves the new run where the old one was going, not part-way."""
+        pending = self._deferred_run[1] if self._deferred_run is not None else 0
+        return max(self.steps_done, self._steps_requested, self._replay_target, pending)
+
     # ----- models -----
     def load(self, source: str, dtype: str | None = None) -> None:
         """Queue a load of `source` (a --model value; "" = the embedded default) in `dtype` (default: the
-        precision asked for last, `dtype`)."""
+        precision asked for last, `dtype`). Reloading the loaded model (another precision) keeps the run's
+        step for the run that follows (`resume_steps`), as any other change of a run setting does; another
+        model starts at step 0."""
         self.pause()
+        self.resume_steps = self.steps_target if source == self.source and self.plan is not None else 0
         self.dtype = dtype or self.dtype
         self._pending_loads.append(source)
         self.controller.load(source, self.dtype)
