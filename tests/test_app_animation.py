@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -231,6 +232,45 @@ def test_progress_goes_to_a_terminal_only():
     for done in (1, 2, 3):
         report(done, 3)
     assert terminal.text == "\rkvviz: frame 1/3\rkvviz: frame 2/3\rkvviz: frame 3/3\r\x1b[K"
+
+
+# ----- frames readable from the back of a hall -----
+INSTRUCTION = re.compile(r"\bpress|\bSpace\b|Page ?(Down|Up)|PgDn|Ctrl\+|\bclick", re.IGNORECASE)
+
+
+def test_a_view_frame_gives_the_chart_a_fifth_of_its_height_and_large_text(source, qtbot):
+    """A 1280-wide frame of the whole view: the chart's plot at least a fifth of the frame's height (it was
+    about 60 pixels), every text at least 2 % of the height (tick labels were about 1 %), no key to press,
+    and the caption names the precision."""
+    from helpers_text import TextRecorder
+    from PySide6.QtCore import QPoint
+
+    from kvviz.app.export.animation import _Frames
+    from kvviz.app.export.render import Page, paint_scaled
+
+    spec = AnimationSpec(1, CACHED_STEPS)
+    frames = _Frames(AnimationSource(source.plan, source.records, "bfloat16"), "view", spec)
+    try:
+        frames.rgb(1)  # the frame before the second pass, which says the most about the run still to come
+        view, caption = frames.widget, frames.caption(1)
+        assert "tiny (bfloat16), step 1" in caption
+        page = Page(view, caption)
+        scale = spec.width / page.width
+        chart = view.chart.layout_widget
+        box = view.chart.work_plot.getViewBox()
+        plot = chart.mapFromScene(box.sceneBoundingRect()).boundingRect()
+        top = chart.viewport().mapTo(view, QPoint(0, plot.top())).y()
+        assert top > view.grid.geometry().bottom()  # below the grid, as the app shows it
+        assert plot.height() * scale >= 0.2 * frames.height, (plot.height() * scale, frames.height)
+        recorder = TextRecorder(spec.width, frames.height)
+        paint_scaled(recorder, page, scale)
+        texts = recorder.texts
+        assert len(texts) > 20 and any(t.text == "K/V computations" for t in texts)
+        small = [(t.text, round(t.pixels, 1)) for t in texts if t.pixels < 0.02 * frames.height]
+        assert not small, small[:8]
+        assert not [t.text for t in texts if INSTRUCTION.search(t.text)]
+    finally:
+        frames.close()
 
 
 # ----- the export dialog -----

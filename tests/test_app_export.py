@@ -705,8 +705,21 @@ def test_captions_and_file_names():
     assert make_caption("Hi", "gpt2", None) == "\u201cHi\u201d \u2014 gpt2, before the first step"
     assert make_caption("Hi", "gpt2", None, use_cache=True) == \
         "\u201cHi\u201d \u2014 gpt2, before the first step, with KV cache"
+    assert make_caption("Hi", "gpt2", 2, 1, True, dtype="bfloat16") == \
+        "\u201cHi\u201d \u2014 gpt2 (bfloat16), step 2, 1 new token, with KV cache"
     assert default_file_name("grid", "svg", 7) == "kvviz-grid-step7.svg"
     assert default_file_name("view", "png", None) == "kvviz-view.png"
+
+
+def test_headless_captions_name_the_precision(qtbot, tmp_path):
+    """The numbers depend on the number type: `kvviz export --dtype` says it in every caption."""
+    model = save_kvviz_folder(tmp_path / "tiny", n_layer=2, n_head=2, n_embd=32, n_ctx=64)
+    for dtype in ("float32", "float16"):
+        written = run_export(str(model), PROMPT, 2, tmp_path / dtype, ["svg"], dtype=dtype)
+        for path in written:
+            assert f"tiny ({dtype}), step 3, 2 new tokens" in path.read_text(encoding="utf-8").replace("\u00a0", " ")
+    compare = run_export(str(model), PROMPT, 2, tmp_path / "compare", ["svg"], compare=True, dtype="bfloat16")
+    assert "tiny (bfloat16), step 3" in compare[0].read_text(encoding="utf-8").replace("\u00a0", " ")
 
 
 def test_parse_formats_one_parser_for_text_and_lists():
@@ -788,3 +801,54 @@ def test_run_export_rejects_bad_input_in_one_line(qtbot, tmp_path):
             run_export(**kwargs)
         assert "\n" not in str(info.value)
     assert not (tmp_path / "o").exists()  # nothing made for a run that could not start
+
+
+# ----- the window says where an export went -----
+@pytest.mark.parametrize(("target", "fmt", "said"), [
+    ("grid", "png", "the K/V grid (PNG image)"),
+    ("chart", "svg", "the chart (SVG drawing)"),
+    ("view", "gif", "the whole view (GIF animation)"),
+])
+def test_the_window_says_where_an_export_went(target, fmt, said, window, qtbot, tmp_path, monkeypatch):
+    """File > Export...: once the file is written, the status line names it, and the caption the precision."""
+    import kvviz.app.export.dialog as export
+
+    seen = []
+
+    def export_at_once(dialog):  # the user picks the view, the format and a file, and presses Export
+        seen.append(dialog._caption)
+        dialog.target_box.setCurrentIndex(dialog.target_box.findData(target))
+        dialog.format_box.setCurrentIndex(dialog.format_box.findData(fmt))
+        dialog.width_box.setValue(320)
+        dialog.path_edit.setText(str(tmp_path / f"lecture.{fmt}"))
+        dialog.save_button.click()
+        return dialog.result()
+
+    monkeypatch.setattr(export.ExportDialog, "exec", export_at_once)
+    qtbot.keyClick(window, Qt.Key.Key_Space)
+    qtbot.waitUntil(lambda: len(window.records) == 1, timeout=30_000)
+    qtbot.keyClick(window, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    path = tmp_path / f"lecture.{fmt}"
+    assert path.is_file()
+    assert window.status.text() == f"Exported {said} to {path}"
+    assert f"({window.session.model_info.dtype}), step 1" in seen[0]
+    assert not window.banner.isVisible()  # the status bar is on screen: no banner over the views
+
+
+def test_in_presenter_mode_the_banner_says_where_an_export_went(window, qtbot, tmp_path, monkeypatch):
+    """Presenter mode hides the status bar: the banner says it, and gives the room back a few seconds later."""
+    import kvviz.app.export.dialog as export
+
+    def export_at_once(dialog):
+        dialog.path_edit.setText(str(tmp_path / "shown.png"))
+        dialog.save_button.click()
+        return dialog.result()
+
+    monkeypatch.setattr(export.ExportDialog, "exec", export_at_once)
+    monkeypatch.setattr(export, "BANNER_SECONDS", 0.2)
+    window.presentation.set_presenter(True)
+    qtbot.waitUntil(lambda: not window.statusBar().isVisible(), timeout=5000)
+    window.export()
+    assert window.banner.isVisible() and window.banner.text().endswith(str(tmp_path / "shown.png"))
+    qtbot.waitUntil(lambda: not window.banner.isVisible(), timeout=5000)
+    window.presentation.set_presenter(False)

@@ -17,11 +17,13 @@ from unittest import mock
 import numpy as np
 import pytest
 from helpers_checkpoints import save_kvviz_folder
+from PySide6.QtCore import QPoint, QRect
 from PySide6.QtGui import QImage
 
 from kvviz.app import theme
 from kvviz.app.export import ExportError, export_lesson, slide_file_name, slides
 from kvviz.app.export import slide_layout as slides_module
+from kvviz.app.export.slide_stage import SlideStage
 from kvviz.cli import main
 from kvviz.lesson import LessonError, load_lesson, parse_lesson
 
@@ -147,17 +149,23 @@ def test_export_writes_a_png_per_slide_and_a_deck(builtin_export):
     assert printed[-1] == f"deck of 9 pages -> {out / 'kvviz-lesson.pdf'}"
 
 
-def test_every_slide_with_a_run_shows_the_grid_colours(builtin_export):
+def test_every_slide_shows_its_focus_in_the_grid_colours(builtin_export):
+    """A grid (or "all") slide is mostly amber and teal cells once a pass ran; a counter slide shows the chart's
+    two curves and the counter's numbers in them."""
     out, _, _ = builtin_export
     lesson = load_lesson()
     for number, (index, revealed) in enumerate(lesson.slides(), start=1):
+        step = lesson.steps[index]
         image = pixels(out / slide_file_name(number, BUILTIN_SLIDES))
         assert image.shape == (450, 800, 3)  # 16:9
-        coloured = count_near(image, theme.DARK.amber) + count_near(image, theme.DARK.teal)
-        if lesson.steps[index].advance_to or revealed:
-            assert coloured > 0.02 * image.shape[0] * image.shape[1], (number, coloured)
+        amber, teal = count_near(image, theme.DARK.amber), count_near(image, theme.DARK.teal)
+        area = image.shape[0] * image.shape[1]
+        if step.focus in ("chart", "counter"):
+            assert amber > 0.001 * area and teal > 0.001 * area, (number, amber, teal)
+        elif step.advance_to or revealed:
+            assert amber + teal > 0.02 * area, (number, amber + teal)
         else:  # before the first step: no cell computed, only the legend's swatches
-            assert coloured < 0.01 * image.shape[0] * image.shape[1], (number, coloured)
+            assert amber + teal < 0.01 * area, (number, amber + teal)
 
 
 def test_slides_say_title_place_question_and_answer_and_never_the_notes(builtin_export):
@@ -298,7 +306,53 @@ def test_the_app_gets_the_lesson_to_open(monkeypatch, tmp_path):
         app_lesson(str(tmp_path / "missing.toml"))
 
 
-# ----- the built-in lesson on the embedded model, in time -----
+# ----- the built-in lesson on the embedded model: readable from the back of a hall, in time -----
+
+INSTRUCTION = re.compile(r"\bpress|\bSpace\b|Page ?(Down|Up)|PgDn|PgUp|Ctrl\+|\bclick|\bF11\b", re.IGNORECASE)
+
+
+@pytest.fixture(scope="module")
+def builtin_texts(app_model, tmp_path_factory):
+    """Every text the built-in lesson's slides draw, as a 1920x1080 slide receives it, slide by slide."""
+    from helpers_text import TextRecorder
+
+    texts = []
+    original = slides.slide_png
+
+    def recording(text, view, width):
+        recorder = TextRecorder(1920, 1080)
+        slides_module.paint_slide_scaled(recorder, text, view, 1920 / slides_module.SLIDE_SIZE[0])
+        texts.append(recorder.texts)
+        return original(text, view, width)
+
+    slides.slide_png = recording
+    try:
+        export_lesson(load_lesson(), tmp_path_factory.mktemp("readable"), "png", width=320, model=app_model)
+    finally:
+        slides.slide_png = original
+    assert len(texts) == BUILTIN_SLIDES
+    return texts
+
+
+def test_every_text_on_a_slide_is_at_least_a_fortieth_of_its_height(builtin_texts):
+    """Tick labels, axis titles, legends, the counter and the slide's own text: 2.5 % of 1080 is 27 pixels."""
+    for number, texts in enumerate(builtin_texts, start=1):
+        assert len(texts) > 20  # the views were drawn
+        small = [(t.text, round(t.pixels, 1)) for t in texts if t.pixels < 0.025 * 1080]
+        assert not small, (number, small[:8])
+        tick = min(t.pixels for t in texts if t.text.strip().isdigit())  # an axis tick label
+        assert tick >= 27.0, (number, tick)
+
+
+def test_no_slide_carries_an_app_instruction(builtin_texts):
+    """A slide is projected to people who hold no keyboard: no key to press, nothing to click."""
+    for number, texts in enumerate(builtin_texts, start=1):
+        said = [t.text for t in texts if INSTRUCTION.search(t.text)]
+        assert not said, (number, said)
+    first = " ".join(t.text for t in builtin_texts[0])
+    assert "tokens ready" in first  # the grid's caption before the first step is there, without a key
+
+
 
 
 def test_the_builtin_lesson_exports_in_under_a_minute(tmp_path):
@@ -319,7 +373,7 @@ def test_a_memory_step_makes_a_slide_of_the_memory_view(tiny, tmp_path, qtbot, m
     """`focus = "memory"` puts the memory view on the step's slides (its model's line, the run's bytes on it)."""
     lesson = parse_lesson(lesson_text({}, {"extra": 'focus = "memory"'}), "test.toml")
     shown: list[tuple[str, object]] = []
-    real_show = slides._Stage.show
+    real_show = SlideStage.show
 
     def spy(self, step, plan, records, region):
         view = real_show(self, step, plan, records, region)
@@ -327,20 +381,54 @@ def test_a_memory_step_makes_a_slide_of_the_memory_view(tiny, tmp_path, qtbot, m
         shown.append((type(view).__name__, points))
         return view
 
-    monkeypatch.setattr(slides._Stage, "show", spy)
+    monkeypatch.setattr(SlideStage, "show", spy)
     export_lesson(lesson, tmp_path, "png", width=640, model=str(tiny))
-    assert [name for name, _ in shown] == ["RunView", "MemoryView"]
+    assert [name for name, _ in shown] == ["Arrangement", "MemoryView"]
     positions, measured = shown[1][1]
     per_position = 2 * 2 * 32 * 4  # K and V, 2 layers, 32 wide, float32
     assert positions.tolist() == [2, 3] and measured.tolist() == [2 * per_position, 3 * per_position]
+
+
+@pytest.mark.parametrize(("cache", "focus", "views"), [
+    ("true", "grid", ["TokenStrip", "KVGridView"]),
+    ("false", "counter", ["WorkChart", "CounterPanel"]),
+    ("true", "chart", ["WorkChart", "CounterPanel"]),
+    ("true", "all", ["TokenStrip", "KVGridView", "CounterPanel"]),
+    ('"compare"', "grid", ["DivergenceBanner", "KVGridView", "KVGridView", "IdentityStrip"]),
+    ('"compare"', "counter", ["CompareTimePlot", "CompareCounts"]),
+    ('"compare"', "all", ["DivergenceBanner", "KVGridView", "KVGridView", "IdentityStrip"]),
+])
+def test_a_slide_shows_the_part_of_the_window_its_focus_names(cache, focus, views, tiny, tmp_path, qtbot,
+                                                             monkeypatch):
+    """The whole window does not fit a slide in type large enough for a hall: a slide shows its step's focus,
+    each view laid out inside the slide's view area."""
+    lesson = parse_lesson(lesson_text({"cache": cache, "extra": f'focus = "{focus}"'}), "test.toml")
+    shown = []
+    real_show = SlideStage.show
+
+    def spy(self, step, plan, records, region):
+        view = real_show(self, step, plan, records, region)
+        inside = all(QRect(0, 0, round(region.width()), round(region.height())).contains(
+            QRect(v.mapTo(view, QPoint(0, 0)), v.size())) for v in view.views() if v.isVisible())
+        shown.append(([type(v).__name__ for v in view.views()], inside))
+        return view
+
+    monkeypatch.setattr(SlideStage, "show", spy)
+    export_lesson(lesson, tmp_path, "png", width=320, model=str(tiny))
+    assert shown == [(views, True)]
 
 
 def test_lesson_export_takes_a_dtype(tiny, tmp_path, monkeypatch, capsys):
     """`kvviz lesson --export --dtype bfloat16` runs the steps in bfloat16; with --list the option is refused."""
     path = tmp_path / "l.toml"
     path.write_text(lesson_text({"advance_to": 1, "extra": 'question = "cache_bytes_after_next"'}), encoding="utf-8")
+    footers = []
+    original = slides_module.paint_slide
+    monkeypatch.setattr(slides_module, "paint_slide", lambda painter, text, view: (
+        footers.append(text.footer), original(painter, text, view)))
     assert main(["lesson", "--file", str(path), "--export", str(tmp_path / "out"), "--format", "png",
                  "--width", "320", "--model", str(tiny), "--dtype", "bfloat16"]) == 0
+    assert len(footers) == 2 and all("\u2014 tiny (bfloat16), " in footer for footer in footers)  # the precision
     out = capsys.readouterr().out
     per_position = 2 * 2 * 32 * 2  # K and V, 2 layers, 32 wide, 2 bytes
     assert f"answer: {3 * per_position:,} bytes (measured)" in out  # after the 2nd token: 3 positions cached

@@ -41,6 +41,7 @@ from kvviz.app.export.headless import (
     VIEW_SIZE,
     build_view_area,
     ensure_application,
+    export_view,
     planned_run,
     without_offscreen_chatter,
 )
@@ -69,10 +70,12 @@ class AnimationCancelled(Exception):
 
 @dataclass(frozen=True)
 class AnimationSource:
-    """What an animation is made of: a run's plan and its records (a whole headless run, or the app's so far)."""
+    """What an animation is made of: a run's plan and its records (a whole headless run, or the app's so far),
+    computed in `dtype` (the captions say it; None: not said)."""
 
     plan: RunPlan
     records: tuple[StepRecord, ...]
+    dtype: str | None = None
 
     @property
     def steps(self) -> int:
@@ -178,9 +181,8 @@ def _target_widget(target: str) -> QWidget:
     from kvviz.app.views.kv_grid import KVGridView
     from kvviz.app.views.work_chart import WorkChart
 
-    widget = {"chart": WorkChart, "grid": KVGridView, "compare": CompareView, "attention": AttentionView}[target]()
-    widget.setStyleSheet(themes.stylesheet())
-    return widget
+    return export_view({"chart": WorkChart, "grid": KVGridView, "compare": CompareView,
+                        "attention": AttentionView}[target]())
 
 
 def _rgb(image: QImage) -> np.ndarray:
@@ -213,7 +215,7 @@ class _Frames:
             return None
         plan, record = self.source.plan, self.source.records[step - 1]
         return make_caption(plan.prompt, plan.model_name, step, record.new_tokens, plan.use_cache,
-                            compare=plan.twin is not None, cache_broken=plan.cache_broken)
+                            compare=plan.twin is not None, cache_broken=plan.cache_broken, dtype=self.source.dtype)
 
     def rgb(self, step: int) -> np.ndarray:
         """The frame of `step` as (H, W, 3) RGB."""
@@ -351,5 +353,5 @@ def run_animation(model: str | None, prompt: str, new_tokens: int, out_dir: Path
     spec = AnimationSpec(first, min(last, len(records)), fps, hold, width)
     paths = [out_dir / animation_file_name(target, fmt, spec.first, spec.last) for fmt in formats]
     with without_offscreen_chatter(), themes.using(theme):
-        return write_animation(AnimationSource(plan, records), target, paths, spec,
+        return write_animation(AnimationSource(plan, records, dtype), target, paths, spec,
                                terminal_progress() if progress is None else progress)

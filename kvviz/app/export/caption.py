@@ -22,11 +22,18 @@ def shorten_caption(caption: str) -> str:
     return caption if len(caption) <= CAPTION_MAX_CHARS else caption[: CAPTION_MAX_CHARS - 1] + "\u2026"
 
 
+def model_with_precision(model: str, dtype: str | None) -> str:
+    """kvviz-shakespeare (bfloat16): the model and the number type of its weights and cache (none when None)."""
+    return model if dtype is None else f"{model} ({dtype})"
+
+
 def make_caption(prompt: str, model: str, step: int | None, new_tokens: int | None = None,
-                 use_cache: bool | None = None, compare: bool = False, cache_broken: bool = False) -> str:
-    """The caption of an exported view: “prompt” — model, step 13, 12 new tokens, with KV cache
-    (a long prompt elided); with `step` None: “prompt” — model, before the first step. `compare`:
-    both runs in lockstep; `cache_broken`: the teaching switch was on, and the caption says so."""
+                 use_cache: bool | None = None, compare: bool = False, cache_broken: bool = False,
+                 dtype: str | None = None) -> str:
+    """The caption of an exported view: “prompt” — model (float32), step 13, 12 new tokens, with KV cache
+    (a long prompt elided); with `step` None: “prompt” — model (float32), before the first step. `dtype`: the
+    precision the numbers were computed in (None: not said, no model loaded). `compare`: both runs in
+    lockstep; `cache_broken`: the teaching switch was on, and the caption says so."""
     parts = ["before the first step" if step is None else f"step {step}"]
     if new_tokens is not None:
         parts.append(f"{new_tokens} new token{'' if new_tokens == 1 else 's'}")
@@ -36,7 +43,7 @@ def make_caption(prompt: str, model: str, step: int | None, new_tokens: int | No
         mode = "" if use_cache is None else (", with KV cache" if use_cache else ", without KV cache")
     if cache_broken:
         mode += " (KV cache broken on purpose)"
-    return f"\u201c{_elide_prompt(prompt)}\u201d \u2014 {model}, {', '.join(parts)}{mode}"
+    return f"\u201c{_elide_prompt(prompt)}\u201d \u2014 {model_with_precision(model, dtype)}, {', '.join(parts)}{mode}"
 
 
 def default_file_name(target: str, fmt: str, step: int | None) -> str:

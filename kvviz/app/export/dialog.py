@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -73,6 +73,7 @@ class ExportSettings(TypedSettings):
 
 
 ALL_FORMATS = (*FORMATS, *ANIMATION_FORMATS)
+BANNER_SECONDS = 8  # how long presenter mode's banner says where an export went
 
 
 class ExportDialog(QDialog):
@@ -342,6 +343,13 @@ class ExportDialog(QDialog):
         self._save_settings(path)
         self.accept()
 
+    def written_as(self) -> str:
+        """What was written, in words: "the K/V grid (PNG image)", "the whole view (GIF animation)"."""
+        view = TARGET_LABELS.get(self.target(), self.target())
+        if view[1:2] != "/":  # "K/V grid" keeps its capitals
+            view = view[0].lower() + view[1:]
+        return f"the {view} ({({**FORMAT_LABELS, **ANIMATION_LABELS})[self.image_format()]})"
+
     def _format_enabled(self, fmt: str) -> bool:
         return bool(self.format_box.model().item(self.format_box.findData(fmt)).flags() & Qt.ItemFlag.ItemIsEnabled)
 
@@ -367,9 +375,23 @@ def export_from_window(window: MainWindow) -> None:
     window.redraw()
     plan, record, info = session.plan, session.last_record, session.model_info
     step = record.step + 1 if record is not None else None
+    dtype = info.dtype if info else None
     caption = make_caption(plan.prompt if plan else window.controls.prompt_edit.text(),
                            info.name if info else "no model", step, record.new_tokens if record else None,
                            plan.use_cache if plan else None, compare=plan is not None and plan.twin is not None,
-                           cache_broken=plan is not None and plan.cache_broken)
-    animation = AnimationSource(plan, tuple(window.records)) if plan is not None and window.records else None
-    ExportDialog(window.export_targets(), caption, window, step=step, animation=animation).exec()
+                           cache_broken=plan is not None and plan.cache_broken, dtype=dtype)
+    animation = AnimationSource(plan, tuple(window.records), dtype) if plan is not None and window.records else None
+    dialog = ExportDialog(window.export_targets(), caption, window, step=step, animation=animation)
+    if dialog.exec() == QDialog.DialogCode.Accepted and dialog.written is not None:
+        say_where(window, dialog.written_as(), dialog.written)
+
+
+def say_where(window: MainWindow, what: str, path: Path) -> None:
+    """Tell the window's user where an export went: on the status line until the run moves on, and on the
+    banner too in presenter mode, where the status bar is hidden."""
+    message = f"Exported {what} to {path}"
+    window.status.show_message(message, sticky=False)
+    if not window.statusBar().isVisible():
+        window.banner.say(message)
+        QTimer.singleShot(round(BANNER_SECONDS * 1000), window.banner,
+                          lambda: window.banner.say("") if window.banner.text() == message else None)

@@ -24,7 +24,7 @@ from kvviz.app.export.files import (
 from kvviz.files import folder_problem
 
 if TYPE_CHECKING:
-    from PySide6.QtWidgets import QApplication
+    from PySide6.QtWidgets import QApplication, QWidget
 
     from kvviz.app.views.run_view import RunView
     from kvviz.records import RunPlan, StepRecord
@@ -34,6 +34,8 @@ GRID_SIZE = (1200, 620)
 ATTENTION_SIZE = (1200, 360)
 VIEW_SIZE = (1600, 1000)
 COMPARE_SIZE = (1600, 1000)
+EXPORT_FONT_SCALE = 1.9  # the views' fonts in an export: a 9-point tick label is 2 % of a view's exported height
+VIEW_CHART_SHARE = 0.45  # of the whole view's height under the token strip: the chart and the counter
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -77,15 +79,26 @@ def ensure_application() -> QApplication:
     return app
 
 
-def build_view_area() -> RunView:
-    """The main window's whole view (RunView), styled and sized for export."""
+def export_view(widget: QWidget) -> QWidget:
+    """`widget`, a view made for an export, in the theme's style and the export's font scale."""
     from kvviz.app import theme
+
+    widget.setStyleSheet(theme.stylesheet())
+    widget.set_font_scale(EXPORT_FONT_SCALE)
+    return widget
+
+
+def build_view_area() -> RunView:
+    """The main window's whole view (RunView), styled and sized for export: the grid over the chart and the
+    counter, which get VIEW_CHART_SHARE of the height (left to the splitter, the grid would take most of it)."""
     from kvviz.app.views.run_view import RunView
 
-    area = RunView()
-    area.setStyleSheet(theme.stylesheet())
+    area = export_view(RunView())
     area.layout().setContentsMargins(8, 6, 8, 6)
-    area.bottom_splitter.setSizes([3 * VIEW_SIZE[0] // 4 - 60, VIEW_SIZE[0] // 4 + 60])  # the counter's labels fit
+    width, height = VIEW_SIZE
+    area.bottom_splitter.setSizes([width * 3 // 5, width * 2 // 5])  # the counter's labels fit at the export's scale
+    below = round(height * VIEW_CHART_SHARE)
+    area.main_splitter.setSizes([height - below, 0, below])
     return area
 
 
@@ -132,7 +145,7 @@ def run_export(
     plan, records = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache, dtype)
     render = _render_compare if compare else _render_run
     with without_offscreen_chatter(), themes.using(theme):
-        return render(app, plan, list(records()), out_dir, formats, width)
+        return render(app, plan, list(records()), out_dir, formats, width, dtype)
 
 
 def planned_run(model: str | None, prompt: str, new_tokens: int, use_cache: bool = True, compare: bool = False,
@@ -160,14 +173,12 @@ def planned_run(model: str | None, prompt: str, new_tokens: int, use_cache: bool
 
 
 def _render_compare(app: QApplication, plan: RunPlan, records: list, out_dir: Path, formats: list[str],
-                    width: int) -> list[Path]:
+                    width: int, dtype: str) -> list[Path]:
     from PySide6.QtCore import Qt
 
-    from kvviz.app import theme
     from kvviz.app.views.compare_view import CompareView
 
-    view = CompareView()
-    view.setStyleSheet(theme.stylesheet())
+    view = export_view(CompareView())
     try:
         view.reset(plan)
         view.apply(records)
@@ -180,7 +191,7 @@ def _render_compare(app: QApplication, plan: RunPlan, records: list, out_dir: Pa
         last = records[-1]
         step = last.step + 1
         caption = make_caption(plan.prompt, plan.model_name, step, last.new_tokens, plan.use_cache, compare=True,
-                               cache_broken=plan.cache_broken)
+                               cache_broken=plan.cache_broken, dtype=dtype)
         return _write_all({"compare": (view, COMPARE_SIZE)}, formats, out_dir, step, width, caption)
     finally:
         view.close()
@@ -189,16 +200,14 @@ def _render_compare(app: QApplication, plan: RunPlan, records: list, out_dir: Pa
 
 
 def _render_run(app: QApplication, plan: RunPlan, records: list, out_dir: Path, formats: list[str],
-                width: int) -> list[Path]:
+                width: int, dtype: str) -> list[Path]:
     from PySide6.QtCore import Qt
 
     from kvviz.app.views.kv_grid import KVGridView
     from kvviz.app.views.work_chart import WorkChart
 
-    chart, grid = WorkChart(), KVGridView()
+    chart, grid = export_view(WorkChart()), export_view(KVGridView())
     view = build_view_area()
-    for widget in (chart, grid):
-        widget.setStyleSheet(view.styleSheet())
     views = (chart, grid, view)
     try:
         for v in views:
@@ -212,7 +221,7 @@ def _render_run(app: QApplication, plan: RunPlan, records: list, out_dir: Path, 
         last = records[-1]
         step = last.step + 1
         caption = make_caption(plan.prompt, plan.model_name, step, last.new_tokens, plan.use_cache,
-                               cache_broken=plan.cache_broken)
+                               cache_broken=plan.cache_broken, dtype=dtype)
         targets = {"chart": (chart, CHART_SIZE), "grid": (grid, GRID_SIZE), "view": (view, VIEW_SIZE)}
         for widget, (w, h) in targets.values():
             widget.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen, True)  # even when a display is there

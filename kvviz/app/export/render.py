@@ -218,11 +218,17 @@ def render_png(widget: QWidget, width: int = DEFAULT_PNG_WIDTH, caption: str | N
     image.setDotsPerMeterX(dots_per_metre)
     image.setDotsPerMeterY(dots_per_metre)
     image.fill(QColor(theme.current().background))
-    with prepared_for_export(widget, pen_scale=scale), painting(image, "a PNG image") as painter:
+    paint_scaled(image, page, scale)
+    return image
+
+
+def paint_scaled(device: QPaintDevice, page: Page, scale: float) -> None:
+    """`page` painted onto `device` (an image, or a test's recording device), `scale` device pixels to the
+    widget's pixel."""
+    with prepared_for_export(page.widget, pen_scale=scale), painting(device, "a PNG image") as painter:
         painter.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform, False)  # grid cells stay sharp
         painter.scale(scale, scale)
         page.paint(painter)
-    return image
 
 
 def png_bytes(widget: QWidget, width: int, caption: str | None) -> bytes:

@@ -13,6 +13,7 @@ from PySide6.QtGui import (
     QImage,
     QPageLayout,
     QPageSize,
+    QPaintDevice,
     QPainter,
     QPdfWriter,
     QPen,
@@ -34,6 +35,7 @@ ANSWER_WIDTH = 560  # the right part of the question box, where the answer goes
 VIEW_TOP = {False: 184, True: 272}  # where the view starts, without and with a question box
 VIEW_BOTTOM = SLIDE_SIZE[1] - 44
 PROMPT_FOR_A_GUESS = "Predict, then reveal"
+SMALLEST_TEXT = 23  # logical pixels: no text on a slide is smaller than 2.5 % of its height
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def paint_slide(painter: QPainter, text: SlideText, view: QWidget) -> None:
     painter.setRenderHint(QPainter.RenderHint.LosslessImageRendering, True)
     colours = themes.current()
     painter.fillRect(QRectF(0, 0, *SLIDE_SIZE), QColor(colours.background))
-    place_font = _font(22)
+    place_font = _font(SMALLEST_TEXT)
     place_width = QFontMetricsF(place_font).horizontalAdvance(text.place) + 24
     title_box = TITLE_BOX.adjusted(0, 0, -place_width, 0)
     flags = int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
@@ -99,10 +101,11 @@ def paint_slide(painter: QPainter, text: SlideText, view: QWidget) -> None:
                colours.foreground, flags)
     _draw_text(painter, TITLE_BOX, text.place, place_font, colours.muted,
                int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter))
-    _draw_text(painter, TEXT_BOX, text.text, _fitting_font(text.text, TEXT_BOX, 26, 15), colours.foreground)
+    _draw_text(painter, TEXT_BOX, text.text, _fitting_font(text.text, TEXT_BOX, 26, SMALLEST_TEXT), colours.foreground)
     if text.question:
         _paint_question(painter, text)
-    _draw_text(painter, FOOTER_BOX, text.footer, _font(17), colours.muted, WRAP_MIDDLE)
+    _draw_text(painter, FOOTER_BOX, text.footer, _fitting_font(text.footer, FOOTER_BOX, 24, SMALLEST_TEXT),
+               colours.muted, WRAP_MIDDLE)
     region = view_rect(text)
     painter.save()
     painter.translate(region.topLeft())
@@ -124,14 +127,23 @@ def _paint_question(painter: QPainter, text: SlideText) -> None:
     question_box = inner.adjusted(0, 0, -ANSWER_WIDTH, 0)
     answer_box = QRectF(inner.right() - ANSWER_WIDTH + 24, inner.top(), ANSWER_WIDTH - 24, inner.height())
     question = f"Question: {text.question}"
-    _draw_text(painter, question_box, question, _fitting_font(question, question_box, 26, 15, True, WRAP_MIDDLE),
-               colours.foreground, WRAP_MIDDLE)
+    question_font = _fitting_font(question, question_box, 26, SMALLEST_TEXT, True, WRAP_MIDDLE)
+    _draw_text(painter, question_box, question, question_font, colours.foreground, WRAP_MIDDLE)
     right = int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter | Qt.TextFlag.TextWordWrap)
     if text.answer:
-        _draw_text(painter, answer_box, text.answer, _fitting_font(text.answer, answer_box, 40, 20, True, right),
-                   colours.foreground, right)
+        answer_font = _fitting_font(text.answer, answer_box, 40, SMALLEST_TEXT, True, right)
+        _draw_text(painter, answer_box, text.answer, answer_font, colours.foreground, right)
     else:
         _draw_text(painter, answer_box, PROMPT_FOR_A_GUESS, _font(24), colours.muted, right)
+
+
+def paint_slide_scaled(device: QPaintDevice, text: SlideText, view: QWidget, scale: float) -> None:
+    """The slide painted onto `device` (an image, or a test's recording device), `scale` device pixels to the
+    slide's logical pixel."""
+    with prepared_for_export(view, pen_scale=scale), painting(device, "a PNG image") as painter:
+        painter.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform, False)  # grid cells stay sharp
+        painter.scale(scale, scale)
+        paint_slide(painter, text, view)
 
 
 def slide_png(text: SlideText, view: QWidget, width: int) -> bytes:
@@ -143,10 +155,7 @@ def slide_png(text: SlideText, view: QWidget, width: int) -> bytes:
     dots_per_metre = round(96 / 0.0254 * scale)
     image.setDotsPerMeterX(dots_per_metre)
     image.setDotsPerMeterY(dots_per_metre)
-    with prepared_for_export(view, pen_scale=scale), painting(image, "a PNG image") as painter:
-        painter.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform, False)  # grid cells stay sharp
-        painter.scale(scale, scale)
-        paint_slide(painter, text, view)
+    paint_slide_scaled(image, text, view, scale)
     array = QByteArray()
     buffer = QBuffer(array)
     buffer.open(QIODevice.OpenModeFlag.WriteOnly)

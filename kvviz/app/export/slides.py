@@ -1,7 +1,7 @@
 """`kvviz lesson --export`: a lesson as 16:9 slides, one PNG per slide and one PDF deck with a page per slide.
 
-Each slide shows a step's title (big), its text and its place in the lesson over the app's own view in
-the step's state: `RunView` (with or without the cache) or `CompareView` (`cache = "compare"`), reset
+Each slide shows a step's title (big), its text and its place in the lesson over the app's own views in
+the step's state: the part of the window the step's `focus` names, in large type (`slide_stage`), reset
 with the step's plan and fed the records of its run advanced `advance_to` token steps, as `kvviz export`
 feeds them. A question step makes two slides: the question, at `advance_to`; then the answer, measured
 from the run advanced one token step more. The deck is the only PDF (no PDF per slide). Notes are the
@@ -17,11 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QRectF, Qt
-from PySide6.QtWidgets import QWidget
-
 from kvviz.app import theme as themes
-from kvviz.app.export.caption import shorten_caption
+from kvviz.app.export.caption import model_with_precision, shorten_caption
 from kvviz.app.export.files import (
     DEFAULT_PNG_WIDTH,
     ExportError,
@@ -32,6 +29,7 @@ from kvviz.app.export.files import (
 )
 from kvviz.app.export.headless import ensure_application, without_offscreen_chatter
 from kvviz.app.export.slide_layout import Deck, SlideText, slide_png, view_rect
+from kvviz.app.export.slide_stage import SlideStage
 from kvviz.errors import KvvizError, first_line
 from kvviz.files import folder_problem
 from kvviz.lesson import Lesson, LessonError, LessonStep, format_answer, measured_answer
@@ -40,8 +38,6 @@ LESSON_FORMATS = ("png", "pdf")
 DECK_NAME = "kvviz-lesson.pdf"
 
 if TYPE_CHECKING:
-    from PySide6.QtWidgets import QApplication
-
     from kvviz.engine import Engine
     from kvviz.records import RunPlan, StepRecord
 
@@ -61,24 +57,26 @@ def slide_file_name(number: int, total: int) -> str:
     return f"kvviz-lesson-{number:0{max(2, len(str(total)))}d}.png"
 
 
-def slide_text(lesson: Lesson, index: int, revealed: bool, run: StepRun) -> SlideText:
-    """What the slide of step `index` says, before (`revealed` False) or after its question's answer."""
+def slide_text(lesson: Lesson, index: int, revealed: bool, run: StepRun, dtype: str = "float32") -> SlideText:
+    """What the slide of step `index` says, before (`revealed` False) or after its question's answer; its
+    footer names the run, in `dtype`."""
     step = lesson.steps[index]
     records = run.advanced if revealed else run.shown
     answer = ""
     if revealed and step.question and run.answer is not None:
         answer = f"Answer: {format_answer(step.question, run.answer)} (measured)"
     return SlideText(title=step.title, text=step.text, place=f"step {index + 1} of {len(lesson.steps)}",
-                     question=step.question_text, answer=answer, footer=_footer(step, run.plan, records))
+                     question=step.question_text, answer=answer, footer=_footer(step, run.plan, records, dtype))
 
 
-def _footer(step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...]) -> str:
+def _footer(step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], dtype: str) -> str:
     made = records[-1].new_tokens if records else 0
     if step.compare:
         mode = "with and without KV cache in lockstep"
     else:
         mode = "with KV cache" if step.use_cache else "without KV cache"
-    return shorten_caption(f"\u201c{step.prompt}\u201d \u2014 {plan.model_name}, {made} of {plan.budget} new "
+    return shorten_caption(f"\u201c{step.prompt}\u201d \u2014 {model_with_precision(plan.model_name, dtype)}, "
+                           f"{made} of {plan.budget} new "
                            f"token{'' if plan.budget == 1 else 's'}, {mode}, greedy")
 
 
@@ -149,51 +147,7 @@ def _step_engines(lesson: Lesson, model: str | None, dtype: str = "float32") -> 
     return engines
 
 
-# ----- drawing -----
-
-
 # ----- the export -----
-
-
-class _Stage:
-    """The views a slide can show (the run, compare mode, the memory view for `focus = "memory"`), made once,
-    styled, and shown offscreen at the size of the slide's view."""
-
-    def __init__(self, app: QApplication) -> None:
-        from kvviz.app.views.compare_view import CompareView
-        from kvviz.app.views.memory_view import MemoryView
-        from kvviz.app.views.run_view import RunView
-
-        self.app = app
-        self.run_view = RunView()
-        self.run_view.layout().setContentsMargins(0, 0, 0, 0)
-        self.compare_view = CompareView()
-        self.memory_view = MemoryView()
-        for view in (self.run_view, self.compare_view, self.memory_view):
-            view.setStyleSheet(themes.stylesheet())
-            view.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen, True)  # even when a display is there
-
-    def show(self, step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], region: QRectF) -> QWidget:
-        """The step's view in the state of `records`, laid out at the size of `region`."""
-        view: QWidget = (self.compare_view if step.compare else self.memory_view if step.focus == "memory"
-                         else self.run_view)
-        view.resize(round(region.width()), round(region.height()))
-        if view is self.run_view:
-            width = round(region.width())
-            view.bottom_splitter.setSizes([3 * width // 4 - 60, width // 4 + 60])  # the counter's labels fit
-        view.reset(plan)
-        view.apply(records)
-        view.show()
-        self.app.processEvents()
-        view.refresh()
-        self.app.processEvents()
-        return view
-
-    def close(self) -> None:
-        for view in (self.run_view, self.compare_view, self.memory_view):
-            view.close()
-            view.deleteLater()
-        self.app.processEvents()
 
 
 def lesson_formats(formats: str | list[str]) -> list[str]:
@@ -238,13 +192,13 @@ def export_lesson(
     engines = _step_engines(lesson, model, dtype)
     runs = [run_step(engine, name, lesson, index) for index, (name, engine) in enumerate(engines)]
     with without_offscreen_chatter(), themes.using(theme), all_or_nothing(out_dir) as written:
-        stage = _Stage(app)
+        stage = SlideStage(app)
         deck = Deck(lesson.title) if "pdf" in chosen else None
         try:
             slides = lesson.slides()
             for number, (index, revealed) in enumerate(slides, start=1):
                 run = runs[index]
-                text = slide_text(lesson, index, revealed, run)
+                text = slide_text(lesson, index, revealed, run, dtype)
                 view = stage.show(lesson.steps[index], run.plan, run.advanced if revealed else run.shown,
                                   view_rect(text))
                 line = f"slide {number}/{len(slides)}: {text.place}, \u201c{text.title}\u201d" + (

@@ -30,7 +30,8 @@ def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, t
         return f"{head}<br><span style='color:{theme.muted}'>{detail}</span>"
 
     if record is None:
-        ready = f"prompt of {plan.prompt_tokens} tokens ready; press Space to compute step 1"
+        # what the grid shows, never a key to press: the caption goes into exported images too
+        ready = f"prompt of {plan.prompt_tokens} tokens ready; step 1 computes their keys and values"
         return caption(ready), caption(_step(theme, plan.passes, CACHE_FILL, plan.width, plan.n_layer, plan.width))
     what = CACHE_FILL if record.token_id is None else f"token {record.new_tokens}"
     computed = record.fed_stop - record.fed_start

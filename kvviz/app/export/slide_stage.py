@@ -1,0 +1,198 @@
+"""What a lesson slide shows of the app: the views of the step's focus, laid out for a 16:9 slide, with fonts large
+enough to read from the back of a lecture hall.
+
+A slide's text is at least SLIDE_FONT_SCALE times the app's: a 9-point tick label becomes 22.8 of the slide's 900
+logical pixels (2.5 % of its height). The whole window does not fit a slide at that size (its views need about
+820 pixels at that scale, a slide has 584 to 672 under its text), so a slide shows the part of the window that
+its step's `focus` names, as the app frames it:
+
+- "grid": the token strip over the K/V grid (compare mode: both grids and the identity strip);
+- "chart" and "counter": the chart beside the counter (compare mode: the time plot beside the counts);
+- "all": the token strip and the grid beside the counter (compare mode: both grids side by side over the
+  identity strip);
+- "memory": the memory view.
+
+Each arrangement is built once, from the app's own views, and fed the step's plan and records as the window
+feeds them. An arrangement that still needs more height than the slide has (a long prompt's tokens, many
+layers) gets smaller fonts until it fits, never smaller than the app's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtWidgets import QBoxLayout, QHBoxLayout, QVBoxLayout, QWidget
+
+from kvviz.app import theme as themes
+from kvviz.app.views.base import ViewGroup
+
+if TYPE_CHECKING:
+    from PySide6.QtWidgets import QApplication
+
+    from kvviz.lesson import LessonStep
+    from kvviz.records import RunPlan, StepRecord
+
+SLIDE_FONT_SCALE = 1.9  # the views' font scale on a slide: 9 points at 96 dpi are 22.8 px, 2.5 % of 900
+SMALLEST_FONT_SCALE = 1.0  # an arrangement too tall for its slide shrinks its fonts down to this
+SPACING = 10  # logical pixels between the views of an arrangement
+
+
+class Arrangement(ViewGroup, QWidget):
+    """Views laid out for a slide, acting as one view (views.base.ViewGroup); `views()` in redraw order."""
+
+    def __init__(self, views: Sequence[QWidget], build: Callable[[QBoxLayout], None], horizontal: bool) -> None:
+        super().__init__()
+        self.setObjectName("central")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)  # the theme's background between the views
+        self._views = tuple(views)
+        layout = QHBoxLayout(self) if horizontal else QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(SPACING)
+        build(layout)
+
+    def views(self) -> tuple:
+        return self._views
+
+
+def _column(*items: tuple[QWidget, int]) -> QVBoxLayout:
+    column = QVBoxLayout()
+    column.setSpacing(SPACING)
+    for widget, stretch in items:
+        column.addWidget(widget, stretch)
+    return column
+
+
+def _run_grid() -> Arrangement:
+    from kvviz.app.views.kv_grid import KVGridView
+    from kvviz.app.views.token_strip import TokenStrip
+
+    strip, grid = TokenStrip(), KVGridView()
+    return Arrangement((strip, grid), lambda box: (box.addWidget(strip), box.addWidget(grid, 1)), horizontal=False)
+
+
+def _run_work() -> Arrangement:
+    from kvviz.app.views.counter import CounterPanel
+    from kvviz.app.views.work_chart import WorkChart
+
+    chart, counter = WorkChart(), CounterPanel()
+    return Arrangement((chart, counter), lambda box: (box.addWidget(chart, 3), box.addWidget(counter, 2)),
+                       horizontal=True)
+
+
+def _run_all() -> Arrangement:
+    from kvviz.app.views.counter import CounterPanel
+    from kvviz.app.views.kv_grid import KVGridView
+    from kvviz.app.views.token_strip import TokenStrip
+
+    strip, grid, counter = TokenStrip(), KVGridView(), CounterPanel()
+
+    def build(box: QBoxLayout) -> None:
+        box.addLayout(_column((strip, 0), (grid, 1)), 2)
+        box.addWidget(counter, 1)
+
+    return Arrangement((strip, grid, counter), build, horizontal=True)
+
+
+def _compare_grids() -> tuple:
+    from kvviz.app.views.divergence_banner import DivergenceBanner
+    from kvviz.app.views.identity_strip import IdentityStrip
+    from kvviz.app.views.kv_grid import KVGridView
+
+    return (DivergenceBanner(), KVGridView(lockstep="cached", legend=False), KVGridView(lockstep="uncached"),
+            IdentityStrip())
+
+
+def _compare_grid() -> Arrangement:
+    banner, cached, uncached, identity = views = _compare_grids()
+    return Arrangement(views, lambda box: [box.addWidget(w, s) for w, s in
+                                           ((banner, 0), (cached, 1), (uncached, 1), (identity, 0))],
+                       horizontal=False)
+
+
+def _compare_work() -> Arrangement:
+    from kvviz.app.views.compare_counts import CompareCounts
+    from kvviz.app.views.compare_time import CompareTimePlot
+
+    time_plot, counts = CompareTimePlot(), CompareCounts()
+    return Arrangement((time_plot, counts), lambda box: (box.addWidget(time_plot, 3), box.addWidget(counts, 2)),
+                       horizontal=True)
+
+
+def _compare_all() -> Arrangement:
+    banner, cached, uncached, identity = views = _compare_grids()
+
+    def build(box: QBoxLayout) -> None:
+        grids = QHBoxLayout()
+        grids.setSpacing(2 * SPACING)
+        grids.addWidget(cached, 1)
+        grids.addWidget(uncached, 1)
+        box.addWidget(banner)
+        box.addLayout(grids, 1)
+        box.addWidget(identity)
+
+    return Arrangement(views, build, horizontal=False)
+
+
+def _memory() -> QWidget:
+    from kvviz.app.views.memory_view import MemoryView
+
+    return MemoryView()
+
+
+ARRANGEMENTS: dict[tuple[bool, str], Callable[[], QWidget]] = {
+    (False, "grid"): _run_grid, (False, "chart"): _run_work, (False, "counter"): _run_work,
+    (False, "all"): _run_all, (False, "memory"): _memory,
+    (True, "grid"): _compare_grid, (True, "chart"): _compare_work, (True, "counter"): _compare_work,
+    (True, "all"): _compare_all, (True, "memory"): _memory,
+}
+
+
+class SlideStage:
+    """The arrangements slides show, each made the first time a slide needs it, styled, and shown offscreen at
+    the size of the slide's view."""
+
+    def __init__(self, app: QApplication) -> None:
+        self.app = app
+        self._made: dict[Callable[[], QWidget], QWidget] = {}
+        self.font_scale = SLIDE_FONT_SCALE  # of the arrangement shown last
+
+    def arrangement(self, step: LessonStep) -> QWidget:
+        """The arrangement of `step`'s focus (and cache mode), made once."""
+        make = ARRANGEMENTS[(bool(step.compare), step.focus)]
+        view = self._made.get(make)
+        if view is None:
+            view = self._made[make] = make()
+            view.setStyleSheet(themes.stylesheet())
+            view.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen, True)  # even when a display is there
+        return view
+
+    def show(self, step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], region: QRectF) -> QWidget:
+        """`step`'s arrangement in the state of `records`, laid out at the size of `region`, its fonts at
+        SLIDE_FONT_SCALE or, when it does not fit `region` at that size, as large as fits."""
+        view = self.arrangement(step)
+        width, height = round(region.width()), round(region.height())
+        view.resize(width, height)
+        view.reset(plan)
+        view.apply(records)
+        scale = SLIDE_FONT_SCALE
+        while True:
+            view.set_font_scale(scale)
+            view.show()
+            self.app.processEvents()
+            view.refresh()
+            self.app.processEvents()
+            if view.minimumSizeHint().height() <= height or scale <= SMALLEST_FONT_SCALE:
+                break
+            scale = max(SMALLEST_FONT_SCALE, scale * 0.92)
+        self.font_scale = scale
+        view.resize(width, height)
+        self.app.processEvents()
+        return view
+
+    def close(self) -> None:
+        for view in self._made.values():
+            view.close()
+            view.deleteLater()
+        self.app.processEvents()

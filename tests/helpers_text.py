@@ -1,0 +1,86 @@
+"""A paint device that records the text drawn into it: each string, its font's height in device pixels, and where
+it lands. Exports paint into it as they paint into an image, so tests read what an exported image says and how
+large, not what the code meant to draw."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import QPointF, QRectF
+from PySide6.QtGui import QFontMetricsF, QPaintDevice, QPaintEngine, QTransform
+
+
+@dataclass(frozen=True)
+class DrawnText:
+    """One run of text as the device received it: its words, its font's pixel size and its box, in device pixels."""
+
+    text: str
+    pixels: float  # the font's em height on the device
+    box: QRectF
+
+
+class _TextEngine(QPaintEngine):
+    def __init__(self) -> None:
+        super().__init__(QPaintEngine.PaintEngineFeature.AllFeatures)
+        self.texts: list[DrawnText] = []
+        self._transform = QTransform()
+
+    def begin(self, _device) -> bool:
+        return True
+
+    def end(self) -> bool:
+        return True
+
+    def updateState(self, state) -> None:  # noqa: N802
+        if state.state() & QPaintEngine.DirtyFlag.DirtyTransform:
+            self._transform = QTransform(state.transform())
+
+    def drawPixmap(self, *_args) -> None:  # noqa: N802
+        pass
+
+    def drawImage(self, *_args) -> None:  # noqa: N802
+        pass
+
+    def drawPath(self, *_args) -> None:  # noqa: N802
+        pass
+
+    def drawPolygon(self, *_args) -> None:  # noqa: N802
+        pass
+
+    def drawTextItem(self, point: QPointF, item) -> None:  # noqa: N802
+        text = item.text()
+        if not text.strip():
+            return
+        font = item.font()
+        metrics = QFontMetricsF(font)
+        em = font.pixelSize() if font.pixelSize() > 0 else font.pointSizeF() * 96 / 72
+        scale = (abs(self._transform.m22()) ** 2 + abs(self._transform.m21()) ** 2) ** 0.5
+        local = QRectF(point.x(), point.y() - metrics.ascent(), metrics.horizontalAdvance(text), metrics.height())
+        self.texts.append(DrawnText(text, em * scale, self._transform.mapRect(local)))
+
+    def type(self) -> QPaintEngine.Type:
+        return QPaintEngine.Type.User
+
+
+class TextRecorder(QPaintDevice):
+    """A `width` x `height` device at 96 dpi whose painting keeps only the texts, in `texts`."""
+
+    def __init__(self, width: int, height: int) -> None:
+        super().__init__()
+        self.size = (width, height)
+        self._engine = _TextEngine()
+
+    @property
+    def texts(self) -> list[DrawnText]:
+        return self._engine.texts
+
+    def paintEngine(self) -> QPaintEngine:  # noqa: N802
+        return self._engine
+
+    def metric(self, metric: QPaintDevice.PaintDeviceMetric) -> int:
+        m = QPaintDevice.PaintDeviceMetric
+        width, height = self.size
+        return {m.PdmWidth: width, m.PdmHeight: height, m.PdmDepth: 32, m.PdmNumColors: 2**31 - 1,
+                m.PdmDpiX: 96, m.PdmDpiY: 96, m.PdmPhysicalDpiX: 96, m.PdmPhysicalDpiY: 96,
+                m.PdmWidthMM: round(width * 25.4 / 96), m.PdmHeightMM: round(height * 25.4 / 96),
+                m.PdmDevicePixelRatio: 1, m.PdmDevicePixelRatioScaled: 65536}.get(metric, 0)
