@@ -64,6 +64,11 @@ class RunControls(QWidget):
         top.addWidget(self.prompt_edit, 1)
         top.addWidget(QLabel("Model"))
         top.addWidget(model_picker)
+        self.precision_label = QLabel()  # stays in presenter mode: the numbers depend on it
+        self.precision_label.setObjectName("muted")
+        self.precision_label.setToolTip("The number type of the weights and the KV cache (Run > Precision)")
+        self.precision_label.hide()
+        top.addWidget(self.precision_label)
 
         self.step_button = self._button("Step \u25b8", "Compute one new token (Space, Right, PageDown)",
                                         self.step_clicked)
@@ -236,6 +241,11 @@ class RunControls(QWidget):
         speed = SPEEDS[index]
         self.speed_label.setText("max" if speed == 0 else f"{speed:g} tok/s")
         self.speed_changed.emit(self.interval_ms())
+
+    def show_precision(self, dtype: str) -> None:
+        """The loaded model's precision beside it (float32, bfloat16, float16)."""
+        self.precision_label.setText(dtype)
+        self.precision_label.setVisible(bool(dtype))
 
     def focus_prompt(self) -> None:
         self.prompt_edit.setFocus()

@@ -79,7 +79,9 @@ class MainWindow(QMainWindow):
         self.copier = ImageCopier(self)  # Ctrl+Shift+C, and "Copy image" on the plots
         self.actions = build_actions(self, window_slots(self))
         self.session.dtype = self.settings.dtype
-        self.precision = PrecisionMenu(self.session, self.actions)  # Run > Precision
+        self.precision = PrecisionMenu(self.session, self.actions,  # Run > Precision, shown where the run is
+                                       (self.status.set_precision, self.controls.show_precision,
+                                        self.lesson_panel.set_precision))
         self._wire()
         restore_window(self, prompt)
         if lesson is not None:
@@ -106,7 +108,7 @@ class MainWindow(QMainWindow):
         c.play_clicked.connect(self.toggle_play)
         c.reset_clicked.connect(self.reset_run)
         c.prompt_entered.connect(self._on_prompt_entered)
-        c.request_changed.connect(lambda: self.reset_run(replay_to=s.steps_done))
+        c.request_changed.connect(lambda: self.reset_run(replay_to=s.steps_target))
         c.speed_changed.connect(self._on_speed_changed)
         self.picker.model_chosen.connect(self.load_model)
         for view in (self.chart, *self.workspace.grids()):
@@ -146,7 +148,7 @@ class MainWindow(QMainWindow):
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self._show_title(info.name, broken=False)
         if not self.lesson.active:  # else the lesson puts the new model at its step
-            self.reset_run()
+            self.reset_run(replay_to=self.session.resume_steps)  # another precision keeps the step
 
     def _show_title(self, model_name: str, broken: bool) -> None:
         warning = " \u2014 CACHE BROKEN ON PURPOSE (Run > Break the cache)" if broken else ""

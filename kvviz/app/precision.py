@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction
@@ -19,12 +19,15 @@ class PrecisionMenu(QObject):
 
     Choosing another reloads the model in it; while that load runs the menu shows the choice. If it
     fails (a device that cannot compute in it) the window's dialog says why, and the menu goes back
-    to the dtype of the model still loaded.
+    to the dtype of the model still loaded. Each of `shown_in` (the status line, the run controls...)
+    is told the loaded model's precision, so that the screen says what the numbers were computed in.
     """
 
-    def __init__(self, session: RunSession, actions: Mapping[str, QAction]) -> None:
+    def __init__(self, session: RunSession, actions: Mapping[str, QAction],
+                 shown_in: Iterable[Callable[[str], None]] = ()) -> None:
         super().__init__(session)
         self._session = session
+        self._shown_in = tuple(shown_in)
         self._actions = {name: actions[f"dtype_{name}"] for name in DTYPES}
         self._showing = False
         for name, action in self._actions.items():
@@ -58,6 +61,8 @@ class PrecisionMenu(QObject):
             s.load(s.latest_source, dtype)
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
+        for show in self._shown_in:
+            show(info.dtype)
         if not self._session.loading:
             self.show(info.dtype)
 

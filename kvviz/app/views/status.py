@@ -1,9 +1,10 @@
-"""The status line: model, cache mode, sampling, progress and the latest step's measured time."""
+"""The status line: model, precision, cache mode, sampling, progress and the latest step's measured time."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import QWidget
 
 from kvviz.app import theme as themes
@@ -17,6 +18,8 @@ class StatusLine(LiveLabel):
 
     `show_message` says something else (loading, a cancelled download...): a sticky message stays
     until the next plan (`reset`) or `show_run`; any other gives way to the run's next record.
+    While the status bar is hidden (presenter mode) it takes the records without drawing them, and
+    draws the latest when it shows again. `set_precision` gives the loaded model's number type.
     """
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -27,6 +30,7 @@ class StatusLine(LiveLabel):
         self._sticky = False
         self._theme = themes.current()
         self._style_sheet = ""
+        self._precision = ""
 
     def show_message(self, text: str, sticky: bool = True) -> None:
         """Say `text` instead of the run's line (see the class)."""
@@ -38,6 +42,17 @@ class StatusLine(LiveLabel):
         self._sticky = False
         self._dirty = self._plan is not None
         self.refresh()
+
+    def set_precision(self, dtype: str) -> None:
+        """The number type of the weights and the cache the run computes in (float32, bfloat16...)."""
+        if dtype != self._precision:
+            self._precision = dtype
+            self._dirty = self._plan is not None
+            self.refresh()
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802
+        super().showEvent(event)
+        self.refresh()  # what came in while hidden (the redraw scheduler draws shown views only)
 
     def reset(self, plan: RunPlan) -> None:
         self._plan, self._record, self._dirty, self._sticky = plan, None, True, False
@@ -58,7 +73,8 @@ class StatusLine(LiveLabel):
             mode = "cache on" if plan.use_cache else "cache off"
         if plan.cache_broken:
             mode += " \u00b7 CACHE BROKEN ON PURPOSE (Run menu)"
-        text = f"{plan.model_name} \u00b7 {mode} \u00b7 {plan.sampling} \u00b7 "
+        precision = f"{self._precision} \u00b7 " if self._precision else ""
+        text = f"{plan.model_name} \u00b7 {precision}{mode} \u00b7 {plan.sampling} \u00b7 "
         if rec is None:
             text += f"0/{plan.budget} tokens \u00b7 ready"
         else:
