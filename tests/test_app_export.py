@@ -803,6 +803,26 @@ def test_run_export_rejects_bad_input_in_one_line(qtbot, tmp_path):
     assert not (tmp_path / "o").exists()  # nothing made for a run that could not start
 
 
+def test_an_export_before_the_first_step_shows_no_key_to_press(qtbot, run):
+    """The grid's caption before the first pass said "press Space to compute step 1", and File > Export put it
+    on the slide: the caption now says what is ready, and no exported text names a key."""
+    from helpers_text import TextRecorder
+
+    from kvviz.app.export.render import Page, paint_scaled
+
+    plan, _ = run
+    area = RunView()
+    area.reset(plan)
+    shown(qtbot, area, *VIEW_SIZE)
+    area.refresh()
+    page = Page(area, make_caption(PROMPT, "tiny", None, use_cache=True, dtype="float32"))
+    recorder = TextRecorder(1920, 1200)
+    paint_scaled(recorder, page, 1920 / page.width)
+    said = " | ".join(t.text for t in recorder.texts)
+    assert "prompt of 3 tokens ready" in said and "before the first step" in said
+    assert not re.search(r"\bpress|\bSpace\b|Page ?Down|\bclick", said, re.IGNORECASE), said
+
+
 # ----- the window says where an export went -----
 @pytest.mark.parametrize(("target", "fmt", "said"), [
     ("grid", "png", "the K/V grid (PNG image)"),
@@ -832,11 +852,12 @@ def test_the_window_says_where_an_export_went(target, fmt, said, window, qtbot, 
     assert path.is_file()
     assert window.status.text() == f"Exported {said} to {path}"
     assert f"({window.session.model_info.dtype}), step 1" in seen[0]
-    assert not window.banner.isVisible()  # the status bar is on screen: no banner over the views
+    assert not window.banner.isVisible() and getattr(window, "export_note", None) is None  # the status bar says it
 
 
-def test_in_presenter_mode_the_banner_says_where_an_export_went(window, qtbot, tmp_path, monkeypatch):
-    """Presenter mode hides the status bar: the banner says it, and gives the room back a few seconds later."""
+def test_in_presenter_mode_a_note_says_where_an_export_went(window, qtbot, tmp_path, monkeypatch):
+    """Presenter mode hides the status bar: a note over the bottom of the window, in no layout, says it for a
+    few seconds."""
     import kvviz.app.export.dialog as export
 
     def export_at_once(dialog):
@@ -845,10 +866,20 @@ def test_in_presenter_mode_the_banner_says_where_an_export_went(window, qtbot, t
         return dialog.result()
 
     monkeypatch.setattr(export.ExportDialog, "exec", export_at_once)
-    monkeypatch.setattr(export, "BANNER_SECONDS", 0.2)
+    monkeypatch.setattr(export, "NOTE_SECONDS", 0.3)
     window.presentation.set_presenter(True)
     qtbot.waitUntil(lambda: not window.statusBar().isVisible(), timeout=5000)
     window.export()
-    assert window.banner.isVisible() and window.banner.text().endswith(str(tmp_path / "shown.png"))
-    qtbot.waitUntil(lambda: not window.banner.isVisible(), timeout=5000)
+    note = window.export_note
+    assert note.isVisible() and note.text() == f"Exported the chart (PNG image) to {tmp_path / 'shown.png'}"
+    assert window.rect().contains(note.geometry()) and note.geometry().bottom() > window.height() * 0.8
+    assert not window.banner.isVisible()  # the banner sits among the views: it would push them down
+    assert all(window.layout().itemAt(i).widget() is not note for i in range(window.layout().count()))
+    qtbot.waitUntil(lambda: not shiboken_valid(note), timeout=5000)
     window.presentation.set_presenter(False)
+
+
+def shiboken_valid(widget) -> bool:
+    import shiboken6
+
+    return shiboken6.isValid(widget)

@@ -8,7 +8,8 @@
 - `headless`: `run_export`, the `kvviz export` command;
 - `animation`: `run_animation` (`kvviz export --animate`) and `write_animation`, a GIF and an MP4 of a view
   step by step, through `encoders` (Pillow, PyAV);
-- `slides`: `export_lesson`, a lesson as 16:9 slides (a PNG each, one PDF deck), `kvviz lesson --export`.
+- `slides`: `export_lesson`, a lesson as 16:9 slides (a PNG each, one PDF deck), `kvviz lesson --export`;
+  `slide_layout` paints a slide, `slide_stage` lays out the views it shows, in type large enough for a hall.
 
 Importing this package loads Qt but never torch (the engine loads inside `run_export` and `export_lesson`).
 """

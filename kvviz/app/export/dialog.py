@@ -73,7 +73,7 @@ class ExportSettings(TypedSettings):
 
 
 ALL_FORMATS = (*FORMATS, *ANIMATION_FORMATS)
-BANNER_SECONDS = 8  # how long presenter mode's banner says where an export went
+NOTE_SECONDS = 8  # how long presenter mode's note says where an export went
 
 
 class ExportDialog(QDialog):
@@ -387,11 +387,25 @@ def export_from_window(window: MainWindow) -> None:
 
 
 def say_where(window: MainWindow, what: str, path: Path) -> None:
-    """Tell the window's user where an export went: on the status line until the run moves on, and on the
-    banner too in presenter mode, where the status bar is hidden."""
+    """Tell the window's user where an export went: on the status line until the run moves on, and in presenter
+    mode, where the status bar is hidden, in a note over the bottom of the window for NOTE_SECONDS (over the
+    views, not among them: showing and hiding it moves nothing)."""
     message = f"Exported {what} to {path}"
     window.status.show_message(message, sticky=False)
-    if not window.statusBar().isVisible():
-        window.banner.say(message)
-        QTimer.singleShot(round(BANNER_SECONDS * 1000), window.banner,
-                          lambda: window.banner.say("") if window.banner.text() == message else None)
+    if window.statusBar().isVisible():
+        return
+    note = QLabel(message, window)
+    note.setObjectName("banner")  # the banner's look (kvviz.qss)
+    note.setProperty("alert", "false")
+    note.ensurePolished()  # the style sheet's font (presenter mode's size) before measuring
+    margin = 12
+    room = window.width() - 2 * margin
+    if note.sizeHint().width() > room:  # one line when it fits, else wrapped to the window's width
+        note.setWordWrap(True)
+        note.setFixedWidth(room)
+    note.adjustSize()
+    note.move(margin, window.height() - note.height() - margin)
+    note.show()
+    note.raise_()
+    window.export_note = note
+    QTimer.singleShot(round(NOTE_SECONDS * 1000), note, note.deleteLater)
