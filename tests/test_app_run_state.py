@@ -86,6 +86,13 @@ def test_ctrl_b_breaks_the_cache_and_the_grid_shows_the_late_write(qtbot, window
     states = window.grid.cell_states()
     assert (states[:, :P] == REUSED).all() and (states[:, P] == STALE).all() and (states[:, P + 1] == COMPUTED).all()
     assert _legend_entry(window.grid, STATE_NAMES[STALE]).isVisible()  # shown for a broken run only
+    window.actions["compare"].trigger()  # compare mode: the legend under its two grids says it too
+    _run_at(qtbot, window, 2, cache_fault="late_write")
+    qtbot.waitUntil(lambda: window.session.plan.twin is not None and window.workspace.comparing, timeout=30_000)
+    compare = window.workspace.compare_view
+    assert any(_legend_entry(g, STATE_NAMES[STALE]).isVisible() for g in (compare.cached_grid, compare.uncached_grid))
+    window.actions["compare"].trigger()
+    _run_at(qtbot, window, 2, twin=None)
     rows = ShortcutsDialog(window.actions.values(), window).rows()
     assert ("Break the cache (teaching switch: plants an indexing bug)", "Ctrl+B") in rows  # F1 lists it
     qtbot.keyClick(window, Qt.Key.Key_B, Qt.KeyboardModifier.ControlModifier)  # and back

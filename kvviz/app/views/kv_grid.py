@@ -110,7 +110,7 @@ class KVGridView(QWidget):
             return
         self._plan = shown
         self._cells = GridState(shown)
-        self.legend_row.show_stale(bool(shown.cache_fault))
+        self.legend_row.show_stale(plan.cache_broken)  # compare mode: the legend under both grids
         self._set_rows()
         self._axes.reserve_width(self._plan)
         self._update_outline()
