@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from helpers_qt import LayoutRequests
 from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtGui import QImage, QPainter
 from PySide6.QtWidgets import QToolTip
 
 from kvviz.app import theme
@@ -108,27 +109,117 @@ def test_expanding_a_layer_shows_its_heads_and_collapsing_restores_it(grid, run)
     assert np.array_equal(grid.image_item.image, before_image)
 
 
-def test_head_rows_are_labelled_on_the_left_axis_without_overlap(grid, run):
-    plan, _records = run(True)
+def drawn_left_labels(plot_widget) -> list[tuple[str, float, float]]:
+    """A cell plot's left-axis labels as pyqtgraph draws them: (text, top, bottom) in the viewport's pixels."""
+    axis = plot_widget.getPlotItem().getAxis("left")
+    image = QImage(max(1, int(axis.width())), max(1, int(axis.height())), QImage.Format.Format_ARGB32)
+    painter = QPainter(image)
+    painter.setFont(axis.style["tickFont"])  # as AxisItem.paint does
+    _axis_spec, _tick_specs, text_specs = axis.generateDrawSpecs(painter)
+    painter.end()
+    labels = []
+    for rect, _flags, text in text_specs:
+        top, bottom = (plot_widget.mapFromScene(axis.mapToScene(QPointF(0, y))).y()
+                       for y in (rect.top(), rect.bottom()))
+        labels.append((text, top, bottom))
+    return sorted(labels, key=lambda label: label[1])
+
+
+def row_band(plot_widget, row: int) -> tuple[float, float]:
+    """The viewport's pixel rows a display row's cells cover: (top, bottom)."""
+    vb = plot_widget.getPlotItem().getViewBox()
+    return tuple(plot_widget.mapFromScene(vb.mapViewToScene(QPointF(0, y))).y() for y in (row, row + 1))
+
+
+def no_overlap(labels: list[tuple[str, float, float]]) -> bool:
+    return all(below[1] >= above[2] for above, below in zip(labels, labels[1:], strict=False))
+
+
+def assert_every_row_labelled(plot_widget, display_rows: list[tuple[int, int | None]]) -> None:
+    """One label per display row, "L2" or "L2 h0", inside its row's band, no two overlapping."""
+    labels = drawn_left_labels(plot_widget)
+    expected = [f"L{layer}" if head is None else f"L{layer} h{head}" for layer, head in display_rows]
+    assert [text for text, _top, _bottom in labels] == expected
+    for row, (_text, top, bottom) in enumerate(labels):
+        band_top, band_bottom = row_band(plot_widget, row)
+        assert band_top - 1 <= (top + bottom) / 2 <= band_bottom + 1, (row, top, bottom, band_top, band_bottom)
+    assert no_overlap(labels), labels
+
+
+def test_every_row_is_labelled_on_the_left_axis_without_overlap(grid):
+    assert_every_row_labelled(grid.plot_widget, grid.display_rows())
     grid.expand_layer(1)
-    ticks = dict((round(y - 0.5), text) for y, text in grid.plot_item.getAxis("left")._tickLevels[0])
-    assert ticks[1] == "1" and "h0" in ticks.values()
-    for row, text in ticks.items():
-        layer, head = grid.display_rows()[row]
-        assert text == (str(layer) if head is None else f"h{head}")
-    line = grid.plot_item.getAxis("left").style["tickFont"]
-    from PySide6.QtGui import QFontMetrics
+    assert_every_row_labelled(grid.plot_widget, grid.display_rows())
+    assert [text for text, *_ in drawn_left_labels(grid.plot_widget)][:5] == ["L0", "L1", "L1 h0", "L1 h1", "L1 h2"]
 
-    height = QFontMetrics(line).height()
-    ys = sorted(cell_point(grid, row, 0).y() for row in ticks)
-    assert min(np.diff(ys)) >= height, "labels never overlap"
 
-    for layer in range(plan.n_layer):  # every layer open: crowded, head rows go unlabelled first
-        grid.expand_layer(layer)
-    ticks = dict((round(y - 0.5), text) for y, text in grid.plot_item.getAxis("left")._tickLevels[0])
-    ys = sorted(cell_point(grid, row, 0).y() for row in ticks)
-    assert min(np.diff(ys)) >= height
-    assert "0" in ticks.values()
+def test_the_labels_shrink_to_fit_a_squeezed_grid(qtbot, run):
+    """The grid's axes on a plot squeezed below a line of its font per row (an export at a small size)."""
+    from PySide6.QtGui import QFont, QFontMetricsF
+
+    from kvviz.app.views.base import cell_plot
+    from kvviz.app.views.grid_rows import GridAxes, GridRows
+    from kvviz.app.views.grid_state import GridState
+
+    plan, _records = run(True)
+    plot_widget, plot_item, _image = cell_plot(0)
+    qtbot.addWidget(plot_widget)
+    full = QFont(plot_widget.font())
+    full.setPointSizeF(9.0)
+    axes = GridAxes(plot_widget, plot_item)
+    axes.set_font(full, plan)
+    rows, cells = GridRows(plan.n_layer, plan.n_head, [1]), GridState(plan)
+    plot_item.getViewBox().setRange(xRange=(0, cells.width), yRange=(0, len(rows)), padding=0)
+    small = QFont(full)
+    small.setPointSizeF(6.0)
+    line = {name: QFontMetricsF(font).height() * 0.8 for name, font in (("full", full), ("small", small))}
+    pitch = (line["small"] + line["full"]) / 2  # rows too thin for the full font, not for a 6 pt one
+    vb = plot_item.getViewBox()
+    plot_widget.resize(700, 300)
+    plot_widget.show()
+    qtbot.waitUntil(lambda: vb.height() > 0, timeout=3_000)
+    plot_widget.resize(700, 300 + round(len(rows) * pitch - vb.height()))
+    qtbot.waitUntil(lambda: abs(vb.height() - len(rows) * pitch) < 2, timeout=3_000)
+    axes.update(cells, rows)
+    display = [(int(layer), None if head < 0 else int(head))
+               for layer, head in zip(rows.layers, rows.heads, strict=True)]
+    assert_every_row_labelled(plot_widget, display)
+    assert 6.0 <= axes.left_font().pointSizeF() < full.pointSizeF()
+
+
+def test_rows_too_thin_for_any_font_keep_every_layers_label():
+    from kvviz.app.views.grid_rows import GridRows
+
+    rows = GridRows(6, 6, expanded=range(6))  # 42 rows, room for 10 labels
+    ticks = rows.left_ticks(10)
+    texts = [text for _y, text in ticks]
+    assert [t for t in texts if " " not in t] == [f"L{layer}" for layer in range(6)]
+    assert any(" h" in t for t in texts)  # heads where there is room between the layers
+    assert min(np.diff([y for y, _text in ticks])) >= 42 / 10
+    assert GridRows(6, 6, expanded=[2]).left_ticks(12) == [(r + 0.5, text) for r, text in enumerate(
+        ["L0", "L1", "L2"] + [f"L2 h{h}" for h in range(6)] + ["L3", "L4", "L5"])]
+
+
+@pytest.mark.parametrize("zoom", [1.0, 1.6, 2.3])
+def test_every_layer_and_head_is_labelled_in_the_window_at_1280x720(qtbot, app_model, zoom):
+    from kvviz.app.main_window import MainWindow
+    from kvviz.app.settings import app_settings
+
+    window = MainWindow(app_model, PROMPT, settings=app_settings())
+    qtbot.addWidget(window)
+    window.show()
+    qtbot.waitUntil(lambda: window.session.plan is not None, timeout=60_000)
+    window.presentation.set_zoom(zoom)
+    window.resize(1280, 690)  # a 1280x720 screen less the window's title bar
+    qtbot.waitUntil(lambda: (window.width(), window.height()) == (1280, 690), timeout=5_000)
+    grid = window.grid
+    qtbot.waitUntil(lambda: len(drawn_left_labels(grid.plot_widget)) == window.session.plan.n_layer, timeout=5_000)
+    assert_every_row_labelled(grid.plot_widget, grid.display_rows())
+    qtbot.keyClick(window, Qt.Key.Key_H)  # layer 0's heads
+    assert grid.expanded_layers() == (0,)
+    qtbot.waitUntil(lambda: len(drawn_left_labels(grid.plot_widget)) == len(grid.display_rows()), timeout=5_000)
+    assert_every_row_labelled(grid.plot_widget, grid.display_rows())
+    window.close()
 
 
 def test_a_double_click_expands_a_row_and_a_click_emits_its_layer(qtbot, grid, run):
@@ -319,3 +410,22 @@ def test_h_shows_the_heads_of_the_clicked_layer_in_the_window(qtbot, app_model):
     heads = window.session.plan.n_head
     assert grid.expanded_layers() == (3,) and len(grid.display_rows()) == window.session.plan.n_layer + heads
     window.close()
+
+
+def test_an_opened_layer_is_parted_from_its_neighbours_by_a_wide_gap():
+    from kvviz.app.views.grid_cells import HEAD_ROW, LAST_HEAD_ROW, LAYER_ROW, cell_tile
+    from kvviz.app.views.grid_rows import GridRows
+
+    rows = GridRows(4, 3, expanded=[1])  # L0, L1, L1 h0..h2, L2, L3
+    assert rows.kinds[:, 0].tolist() == [LAST_HEAD_ROW, HEAD_ROW, HEAD_ROW, HEAD_ROW, LAST_HEAD_ROW, LAYER_ROW,
+                                         LAYER_ROW]
+    def gap_below(palette, kind: int, size: int = 16) -> int:
+        """Rows of the grid line's colour at the bottom of a cell."""
+        tile = cell_tile(REUSED, size, False, palette, kind)
+        line = np.array(theme.rgba(palette.grid_line), dtype=np.uint8)
+        return int((tile[:, size // 2] == line).all(axis=1)[::-1].cumprod().sum())
+
+    for palette in (theme.DARK, theme.LIGHT):
+        assert gap_below(palette, HEAD_ROW) == 0, "inside an opened layer: a soft line, no gap"
+        wide, usual = gap_below(palette, LAST_HEAD_ROW), gap_below(palette, LAYER_ROW)
+        assert wide >= max(4, usual + 2), (palette.name, wide, usual)  # 4 of 16 pixels: a quarter of the row

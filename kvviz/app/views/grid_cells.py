@@ -33,8 +33,8 @@ STATE_NAMES = {
 
 # What a row of the grid shows, for its cells' separators.
 LAYER_ROW = 0  # a layer: the usual gap below it
-HEAD_ROW = 1  # a head of an expanded layer: a soft 1 px line below it, so a layer's heads read as one band
-LAST_HEAD_ROW = 2  # the last head of an expanded layer: a wider gap closes the layer's group
+HEAD_ROW = 1  # an expanded layer's row or one of its heads: a soft 1 px line below it, so they read as one band
+LAST_HEAD_ROW = 2  # the last head of an expanded layer, or the row above one: a wide gap parts the layers
 ROW_KINDS = (LAYER_ROW, HEAD_ROW, LAST_HEAD_ROW)
 MAX_IMAGE_PIXELS = 1800  # the grid's image size limit per axis, so a redraw stays cheap
 
@@ -67,7 +67,7 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int 
         if row == LAYER_ROW:
             tile[-gap:, :] = dark
         elif row == LAST_HEAD_ROW:
-            tile[-max(gap, min(gap + 1, size // 3)):, :] = dark
+            tile[-min(max(2 * gap, size // 4), max(gap, size // 3)):, :] = dark  # twice a layer's, or a quarter
         elif size >= 6:  # halfway between the cell and the gap: heads of one layer, one band
             tile[-1, :] = (colour.astype(np.uint16) + dark) // 2
         tile[:, -gap:] = dark
