@@ -64,11 +64,6 @@ class RunControls(QWidget):
         top.addWidget(self.prompt_edit, 1)
         top.addWidget(QLabel("Model"))
         top.addWidget(model_picker)
-        self.precision_label = QLabel()  # stays in presenter mode: the numbers depend on it
-        self.precision_label.setObjectName("muted")
-        self.precision_label.setToolTip("The number type of the weights and the KV cache (Run > Precision)")
-        self.precision_label.hide()
-        top.addWidget(self.precision_label)
 
         self.step_button = self._button("Step \u25b8", "Compute one new token (Space, Right, PageDown)",
                                         self.step_clicked)
@@ -108,21 +103,17 @@ class RunControls(QWidget):
         for widget in (self.step_button, self.play_button, QLabel("speed"), self.speed_slider, self.speed_label,
                        self.reset_button):
             button_row.addWidget(widget)
+        self.precision_label = QLabel()  # the loaded model's; it stays in presenter mode: the numbers depend on it
+        self.precision_pair = self._pair("precision", self.precision_label)
+        self.precision_pair.setToolTip("The number type of the weights and the KV cache (Run > Precision)")
+        self.precision_pair.hide()
         settings: list[QWidget] = [self.cache_check]
         for text, widget in (("max new tokens", self.max_new_spin), ("temperature", self.temperature_spin),
                              ("top-k", self.top_k_spin), ("seed", self.seed_spin)):
-            pair = QWidget()
-            pair_row = QHBoxLayout(pair)
-            pair_row.setContentsMargins(0, 0, 0, 0)
-            label = QLabel(text)
-            label.setObjectName("muted")
-            label.setBuddy(widget)
-            pair_row.addWidget(label)
-            pair_row.addWidget(widget)
-            settings.append(pair)
+            settings.append(self._pair(text, widget))
         self.settings_widgets = tuple(settings)  # hidden in presenter mode
         flow = FlowLayout(spacing=14)  # on a narrow screen the settings wrap onto a second line
-        for widget in (buttons, *settings):
+        for widget in (buttons, self.precision_pair, *settings):
             flow.addWidget(widget)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -135,6 +126,19 @@ class RunControls(QWidget):
         button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         button.clicked.connect(clicked)
         return button
+
+    @staticmethod
+    def _pair(text: str, widget: QWidget) -> QWidget:
+        """`widget` after a muted label that names it, kept together on one line."""
+        pair = QWidget()
+        pair_row = QHBoxLayout(pair)
+        pair_row.setContentsMargins(0, 0, 0, 0)
+        label = QLabel(text)
+        label.setObjectName("muted")
+        label.setBuddy(widget)
+        pair_row.addWidget(label)
+        pair_row.addWidget(widget)
+        return pair
 
     def _spin(self, spin: QSpinBox | QDoubleSpinBox, low: float, high: float, special: str = ""):
         spin.setRange(low, high)
@@ -245,7 +249,7 @@ class RunControls(QWidget):
     def show_precision(self, dtype: str) -> None:
         """The loaded model's precision beside it (float32, bfloat16, float16)."""
         self.precision_label.setText(dtype)
-        self.precision_label.setVisible(bool(dtype))
+        self.precision_pair.setVisible(bool(dtype))
 
     def focus_prompt(self) -> None:
         self.prompt_edit.setFocus()
