@@ -1,13 +1,16 @@
 """The memory view: the run's measured cache bytes on its model's line, reference lines from their
-configs (a sliding window flattens), and M in the window."""
+configs (a sliding window flattens), every line in a colour and dash of its own and named at its end, log or
+linear axes, and M in the window."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPointF, Qt
 
-from kvviz.app.views.memory_view import MemoryView
+from kvviz.app.views.memory_view import SHOWN_REFERENCES, MemoryView
 
 PROMPT = "Time flies fast"  # 3 tokens
 
@@ -79,3 +82,160 @@ def test_m_shows_the_memory_view_beside_a_run(qtbot, app_model):
     qtbot.keyClick(window, Qt.Key.Key_M)
     assert not window.workspace.memory_view.isVisible()
     window.close()
+
+
+# ----- every line told apart: colour, dash, its name at its end; log or linear axes -----
+
+# Machado, Oliveira & Fernandes (2009), severity 1.0, on linear RGB: how the colours look to a dichromat
+CVD = {"protanopia": ((0.152286, 1.052583, -0.204868), (0.114503, 0.786281, 0.099216),
+                      (-0.003882, -0.048116, 1.051998)),
+       "deuteranopia": ((0.367322, 0.860646, -0.227968), (0.280085, 0.672501, 0.047413),
+                        (-0.011820, 0.042940, 0.968881))}
+LYING_ON_EACH_OTHER = (("gpt2-xl", "Llama-3-70B"), ("Llama-3-8B", "Mistral-7B"), ("this model", "Falcon-7B"))
+
+
+def linear_rgb(hex_colour: str) -> np.ndarray:
+    c = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]) / 255
+    return np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+
+
+def lab(rgb: np.ndarray) -> np.ndarray:
+    """CIE L*a*b* (D65) of linear sRGB."""
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ np.clip(rgb, 0, 1)
+    t = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(t > (6 / 29) ** 3, np.cbrt(t), t / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def delta_e(a: str, b: str, vision: str | None = None) -> float:
+    """CIE76 colour difference of two colours, as seen with normal vision or `vision`."""
+    ra, rb = linear_rgb(a), linear_rgb(b)
+    if vision is not None:
+        ra, rb = np.array(CVD[vision]) @ ra, np.array(CVD[vision]) @ rb
+    return float(np.linalg.norm(lab(ra) - lab(rb)))
+
+
+def test_the_colour_difference_formula_gives_known_values():
+    assert delta_e("#FFFFFF", "#000000") == pytest.approx(100.0, abs=0.1)
+    assert delta_e("#FF0000", "#00FF00", "deuteranopia") < delta_e("#FF0000", "#00FF00") / 2  # red/green merge
+    assert delta_e("#0000FF", "#FFFF00", "deuteranopia") > 80  # blue/yellow stays
+
+
+def pens(view: MemoryView) -> dict[str, object]:
+    return {name: curve.opts["pen"] for name, curve in view.curves().items()}
+
+
+def dashes(pen) -> tuple[float, ...]:
+    return () if pen.style() == Qt.PenStyle.SolidLine else tuple(pen.dashPattern())
+
+
+@pytest.mark.parametrize("palette_name", ["dark", "light"])
+def test_every_line_has_a_colour_and_a_dash_of_its_own(qtbot, palette_name):
+    from test_app_theme import contrast
+
+    from kvviz.app import theme
+
+    palette = theme.get(palette_name)
+    view = MemoryView()
+    qtbot.addWidget(view)
+    view.set_theme(palette)
+    drawn = pens(view)
+    assert set(drawn) == {"this model", *SHOWN_REFERENCES}
+    colours = {name: pen.color().name().upper() for name, pen in drawn.items()}
+    assert colours["this model"] == palette.teal and palette.amber not in colours.values()
+    references = [name for name in drawn if name != "this model"]
+    assert len({dashes(drawn[name]) for name in references}) == len(references), "a dash pattern each"
+    assert dashes(drawn["this model"]) == () and all(
+        drawn["this model"].widthF() >= 1.5 * drawn[name].widthF() for name in references), "this model: wide, solid"
+    for name in references:  # lines, and the names written in their colours: as text
+        assert contrast(colours[name], palette.background) >= 4.5, (name, colours[name])
+    assert contrast(palette.teal, palette.background) >= 3.0  # the run's teal, bold, as everywhere in the app
+    for a, b in itertools.combinations(colours, 2):
+        assert delta_e(colours[a], colours[b]) >= 30, (a, b)
+    for a, b in LYING_ON_EACH_OTHER:  # and told apart by colour-blind eyes too, not by the dash alone
+        for vision in CVD:
+            assert delta_e(colours[a], colours[b], vision) >= 20, (a, b, vision)
+    for name, text in view.end_labels().items():
+        assert text.color.name().upper() == colours[name]
+
+
+def label_boxes(view: MemoryView) -> dict[str, object]:
+    return {name: text.sceneBoundingRect() for name, text in view.end_labels().items()}
+
+
+def end_point(view: MemoryView, name: str) -> QPointF:
+    x, y = view.curves()[name].getData()
+    return view.plot_item.getViewBox().mapViewToScene(QPointF(float(x[-1]), float(y[-1])))
+
+
+def assert_named_at_their_ends(view: MemoryView) -> None:
+    """Each line's name just right of its end, in the view box, level with it or stacked near it, none on
+    another."""
+    box = view.plot_item.getViewBox().sceneBoundingRect()
+    boxes = label_boxes(view)
+    assert set(boxes) == {"this model", *SHOWN_REFERENCES}
+    for name, rect in boxes.items():
+        assert view.end_labels()[name].toPlainText() == name
+        end = end_point(view, name)
+        assert 0 <= rect.left() - end.x() <= 12, (name, rect, end)
+        assert abs(rect.center().y() - end.y()) <= 3 * rect.height(), (name, rect, end)
+        assert box.adjusted(-1, -1, 1, 1).contains(rect), (name, rect, box)
+    for a, b in itertools.combinations(boxes, 2):
+        overlap = boxes[a].intersected(boxes[b])
+        assert overlap.height() <= 1 or overlap.width() <= 1, (a, b, boxes[a], boxes[b])
+
+
+@pytest.fixture
+def shown(qtbot, engine):
+    """A memory view of a 3-token run, at the size of its column."""
+    plan = engine.plan(engine.encode_prompt(PROMPT), 4, True)
+    view = MemoryView()
+    qtbot.addWidget(view)
+    view.resize(460, 640)
+    view.show()
+    qtbot.waitExposed(view)
+    view.reset(plan)
+    view.apply(list(engine.run(plan)))
+    view.refresh()
+    return view
+
+
+def test_every_line_is_named_at_its_end_at_a_readable_size(qtbot, shown):
+    assert_named_at_their_ends(shown)
+    tick = shown.plot_item.getAxis("left").style["tickFont"].pointSizeF()
+    assert all(text.textItem.font().pointSizeF() >= max(10.0, tick) for text in shown.end_labels().values())
+    near = label_boxes(shown)
+    assert abs(near["gpt2-xl"].center().y() - near["Llama-3-70B"].center().y()) >= near["gpt2-xl"].height() - 1
+    shown.set_font_scale(1.6)  # presenter mode
+    qtbot.waitUntil(lambda: all(t.textItem.font().pointSizeF() == 16.0 for t in shown.end_labels().values()))
+    assert_named_at_their_ends(shown)
+
+
+def test_linear_axes_show_the_growth_as_straight_lines_from_zero(qtbot, shown, engine):
+    config = engine.model.config
+    per_token = 2 * config.n_layer * config.n_head * (config.n_embd // config.n_head) * 4  # float32, by hand
+    assert shown.scale() == "log" and shown.scale_box.findText("linear") >= 0
+    shown.set_scale("linear")
+    for name in ("bottom", "left"):
+        assert shown.plot_item.getAxis(name).logMode is False
+    x, y = shown.model_curve.getData()  # the plot's own coordinates, now bytes and tokens
+    assert x[-1] == 131072 and y[-1] == 131072 * per_token and np.array_equal(y, x * per_token)
+    vb = shown.plot_item.getViewBox()
+    (x_low, x_high), (y_low, y_high) = vb.viewRange()
+    assert x_low == 0 and x_high >= 131072 and y_low == 0
+    llama = shown.reference_curves["Llama-3-70B"].getData()[1][-1]
+    assert llama == 2 * 80 * 8 * 128 * 2 * 131072 and y_high >= llama  # bf16, batch 1: every line's end is in
+    pixels = [vb.mapViewToScene(QPointF(float(a), float(b))) for a, b in zip(x[::20], y[::20], strict=True)]
+    slopes = {round((p.y() - pixels[0].y()) / (p.x() - pixels[0].x()), 3) for p in pixels[1:]}
+    assert len(slopes) == 1, "a straight line on the screen"
+    origin = vb.mapViewToScene(QPointF(0, 0))
+    assert abs((pixels[0].y() - origin.y()) / (pixels[0].x() - origin.x() or 1) - slopes.pop()) < 0.01, "through 0"
+    assert [line.value() for line in shown.budget_lines] == [8e9, 24e9, 80e9]
+    assert "128k" in [text for _value, text in shown.plot_item.getAxis("bottom")._tickLevels[0]]
+    assert_named_at_their_ends(shown)
+    shown.set_scale("log")
+    assert shown.plot_item.getAxis("bottom").logMode is True
+    assert np.allclose(10 ** shown.model_curve.getData()[1], y)
+    assert_named_at_their_ends(shown)
+    with pytest.raises(ValueError, match="scale must be one of"):
+        shown.set_scale("semilog")
