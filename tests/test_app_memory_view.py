@@ -239,3 +239,23 @@ def test_linear_axes_show_the_growth_as_straight_lines_from_zero(qtbot, shown, e
     assert_named_at_their_ends(shown)
     with pytest.raises(ValueError, match="scale must be one of"):
         shown.set_scale("semilog")
+
+
+def test_at_1280x720_the_memory_column_shows_the_whole_plot(qtbot, app_model):
+    from kvviz.app.main_window import MainWindow
+    from kvviz.app.settings import app_settings
+
+    window = MainWindow(app_model, PROMPT, settings=app_settings())
+    qtbot.addWidget(window)
+    window.show()
+    qtbot.waitUntil(lambda: window.session.plan is not None, timeout=60_000)
+    window.resize(1280, 690)  # a 1280x720 screen less the title bar
+    qtbot.waitUntil(lambda: (window.width(), window.height()) == (1280, 690), timeout=5_000)
+    qtbot.keyClick(window, Qt.Key.Key_M)
+    memory = window.workspace.memory_view
+    qtbot.waitUntil(lambda: memory.isVisible() and memory.plot_widget.height() >= 250, timeout=5_000)
+    qtbot.waitUntil(lambda: memory.visibleRegion().boundingRect().height() == memory.height(), timeout=5_000)
+    axis = memory.plot_item.getAxis("bottom")  # the context axis, at the plot's foot, is on the screen
+    foot = memory.plot_widget.mapTo(memory, memory.plot_widget.mapFromScene(axis.sceneBoundingRect().bottomLeft()))
+    assert foot.y() <= memory.height()
+    window.close()

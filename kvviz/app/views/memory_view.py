@@ -31,6 +31,15 @@ REFERENCE_WIDTH = 2.5  # pixels
 MODEL_WIDTH = 4.5  # the loaded model's line, over the others
 LABEL_GAP = 6  # pixels from a line's end to its name
 SCALES = ("log", "linear")
+PLOT_HEIGHT = 300  # pixels the plot asks for: a short column fits the view whole; a taller one gives it more
+
+
+class MemoryPlot(pg.PlotWidget):
+    """The memory view's plot, which asks for PLOT_HEIGHT (a plot widget asks 480, from its scene): in a scrolled
+    column, the view's height for its width is its texts' and this."""
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(super().sizeHint().width(), PLOT_HEIGHT)
 
 
 def _contexts(extra: Sequence[int] = ()) -> np.ndarray:
@@ -137,7 +146,7 @@ class MemoryView(QWidget):
         controls.addWidget(self.scale_box)
         controls.addStretch(1)
 
-        self.plot_widget = pg.PlotWidget()
+        self.plot_widget = MemoryPlot()
         self.plot_item = self.plot_widget.getPlotItem()
         self.plot_item.setMenuEnabled(False)
         self.plot_item.hideButtons()
