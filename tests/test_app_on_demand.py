@@ -5,7 +5,7 @@ the colour-blind patterns, the plots' menus)."""
 from __future__ import annotations
 
 import numpy as np
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, Qt
 
 from kvviz.app.views.compare_view import CompareView
 from kvviz.app.views.memory_view import MemoryView
@@ -39,7 +39,7 @@ def test_the_memory_view_built_mid_run_shows_the_run_so_far_at_the_zoom(qtbot, w
     assert positions.tolist() == [3, 4, 5]  # "Time flies fast": the prefill's 3 positions, then one a pass
     assert measured[-1] == window.session.last_record.cache_bytes
     assert memory.heading.font().pointSizeF() == 9.0 * 1.4
-    assert memory.x() > window.run_view.x()  # a column beside the views
+    assert memory.mapTo(window, QPoint()).x() > window.run_view.mapTo(window, QPoint()).x()  # a column beside them
     steps(qtbot, window, 1)
     window.redraw()
     assert memory.points()[0].tolist() == [3, 4, 5, 6]

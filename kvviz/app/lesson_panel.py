@@ -304,7 +304,7 @@ class LessonPanel(QFrame):
             self._show_position()
             self.placed.emit(beside)
         if beside:
-            self.setFixedWidth(width)
+            self.setFixedWidth(max(width, self.grid.minimumSize().width()))  # at a small zoom, its widest row
         else:
             self.setMinimumWidth(0)
             self.setMaximumWidth(QWIDGETSIZE_MAX)
@@ -345,7 +345,7 @@ class LessonPanel(QFrame):
             grid.setContentsMargins(12, 4, 10, 4)
         grid.setVerticalSpacing(8 if beside else 3)
         for label in (self.title, self.position, self.answer):
-            label.setWordWrap(beside)
+            label.setWordWrap(beside or label is not self.position)  # a strip's title and answer wrap at a large zoom
         self._apply_fonts()
 
     def _widgets(self) -> tuple[QWidget, ...]:

@@ -3,7 +3,7 @@ memory and lesson columns beside them."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
 
 from kvviz.app.banner import Banner
@@ -33,18 +33,16 @@ class Workspace(QWidget):
         self.setObjectName("central")
         self.run_view = RunView()
         self._compare = OnDemandView(lambda: self._lay_out(CompareView(), self._panels_layout, 1))
-        self._memory = OnDemandView(lambda: self._lay_out(MemoryView(), self._beside, 1))
+        self._memory = OnDemandView(self._build_memory)
+        self._memory_scroll: QScrollArea | None = None
+        self._lesson_panel = lesson_panel
         for panel in (self._compare, self._memory):
             panel.on_built(self.panel_built.emit)
         panels = QWidget()
         self._panels_layout = QVBoxLayout(panels)  # the hidden panel takes no room, and sets no minimum size
         self._panels_layout.setContentsMargins(0, 0, 0, 0)
         self._panels_layout.addWidget(self.run_view)  # compare_view goes below it, in its place when shown
-        scroll = QScrollArea()
-        scroll.setWidget(panels)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setObjectName("runScroll")
+        scroll = _scrolled(panels, "runScroll")
         self._beside = QHBoxLayout()  # the lesson's column beside the views, so that they keep their height
         self._beside.setSpacing(8)
         self._beside.addWidget(scroll, 1)  # the memory view goes after it
@@ -61,6 +59,16 @@ class Workspace(QWidget):
         panel.hide()
         layout.insertWidget(index, panel)
         return panel
+
+    def _build_memory(self) -> MemoryView:
+        """The memory view, in a scrolled column of its own (at a large zoom it may need more than the screen)
+        at its preferred width: the run's views take the rest."""
+        view = MemoryView()
+        self._memory_scroll = scroll = _scrolled(view, "memoryScroll")
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        scroll.hide()
+        self._beside.insertWidget(1, scroll)
+        return view
 
     @property
     def compare_view(self) -> CompareView:
@@ -89,9 +97,15 @@ class Workspace(QWidget):
         return self._compare.view is not None and self._compare.view.isVisibleTo(self)
 
     def show_memory(self, on: bool) -> None:
-        """Show or hide the memory view."""
+        """Show or hide the memory view: a column at its preferred width, the run's views taking the rest; where
+        the lesson's column would leave them too little beside it, the lesson goes above them."""
         if on or self._memory.built:
-            self.memory_view.setVisible(on)
+            memory = self.memory_view
+            scroll = self._memory_scroll
+            bar = scroll.verticalScrollBar().sizeHint().width()
+            scroll.setMinimumWidth(max(memory.minimumWidth(), memory.minimumSizeHint().width()) + bar)
+            scroll.setVisible(on)
+            self._lesson_panel.set_columns_beside(scroll.minimumWidth() + self._beside.spacing() if on else 0)
 
     def show_compare(self, comparing: bool) -> None:
         """Show compare mode's view, or the single run's; the keyboard focus follows if it was in the other."""
@@ -119,3 +133,13 @@ class Workspace(QWidget):
         run = self.run_view
         attention = {"attention": run.attention} if run.attention.isVisibleTo(self) else {}
         return {"chart": run.chart, "grid": run.grid, "view": run, **attention}
+
+
+def _scrolled(widget: QWidget, name: str) -> QScrollArea:
+    """`widget` in a frameless scroll area that sizes it to the area, or to its least size when that is larger."""
+    scroll = QScrollArea()
+    scroll.setWidget(widget)
+    scroll.setWidgetResizable(True)
+    scroll.setFrameShape(QFrame.Shape.NoFrame)
+    scroll.setObjectName(name)
+    return scroll

@@ -89,18 +89,21 @@ class AttentionState:
         return (f"<b>Attention, layer {layer}</b> &nbsp; the query of \u201c{token}\u201d (position "
                 f"{query}) reads {source}; brightest: weight {self.brightest(layer):.2f}")
 
-    def top_list(self, layer: int, heads: list[int] | None = None) -> str:
-        """Per head (every head, or `heads`) its top positions in `layer`."""
+    def tops(self, layer: int, heads: list[int] | None = None) -> list[tuple[int, list[tuple[str, int, float]]]]:
+        """Per head (every head, or `heads`) its top positions in `layer`: (head, [(token, position, weight)])."""
         values = self.values(layer)
         if values.size == 0:
-            return ""
+            return []
         chosen = list(range(values.shape[0])) if heads is None else heads
-        return top_list_text([(head, self.top_positions(layer, head)) for head in chosen],
-                             lambda p: self.token(p, str(p)))
+        return [(head, [(self.token(p, str(p)), p, w) for p, w in self.top_positions(layer, head)])
+                for head in chosen]
+
+    def top_list(self, layer: int, heads: list[int] | None = None) -> str:
+        """Per head (every head, or `heads`) its top positions in `layer`, as text."""
+        return tops_text(self.tops(layer, heads))
 
 
-def top_list_text(tops: list[tuple[int, list[tuple[int, float]]]], token) -> str:
-    """Per head its top positions: "h3: ·flies @1 0.52, Time @0 0.31, ..." (a line a head up to 4 heads)."""
-    lines = [f"h{head}: " + ", ".join(f"{token(p)} @{p} {w:.2f}" for p, w in positions)
-             for head, positions in tops]
-    return "\n".join(lines) if len(lines) <= 4 else "   \u00b7   ".join(lines)
+def tops_text(tops: list[tuple[int, list[tuple[str, int, float]]]]) -> str:
+    """Per head its top positions, a line a head: "h3: ·flies @1 0.52, Time @0 0.31, ..."."""
+    return "\n".join(f"h{head}: " + ", ".join(f"{token} @{p} {w:.2f}" for token, p, w in positions)
+                     for head, positions in tops)

@@ -7,29 +7,145 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFont, QHideEvent, QShowEvent
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtCore import QRectF, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QHideEvent, QPainter, QPaintEvent, QResizeEvent, QShowEvent
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.attention_state import TOP_POSITIONS, AttentionState, top_list_text
+from kvviz.app.views.attention_state import TOP_POSITIONS, AttentionState, tops_text
 from kvviz.app.views.base import CellTooltips, cache_axes, cell_plot, style_plot
+from kvviz.app.views.kv_grid import least_plot_height, least_row_height
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
 STRIP_MIN_HEIGHT = 70  # pixels at zoom 1
+STRIP_ROW_EXTRA = 1.15  # a head's row, against the K/V grid's least row: taller, for the back of the room
+STRIP_ROWS_KEPT = 8  # heads whose rows keep their least height; a model with more shares that room
 ALL_HEADS = -1
 TEXT_UPDATES_PER_SECOND = 5
+TOKEN_ROOM = "wwwwww"  # a token in the top list is cut to this text's width
+MAX_CELL_PIXELS = 8  # a weight's square in the strip's image, at most (a gap line between squares from 4)
+_SHADES: dict[tuple[str, int], np.ndarray] = {}
 
 
 def shade_table(theme: Theme, steps: int = 256) -> np.ndarray:
-    """(steps, 4) RGBA colours from the background (weight 0) to the foreground (weight 1)."""
-    low, high = np.array(QColor(theme.background).getRgb()), np.array(QColor(theme.foreground).getRgb())
-    t = np.linspace(0.0, 1.0, steps)[:, None] ** 0.6  # small weights stay visible
-    table = low * (1 - t) + high * t
-    table[:, 3] = 255
-    return table.astype(np.uint8)
+    """(steps, 4) RGBA colours from weight 0 to the strip's largest weight: matplotlib's perceptual "inferno"
+    ramp, its dark end at 0 on a dark background and its pale end at 0 on a light one. The heaviest weight
+    stands out from the background by 16:1 (dark theme) or 20:1 (light), half of it from the heaviest by more
+    than 2.5:1, and hue as well as lightness tells the weights apart."""
+    key = (theme.background, steps)
+    if key not in _SHADES:
+        t = np.linspace(0.0, 1.0, steps) ** 0.75  # small weights stay visible
+        light = QColor(theme.background).lightnessF() > 0.5
+        positions = 0.97 - 0.92 * t if light else 0.22 + 0.78 * t
+        _SHADES[key] = pg.colormap.get("inferno").map(positions, mode="byte").astype(np.uint8)
+    return _SHADES[key]
+
+
+class TopList(QWidget):
+    """Each head's heaviest positions, in cells of aligned columns: "h0", then per position its token, "@" its
+    position and its weight. A line holds as many heads' cells as its width does, so no line wraps; the height
+    is kept for every head of the run (`reserve`), so new weights never relayout the window. `text()` gives the
+    same as plain text."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._tops: list[tuple[int, list[tuple[str, int, float]]]] = []
+        self._heads, self._width = 1, 10  # reserved: cells, and positions (for the widest "@12")
+        self._theme = themes.current()
+        self._columns: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)  # head, token, position, weight, gap
+        policy = QSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)  # its height: for its width
+        policy.setHeightForWidth(True)
+        self.setSizePolicy(policy)
+        self._measure()
+
+    def reserve(self, heads: int, width: int) -> None:
+        """Room for `heads` heads' cells and positions up to `width`."""
+        if (heads, width) != (self._heads, self._width):
+            self._heads, self._width = max(1, heads), max(1, width)
+            self._measure()
+            self.updateGeometry()
+
+    def set_tops(self, tops: list[tuple[int, list[tuple[str, int, float]]]]) -> None:
+        """(head, [(token, position, weight)]) per head shown, heaviest first."""
+        self._tops = tops
+        self.update()
+
+    def set_theme(self, theme: Theme) -> None:
+        self._theme = theme
+        self.update()
+
+    def text(self) -> str:
+        return tops_text(self._tops)
+
+    def _measure(self) -> None:
+        metrics = QFontMetrics(self.font())
+        space = metrics.horizontalAdvance(" ")
+        self._columns = (metrics.horizontalAdvance(f"h{self._heads - 1}") + space,
+                         metrics.horizontalAdvance(TOKEN_ROOM),
+                         metrics.horizontalAdvance(f" @{self._width - 1}"),
+                         metrics.horizontalAdvance(" 0.00") + 2 * space,
+                         3 * space)
+
+    def _cell_width(self) -> int:
+        head, token, position, weight, _gap = self._columns
+        return head + TOP_POSITIONS * (token + position + weight)
+
+    def _per_line(self, width: int) -> int:
+        return max(1, (width + self._columns[4]) // (self._cell_width() + self._columns[4]))
+
+    def _line_height(self) -> int:
+        return QFontMetrics(self.font()).lineSpacing()
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802
+        return True
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802
+        lines = -(-self._heads // self._per_line(width))
+        return lines * self._line_height()
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        width = self._cell_width() * min(self._heads, 3) + self._columns[4] * 2
+        return QSize(width, self.heightForWidth(width))
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        return QSize(80, self._line_height())  # the height for its width: AttentionView.minimumSizeHint
+
+    def changeEvent(self, event) -> None:  # noqa: N802
+        super().changeEvent(event)
+        if event.type() == event.Type.FontChange:
+            self._measure()
+            self.updateGeometry()
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
+        painter = QPainter(self)
+        metrics = painter.fontMetrics()
+        head_w, token_w, position_w, weight_w, gap = self._columns
+        cell = self._cell_width()
+        if cell > self.width():  # a narrow view: the tokens give up room, each column stays apart
+            token_w = max(metrics.horizontalAdvance("ww"), token_w - (cell - self.width()) // TOP_POSITIONS)
+            cell = head_w + TOP_POSITIONS * (token_w + position_w + weight_w)
+        per_line, line = self._per_line(self.width()), self._line_height()
+        left = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+        right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+        ink, muted = QColor(self._theme.foreground), QColor(self._theme.muted)
+        for index, (head, tops) in enumerate(self._tops):
+            x, y = (index % per_line) * (cell + gap), (index // per_line) * line
+            painter.setPen(muted)
+            painter.drawText(QRectF(x, y, head_w, line), left, f"h{head}")
+            x += head_w
+            for token, position, weight in tops:
+                painter.setPen(ink)
+                painter.drawText(QRectF(x, y, token_w, line), left,
+                                 metrics.elidedText(token, Qt.TextElideMode.ElideRight, token_w))
+                painter.setPen(muted)
+                painter.drawText(QRectF(x + token_w, y, position_w, line), left, f" @{position}")
+                painter.setPen(ink)
+                painter.drawText(QRectF(x + token_w + position_w, y, weight_w - gap // 3, line), right,
+                                 f"{weight:.2f}")
+                x += token_w + position_w + weight_w
+        painter.end()
 
 
 class AttentionView(QWidget):
@@ -61,6 +177,10 @@ class AttentionView(QWidget):
         self._layer = 0
         self._head = ALL_HEADS
         self._strip = np.zeros((1, 1), dtype=np.float32)  # (heads, width) of the shown layer
+        self._heads = 1  # rows of the strip
+        self._head_ticks: list | None = None  # the left axis's, last set
+        self._tick_font = QFont(self.font())
+        self._least_height = 0  # the height minimumSizeHint gave, for the width it was asked at
 
         self.heading = LiveLabel(wrap=True)  # its texts repaint it without a relayout of the window
         self.layer_spin = QSpinBox()
@@ -71,12 +191,13 @@ class AttentionView(QWidget):
         self.head_box.addItem("all heads", ALL_HEADS)
         self.head_box.setToolTip("Outline one head and list its top positions")
         self.head_box.currentIndexChanged.connect(self._on_head_box)
-        controls = QHBoxLayout()
+        self.layer_label = QLabel("layer")
+        self._controls = controls = QHBoxLayout()
         controls.setContentsMargins(0, 0, 0, 0)
         controls.addWidget(self.heading, 1)
-        controls.addWidget(QLabel("layer"))
-        controls.addWidget(self.layer_spin)
-        controls.addWidget(self.head_box)
+        controls.addWidget(self.layer_label, 0, Qt.AlignmentFlag.AlignTop)
+        controls.addWidget(self.layer_spin, 0, Qt.AlignmentFlag.AlignTop)
+        controls.addWidget(self.head_box, 0, Qt.AlignmentFlag.AlignTop)
 
         self.plot_widget, self.plot_item, self.image_item = cell_plot(STRIP_MIN_HEIGHT)
         self.head_outline = pg.QtWidgets.QGraphicsRectItem()
@@ -86,16 +207,18 @@ class AttentionView(QWidget):
         self.plot_item.setLabel("left", "head")
         self.plot_item.getAxis("bottom").setStyle(showValues=False)
         cache_axes(self.plot_item)
+        self.plot_item.getViewBox().sigResized.connect(self._label_heads)  # how many head labels fit
+        self.plot_item.getAxis("bottom").geometryChanged.connect(self._fit_height)
         self.tooltips = CellTooltips(self.plot_widget, self.plot_item, self.cell_info)  # (head, position)
 
-        self.top_list = LiveLabel(rich=False, wrap=True)  # plain text: no HTML to lay out at every step
+        self.top_list = TopList()  # painted in columns: no text to lay out at every step
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.setSpacing(2)
+        layout.setSpacing(4)
         layout.addLayout(controls)
-        layout.addWidget(self.plot_widget, 3)
-        layout.addWidget(self.top_list, 2)
+        layout.addWidget(self.plot_widget, 1)
+        layout.addWidget(self.top_list)
         self._apply_theme()
         self._apply_fonts()
         self._show_heading()
@@ -120,12 +243,13 @@ class AttentionView(QWidget):
             self._head = ALL_HEADS
             self.head_box.blockSignals(False)
         self._strip = np.zeros((heads, max(1, plan.width)), dtype=np.float32)
+        self._heads = heads
         widest = "W" * 12
         self.heading.reserve(f"<b>Attention, layer {plan.n_layer - 1}</b> &nbsp; the query of \u201c{widest}\u201d "
                              f"(position {plan.width}) reads keys recomputed this pass (no cache); "
                              "brightest: weight 0.00")
-        self.top_list.reserve(top_list_text([(h, [(plan.width, 1.0)] * TOP_POSITIONS) for h in range(heads)],
-                                                  lambda _p: widest))
+        self.top_list.reserve(heads, plan.width)
+        self._fit_height()
         self._dirty = True
         self.refresh()
 
@@ -177,7 +301,42 @@ class AttentionView(QWidget):
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
-        self.plot_widget.setMinimumHeight(int(STRIP_MIN_HEIGHT * scale))
+        self._fit_height()
+        self._label_heads()
+
+    def row_height(self) -> int:
+        """The least height of a head's row in the strip at this zoom."""
+        return round(least_row_height(self._tick_font) * STRIP_ROW_EXTRA)
+
+    def _fit_height(self) -> None:
+        """The strip's least height: a row of `row_height` a head (up to STRIP_ROWS_KEPT heads) and its axis."""
+        least = max(int(STRIP_MIN_HEIGHT * self._font_scale),
+                    least_plot_height(self.plot_item, min(self._heads, STRIP_ROWS_KEPT), self.row_height()))
+        if least != self.plot_widget.minimumHeight():
+            self.plot_widget.setMinimumHeight(least)
+            self.updateGeometry()
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        """The heading's and the top list's heights at this width (a QSplitter asks none) over the strip's."""
+        hint = super().minimumSizeHint()
+        self._least_height = self._height_at(self.width())
+        return QSize(hint.width(), max(hint.height(), self._least_height))
+
+    def _height_at(self, width: int) -> int:
+        layout = self.layout()
+        margins = layout.contentsMargins()
+        inner = max(1, width - margins.left() - margins.right())
+        beside = sum(w.sizeHint().width() + self._controls.spacing() for w in (self.layer_label, self.layer_spin,
+                                                                                  self.head_box))
+        controls = max(self.heading.heightForWidth(max(80, inner - beside)), self.layer_spin.sizeHint().height(),
+                       self.head_box.sizeHint().height())
+        return (margins.top() + margins.bottom() + controls + self.plot_widget.minimumHeight()
+                + self.top_list.heightForWidth(inner) + 2 * layout.spacing())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width() and self._height_at(self.width()) != self._least_height:
+            self.updateGeometry()  # the heading or the top list takes more (or fewer) lines at this width
 
     # ----- choosing -----
     @property
@@ -246,11 +405,16 @@ class AttentionView(QWidget):
         index = np.clip(shade * (len(table) - 1), 0, len(table) - 1).astype(np.intp)
         image = table[index]  # (heads, width, 4)
         image[np.isnan(self._strip)] = empty
+        size = max(1, min(MAX_CELL_PIXELS, 1800 // width))
+        if size >= 4:  # a dark line between heads and between positions, as between the grid's cells
+            image = np.repeat(np.repeat(image, size, axis=0), size, axis=1)  # (heads * s, width * s, 4)
+            gap = np.array(QColor(self._theme.grid_line).getRgb(), dtype=np.uint8)
+            image[size - 1::size, :] = gap
+            image[:, size - 1::size] = gap
         self.image_item.setImage(image, autoLevels=False, levels=(0, 255))
         self.image_item.setRect(QRectF(0, 0, width, heads))
         self.plot_item.getViewBox().setYRange(0, heads, padding=0)
-        step = max(1, int(np.ceil(heads / 6)))
-        self.plot_item.getAxis("left").setTicks([[(h + 0.5, str(h)) for h in range(0, heads, step)]])
+        self._label_heads()
         if self._head == ALL_HEADS or self._head >= heads:
             self.head_outline.hide()
         else:
@@ -260,11 +424,22 @@ class AttentionView(QWidget):
             self.head_outline.setPen(pen)
             self.head_outline.show()
 
+    def _label_heads(self, *_args: object) -> None:
+        """Every head's row labelled when the rows are a line of the font tall, else every few."""
+        heads = self._strip.shape[0]
+        pitch = self.plot_item.getViewBox().height() / max(1, heads)
+        step = next((s for s in range(1, heads + 1) if s * pitch >= 0.8 * QFontMetrics(self._tick_font).height()),
+                    heads)
+        ticks = [[(h + 0.5, str(h)) for h in range(0, heads, step)]]
+        if ticks != self._head_ticks:  # setting ticks repaints the axis, even the same ones
+            self._head_ticks = ticks
+            self.plot_item.getAxis("left").setTicks(ticks)
+
     def _show_heading(self) -> None:
         self.heading.setText(self._state.heading(self._layer))
 
     def _show_top_list(self) -> None:
-        self.top_list.setText(self._state.top_list(self._layer, None if self._head == ALL_HEADS else [self._head]))
+        self.top_list.set_tops(self._state.tops(self._layer, None if self._head == ALL_HEADS else [self._head]))
 
     def _apply_theme(self) -> None:
         theme = self._theme
@@ -272,15 +447,21 @@ class AttentionView(QWidget):
         style_plot(self.plot_item, theme)
         self.setStyleSheet(f"QWidget#attentionView {{ background: {theme.background}; }} "
                            f"QWidget#attentionView QLabel {{ color: {theme.foreground}; background: transparent; }}")
+        self.top_list.set_theme(theme)
 
     def _apply_fonts(self) -> None:
         font = QFont(self.font())
         font.setPointSizeF(max(6.0, 9.0 * self._font_scale))
+        self._tick_font = font
         axis = self.plot_item.getAxis("left")
         axis.setStyle(tickFont=font)
         axis.label.setFont(font)
+        for widget in (self.layer_label, self.layer_spin, self.head_box):
+            widget.setFont(font)
+        text_font = QFont(self.font())
+        text_font.setPointSizeF(10.0 * self._font_scale)  # as the K/V grid's title
         for label in (self.heading, self.top_list):
-            label.setFont(font)
+            label.setFont(text_font)
 
     # ----- choosing and hovering -----
     def _on_layer_spin(self, layer: int) -> None:

@@ -3,7 +3,8 @@ whether they chose the same tokens."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
 from kvviz.app.views.base import ViewGroup
@@ -12,11 +13,14 @@ from kvviz.app.views.compare_time import CompareTimePlot
 from kvviz.app.views.divergence_banner import DivergenceBanner
 from kvviz.app.views.identity_strip import IdentityStrip
 from kvviz.app.views.kv_grid import KVGridView
+from kvviz.records import RunPlan
 
 
 class CompareView(ViewGroup, QWidget):
     """The divergence banner on top; the cached run's K/V grid over the uncached run's, column for
-    column, with the time plot and the counts beside them; the identity strip at the bottom.
+    column, with the time plot and the counts beside them; the identity strip at the bottom. Where the
+    grids and the column beside them do not both fit (a narrow screen, a large zoom, the memory view beside),
+    the column goes under the grids instead of the view scrolling sideways.
 
     Fed the primary run's plan and records (each token pass carrying its twin's), like RunView; a
     plan without a twin leaves every view in it empty.
@@ -55,6 +59,37 @@ class CompareView(ViewGroup, QWidget):
         layout.addWidget(self.banner)
         layout.addWidget(self.main_splitter, 1)
         layout.addWidget(self.identity_strip)
+
+    def reset(self, plan: RunPlan) -> None:
+        super().reset(plan)
+        self._fit_orientation()
+
+    def set_font_scale(self, scale: float) -> None:
+        super().set_font_scale(scale)
+        self._fit_orientation()
+
+    def side_by_side(self) -> bool:
+        """The time plot and the counts beside the grids (else under them, as wide as they are)."""
+        return self.main_splitter.orientation() == Qt.Orientation.Horizontal
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        """As narrow as the layout with the time plot and the counts under the grids: a narrow screen lays
+        them out so (see _fit_orientation) rather than scroll sideways."""
+        hint = super().minimumSizeHint()
+        width = max(w.minimumSizeHint().width() for w in (self.grid_splitter, self.side_splitter, self.banner,
+                                                           self.identity_strip))
+        return QSize(width, hint.height())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._fit_orientation()
+
+    def _fit_orientation(self) -> None:
+        grids, beside = self.grid_splitter.minimumSizeHint().width(), self.side_splitter.minimumSizeHint().width()
+        side_by_side = self.width() >= grids + beside + self.main_splitter.handleWidth()
+        if side_by_side != self.side_by_side():
+            self.main_splitter.setOrientation(Qt.Orientation.Horizontal if side_by_side else Qt.Orientation.Vertical)
+            self.updateGeometry()
 
     def views(self) -> tuple[DivergenceBanner, KVGridView, KVGridView, CompareTimePlot, CompareCounts, IdentityStrip]:
         """The views it holds, in redraw order; each follows views.base.RunViewProtocol."""

@@ -102,14 +102,18 @@ def fitting_font(font: QFont, pitch: float) -> QFont | None:
 
 def position_ticks(cells: GridState, column: float, metrics: QFontMetrics) -> tuple[list[tuple[float, str]], str]:
     """The bottom axis's ticks and title: each column labelled with its token when there are few enough and
-    `column` (pixels a column) fits a label, else round positions."""
+    `column` (pixels a column) fits a label, else round positions. Columns narrower than a short word's label
+    take turns on two lines, so that each label has two columns' width."""
     width = cells.width
     if width <= TICK_LABEL_LIMIT and column >= metrics.horizontalAdvance("0000"):  # else labels would overlap
+        staggered = column < metrics.horizontalAdvance("\u00b7word") + 4
+        room = int(column * (2 if staggered else 1)) - 4
         ticks = []
         for i in range(width):
             label = cells.label(i) or str(i)
             label = label if len(label) <= 8 else label[:7] + "\u2026"
-            ticks.append((i + 0.5, metrics.elidedText(label, Qt.TextElideMode.ElideRight, int(column) - 4)))
+            line = "\n" if staggered and i % 2 else ""
+            ticks.append((i + 0.5, line + metrics.elidedText(label, Qt.TextElideMode.ElideRight, room)))
         return ticks, "token position (labelled with its token)"
     tick = max(1, int(10 ** np.floor(np.log10(max(1, width / 8)))))
     if width / tick > 16:

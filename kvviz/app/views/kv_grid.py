@@ -3,11 +3,12 @@ ImageItem for all cells."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
-from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QAction, QColor, QFont, QMouseEvent, QPen, QResizeEvent
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, QSize, Qt, Signal
+from PySide6.QtGui import QAction, QColor, QFont, QFontMetrics, QMouseEvent, QPen, QResizeEvent
 from PySide6.QtWidgets import QGraphicsRectItem, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
@@ -21,7 +22,19 @@ from kvviz.app.views.live_label import LiveLabel
 from kvviz.records import RunPlan, StepRecord
 
 PLOT_MIN_HEIGHT = 80  # pixels at zoom 1: the grid never collapses into a strip
+MIN_ROW_HEIGHT = 14  # pixels: no row of cells is drawn smaller, nor smaller than a line of its labels' font
 LOCKSTEP_RUNS = ("cached", "uncached")  # which run of a compare-mode lockstep a grid can show
+
+
+def least_row_height(font: QFont) -> int:
+    """The least height of a row of cells labelled in `font`: MIN_ROW_HEIGHT, or a line of the font if taller."""
+    return max(MIN_ROW_HEIGHT, QFontMetrics(font).lineSpacing())
+
+
+def least_plot_height(plot_item: object, rows: int, row_height: int) -> int:
+    """The least height of a cell plot (the grid, the attention strip): `rows` rows of `row_height` pixels,
+    its bottom axis (tick labels and title) and the plot's margins."""
+    return rows * row_height + math.ceil(plot_item.getAxis("bottom").minimumHeight()) + 3
 
 
 class KVGridView(QWidget):
@@ -60,6 +73,8 @@ class KVGridView(QWidget):
         self._dirty = False
         self._expanded: set[int] = set()  # layers shown with their heads
         self._selected: int | None = None  # the outlined layer
+        self._tick_font = QFont(self.font())
+        self._least_height = 0  # the height minimumSizeHint gave, for the width it was asked at
         self._set_rows()
 
         self.plot_widget, self.plot_item, self.image_item = cell_plot(PLOT_MIN_HEIGHT)
@@ -71,6 +86,7 @@ class KVGridView(QWidget):
         self._outline.setVisible(False)
         self.plot_item.addItem(self._outline, ignoreBounds=True)
         vb.sigTransformChanged.connect(self._update_outline)  # its inset is a pixel: a new range or size moves it
+        self.plot_item.getAxis("bottom").geometryChanged.connect(self._fit_height)  # its height follows its font
         self.plot_item.setLabel("left", "layer")
         self.plot_item.setLabel("bottom", "token position")
         self.plot_item.showGrid(False, False)
@@ -198,7 +214,7 @@ class KVGridView(QWidget):
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
-        self.plot_widget.setMinimumHeight(int(PLOT_MIN_HEIGHT * scale))
+        self._fit_height()
         self._dirty = True
         self.refresh()
 
@@ -263,6 +279,34 @@ class KVGridView(QWidget):
         """The display rows: each layer, followed by its heads when it is expanded."""
         n_head = self._plan.n_head if self._plan is not None else 0
         self._rows = GridRows(self._cells.n_layer, n_head, self._expanded)
+        if hasattr(self, "plot_widget"):
+            self._fit_height()
+
+    def _fit_height(self) -> None:
+        """The plot's least height: every row of cells at least `least_row_height` tall, and the bottom axis.
+        A screen too short for every panel then scrolls them instead of squeezing the rows."""
+        rows = len(self._rows) if self._plan is not None else 0
+        least = max(int(PLOT_MIN_HEIGHT * self._font_scale),
+                    least_plot_height(self.plot_item, rows, least_row_height(self._tick_font)))
+        if least != self.plot_widget.minimumHeight():
+            self.plot_widget.setMinimumHeight(least)
+            self.updateGeometry()
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        """At least the title's and the legend's heights at this width (QSplitter, which lays the grids out, asks
+        no height for width) over the plot's least height: the splitter never squeezes one over another."""
+        hint = super().minimumSizeHint()
+        self._least_height = self._height_at(self.width())
+        return QSize(hint.width(), max(hint.height(), self._least_height))
+
+    def _height_at(self, width: int) -> int:
+        layout = self.layout()
+        margins = layout.contentsMargins()
+        inner = max(1, width - margins.left() - margins.right())
+        parts = [self.title.heightForWidth(inner), self.plot_widget.minimumHeight(),
+                 self.legend_row.heightForWidth(inner)]
+        parts = [part for part in parts if part > 0]
+        return margins.top() + margins.bottom() + sum(parts) + layout.spacing() * (len(parts) - 1)
 
     def _update_outline(self) -> None:
         layer = self._selected
@@ -295,6 +339,7 @@ class KVGridView(QWidget):
         font = QFont(self.font())
         font.setPointSizeF(max(6.0, 9.0 * self._font_scale))
         self._axes.set_font(font, self._plan)
+        self._tick_font = font
         title_font = QFont(self.font())
         title_font.setPointSizeF(10.0 * self._font_scale)
         self.title.setFont(title_font)
@@ -302,6 +347,8 @@ class KVGridView(QWidget):
 
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
         super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width() and self._height_at(self.width()) != self._least_height:
+            self.updateGeometry()  # the title or the legend wraps onto more (or fewer) lines at this width
         if self._plan is not None:
             self._axes.update(self._cells, self._rows)  # how many layer labels fit depends on the height
 

@@ -43,23 +43,37 @@ class RunView(ViewGroup, QWidget):
         self.main_splitter.setStretchFactor(0, 3)
         self.main_splitter.setStretchFactor(1, 2)
         self.main_splitter.setStretchFactor(2, 2)
+        self._grid_share = 0.5  # of the grid and the chart's room, the grid's share while the attention view is hidden
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.token_strip)
         layout.addWidget(self.main_splitter, 1)
 
     def show_attention(self, on: bool) -> None:
-        """Show or hide the attention view under the grid; shown, it takes its room from the grid and the chart."""
+        """Show or hide the attention view under the grid. Shown, it takes a quarter of the room (at least its
+        own least height) from the grid and the chart, in proportion; hidden, it gives its room back to both, in
+        the proportion they had before it was shown, so the grid gets back what it gave."""
         if on == self.attention.isVisibleTo(self):
             return
         grid, attention, bottom = self.main_splitter.sizes()
+        if on and grid + bottom > 0:
+            self._grid_share = grid / (grid + bottom)
         self.attention.setVisible(on)
-        if on:
-            total = grid + bottom
-            self.main_splitter.setSizes([total * 9 // 20, total * 5 // 20, total * 6 // 20])
-        else:
-            self.main_splitter.setSizes([grid, 0, bottom + attention])
+        total = grid + attention + bottom
+        if total <= 0:  # not laid out yet: the splitter shares the room by its stretch factors
+            return
+        shown = max(total // 4, _least_height(self.attention)) if on else 0
+        rest = total - shown
+        least_grid, least_bottom = _least_height(self.grid), _least_height(self.bottom_splitter)
+        grid = max(least_grid, min(round(rest * self._grid_share), rest - least_bottom))
+        # where the room is short, each panel gets its least height and the panels scroll by as little as can be
+        self.main_splitter.setSizes([grid, shown, max(least_bottom, rest - grid)])
 
     def views(self) -> tuple[TokenStrip, KVGridView, WorkChart, CounterPanel]:
         """The views it holds, in redraw order; each follows views.base.RunViewProtocol."""
         return (self.token_strip, self.grid, self.chart, self.counter)
+
+
+def _least_height(widget: QWidget) -> int:
+    """The least height a splitter gives `widget` (as QSplitter reads it)."""
+    return max(widget.minimumSizeHint().height(), widget.minimumHeight())

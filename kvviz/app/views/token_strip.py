@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPaintEvent, QPen
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPaintEvent, QPen, QResizeEvent
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from kvviz.app import theme as themes
@@ -16,6 +16,17 @@ from kvviz.records import RunPlan, StepRecord
 
 PAD_X, PAD_Y, GAP = 5.0, 3.0, 8.0
 MAX_ROWS = 2
+TYPICAL_TOKEN = "\u00b7word"  # a token still to come is reckoned this wide, to keep the rows the run will fill
+
+
+def rows_needed(widths: Sequence[float], width: float) -> int:
+    """How many rows chips of `widths` wrap into, `width` wide (as `layout_strip` wraps them)."""
+    rows, x = 1, GAP
+    for w in widths:
+        if x > GAP and x + w > width - GAP:
+            rows, x = rows + 1, GAP
+        x += w + GAP
+    return rows
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,9 @@ def layout_strip(widths: Sequence[float], width: float, chip_height: float, row_
 
 
 class TokenStrip(QWidget):
-    """Chips for every token, wrapped over up to two rows; the newest rows stay visible.
+    """Chips for every token, wrapped over up to two rows; the newest rows stay visible. It is as tall as the
+    rows the run will fill at this width (its tokens to come reckoned as TYPICAL_TOKEN), so that a short run
+    on a short screen leaves its second row to the grid; a run that needs more takes it when it gets there.
 
     Prompt chips are grey, generated chips have an amber edge, the newest token is filled
     amber, and the chips fed to the model in the latest step are underlined in amber. Spaces show as
@@ -85,6 +98,8 @@ class TokenStrip(QWidget):
         self._fed = (0, 0)
         self._font_scale = 1.0
         self._widths: list[float] = []
+        self._to_come = 0  # tokens the run may still generate
+        self._rows = MAX_ROWS  # the rows its height holds
         self._theme = themes.current()
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self._apply_fonts()
@@ -94,6 +109,8 @@ class TokenStrip(QWidget):
         self._prompt_tokens = plan.prompt_tokens
         self._fed = (0, 0)
         self._widths = [self._chip_width(text) for text in self._labels]
+        self._to_come = plan.budget
+        self._fit_rows()
         self.update()
 
     def apply(self, records: Sequence[StepRecord]) -> None:
@@ -103,6 +120,9 @@ class TokenStrip(QWidget):
                 text = chip_text(record.token_text)
                 self._labels.append(text)
                 self._widths.append(self._chip_width(text))
+                self._to_come = max(0, self._to_come - 1)
+                if self._rows < MAX_ROWS:
+                    self._fit_rows()
 
     def refresh(self) -> None:
         self.update()
@@ -120,7 +140,7 @@ class TokenStrip(QWidget):
         self._font_scale = scale
         self._apply_fonts()
         self._widths = [self._chip_width(text) for text in self._labels]
-        self.updateGeometry()
+        self._fit_rows(force=True)
         self.update()
 
     def set_theme(self, theme: Theme) -> None:
@@ -143,17 +163,34 @@ class TokenStrip(QWidget):
     def _row_height(self) -> float:
         return self._metrics.height() + 2 * PAD_Y + GAP
 
+    def _fit_rows(self, force: bool = False) -> None:
+        """Hold the rows the run's chips fill at this width, those to come reckoned TYPICAL_TOKEN wide."""
+        typical = self._chip_width(TYPICAL_TOKEN)
+        rows = min(MAX_ROWS, rows_needed([*self._widths, *[typical] * self._to_come], max(1, self.width())))
+        if rows != self._rows or force:
+            self._rows = rows
+            self.updateGeometry()
+
+    def shown_rows(self) -> int:
+        """The rows of chips its height holds now."""
+        return self._rows
+
     def sizeHint(self) -> QSize:
-        return QSize(600, int(self._row_height() * MAX_ROWS + GAP + 2))
+        return QSize(600, int(self._row_height() * self._rows + GAP + 2))
 
     def minimumSizeHint(self) -> QSize:
-        return QSize(100, int(self._row_height() * MAX_ROWS + GAP + 2))
+        return QSize(100, int(self._row_height() * self._rows + GAP + 2))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self._fit_rows()
 
     def chip_layout(self) -> StripLayout:
         """Where the chips and the "+N earlier" label go at the strip's current width."""
         row_h = self._row_height()
         return layout_strip(self._widths, self.width(), row_h - GAP, row_h,
-                            lambda n: self._metrics.horizontalAdvance(earlier_label(n)))
+                            lambda n: self._metrics.horizontalAdvance(earlier_label(n)), self._rows)
 
     def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
