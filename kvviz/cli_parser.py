@@ -294,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=whole_number(speed.MIN_SWEEP_LENGTH, MAX_TOKENS), default=None,
                    metavar="L", help=f"with --sweep: the longest sequence measured (default: the model's context, "
                                      f"at most {speed.DEFAULT_MAX_LENGTH})")
-    p.add_argument("--progress", action="store_true", help=argparse.SUPPRESS)  # --sweep: "progress D/T" lines
+    p.add_argument("--background", action="store_true", help=argparse.SUPPRESS)  # --sweep for the app: progress
+    # lines on stderr, and the priority of the app's own worker, so the sweep never starves the window's runs
     p.add_argument("--window-size", type=window_size, default=None, metavar="WxH",
                    help="with --gui: the window's size, e.g. 1920x1080 (default: the screen's, up to 1600x1000)")
     p.add_argument("--compare", action="store_true",
@@ -348,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "question makes two: the question, then its measured answer) and one PDF "
                                         "deck with a page per slide.")
     p.add_argument("--file", type=path_text, default=None, metavar="FILE",
-                   help="the lesson file (default: the built-in lesson, the KV cache in five steps)")
+                   help="the lesson file (default: the built-in lesson, the KV cache in six steps)")
     action = p.add_mutually_exclusive_group(required=True)
     action.add_argument("--list", action="store_true", help="print the lesson's steps; loads no model")
     action.add_argument("--export", type=path_text, default=None, metavar="DIR",

@@ -3,6 +3,8 @@
 A step names a prompt, a cache mode (`true`, `false` or `"compare"`), the token budget and how many
 generation steps the run has taken when the step is shown (`advance_to`). A question names one live
 quantity; its answer is measured from the record of the next generation step, never written in the file.
+A step's text may say `{measured_speed}`: the app puts there what its speed sweep measured on this machine
+(a "speed" focus shows the sweep itself), so no number in a lesson can be contradicted by the screen.
 Torch-free and Qt-free: the CLI lists lessons without loading a model, and the app reads them as they are.
 """
 
@@ -26,7 +28,9 @@ QUESTIONS = {
     "ratio_after_next": "After the next step, how many times less K/V work will the cache have done?",
     "cache_bytes_after_next": "After the next step, how many bytes will the KV cache hold?",
 }
-FOCUSES = ("grid", "chart", "counter", "memory", "all")
+FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all")
+MEASURED_SPEED = "{measured_speed}"  # in a step's text: what the speed sweep measured on this machine, in words
+SPEED_PENDING = "(being measured on this machine\u2026)"  # what the placeholder says until the sweep is done
 CACHE_MODES = (True, False, "compare")
 MAX_LESSON_TOKENS = 4096
 LESSON_KEYS = {"title": str, "step": list}
@@ -66,6 +70,15 @@ class LessonStep:
     @property
     def question_text(self) -> str:
         return QUESTIONS[self.question] if self.question else ""
+
+    @property
+    def needs_speed(self) -> bool:
+        """The step shows the speed sweep (its focus) or says what it measured (its text)."""
+        return self.focus == "speed" or MEASURED_SPEED in self.text
+
+    def text_with(self, measured_speed: str | None) -> str:
+        """The text with MEASURED_SPEED replaced by the sweep's sentence (SPEED_PENDING while there is none)."""
+        return self.text.replace(MEASURED_SPEED, measured_speed or SPEED_PENDING)
 
 
 @dataclass(frozen=True)
@@ -174,6 +187,9 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
     for key in ("title", "text"):
         if not item[key].strip():
             raise LessonError(f"{source}: {where}{key}: is empty")
+    for key in ("title", "notes"):
+        if MEASURED_SPEED in item.get(key, ""):
+            raise LessonError(f"{source}: {where}{key}: {MEASURED_SPEED} belongs in a step's text")
     return LessonStep(title=item["title"].strip(), text=" ".join(item["text"].split()), prompt=item["prompt"],
                       cache=cache, advance_to=advance, max_new_tokens=budget, notes=item.get("notes", "").strip(),
                       model=item.get("model"), focus=focus, question=question)

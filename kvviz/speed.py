@@ -16,7 +16,7 @@ from kvviz.errors import KvvizError
 CONFIDENCE = 0.95  # of the interval around the median ratio
 SAME_WITHIN = 0.10  # a median ratio within 10% of 1 reads as "about the same", however sure
 SWEEP_POINTS = 8  # lengths measured, evenly spaced up to the longest
-SWEEP_REPEAT = 7  # interleaved turns per length, the median of them counts: 7 gives an interval at 98%
+SWEEP_REPEAT = 11  # interleaved turns per length, the median counts; 11 pairs: a 95% interval past an outlier a side
 MAX_SWEEP_REPEAT = 50
 MIN_SWEEP_LENGTH = 2
 DEFAULT_MAX_LENGTH = 256  # positions a sweep reaches by default, or the model's context if shorter
@@ -139,8 +139,7 @@ class SweepResult:
         shortest, longest = self.ratio_at(0), self.ratio_at(-1)
         first, last = self.lengths[0], self.lengths[-1]
         if not longest.clear:
-            return (f"At {last} positions the two modes are too close to tell apart: on this model and machine "
-                    f"reading the weights costs more than the sequence.")
+            return f"At {last} positions the two modes are too close to tell apart in this measurement."
         if longest.median < 1.0:
             return f"At {last} positions a step with the cache took {1.0 / longest.median:.1f}\u00d7 as long."
         start = (f"{shortest.median:.1f}\u00d7 as long at {first} positions" if shortest.clear

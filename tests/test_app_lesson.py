@@ -59,13 +59,13 @@ def assert_step(win: MainWindow, prompt: str, cache: bool | str, steps_done: int
     assert plan.use_cache == (cache is not False) and (plan.twin is not None) == (cache == "compare")
     assert plan.sampling == "greedy"
     assert session.steps_done == steps_done
-    assert win.lesson_panel.position.text().startswith(f"step {number} of 5")
+    assert win.lesson_panel.position.text().startswith(f"step {number} of 6")
 
 
 def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot, window):
     panel, lesson = window.lesson_panel, window.lesson
     assert lesson.active and panel.isVisible() and window.actions["lesson"].isChecked()
-    assert len(lesson.lesson.slides()) == 9  # five steps, four of them with a question
+    assert len(lesson.lesson.slides()) == 10  # six steps, four of them with a question
 
     # Step 1: "Time flies" (2 tokens), cached, before the prefill; the question shown, not its answer.
     assert_step(window, "Time flies", True, 0, 1)
@@ -115,16 +115,25 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
     assert lesson.measured == n * p + n * (n - 1) // 2 - (p + n) == 87
     assert panel.answer_text() == "measured 87" and counts(window)[2] == 87  # what the counter shows too
 
-    # Step 5: compare mode at the end of the run; nothing framed; the last step.
+    # Step 5: the speed of a token step, measured on this machine: the speed view shows the sweep under way
+    # and the text says so until its figure is in.
     press(qtbot, window, Qt.Key.Key_PageDown)
-    assert_step(window, "Time flies", "compare", 12, 5)
+    assert_step(window, "Time flies", True, 12, 5)
+    assert window.speed.isVisible() and (window.speed.sweeper.running or window.speed.result is not None)
+    if window.speed.result is None:
+        assert "(being measured on this machine\u2026)" in panel.text.text()
+
+    # Step 6: compare mode at the end of the run; nothing framed; the last step.
+    press(qtbot, window, Qt.Key.Key_PageDown)
+    assert_step(window, "Time flies", "compare", 12, 6)
+    assert not window.speed.isVisible(), "the speed step's view closes with its step"
     assert window.workspace.compare_view.isVisibleTo(window) and window.actions["compare"].isChecked()
     assert lesson.focus_target() is None and not lesson.frame.isVisible() and not panel.question.isVisible()
     press(qtbot, window, Qt.Key.Key_PageDown)  # past the end: nothing happens
-    assert lesson.slide == 8
+    assert lesson.slide == 9
 
     # Back: each slide as it was, replayed.
-    press(qtbot, window, Qt.Key.Key_PageUp)
+    press(qtbot, window, Qt.Key.Key_PageUp, 2)
     assert_step(window, "Time flies fast", True, 12, 4)
     assert window.run_view.isVisibleTo(window) and not window.actions["compare"].isChecked()
     assert lesson.measured == 87 and panel.answer_text() == "measured 87"
@@ -182,7 +191,7 @@ def test_help_lesson_starts_the_built_in_lesson_from_the_free_app(qtbot, app_mod
         assert win.actions["lesson"].text().replace("&", "").startswith("Lesson")
         win.actions["lesson"].trigger()
         settle(qtbot, win)
-        assert win.lesson.active and win.lesson.lesson.title == "The KV cache in five steps"
+        assert win.lesson.active and win.lesson.lesson.title == "The KV cache in six steps"
         assert_step(win, "Time flies", True, 0, 1)
         win.actions["lesson"].trigger()
         assert not win.lesson.active
@@ -304,7 +313,7 @@ def test_a_lesson_leaves_the_free_apps_settings_as_they_were(qtbot, app_model):
     store = app_settings()
     win = open_window(qtbot, app_model, "builtin", store)
     settle(qtbot, win)
-    press(qtbot, win, Qt.Key.Key_PageDown, 8)  # step 5: compare mode
+    press(qtbot, win, Qt.Key.Key_PageDown, 9)  # step 6: compare mode
     assert win.session.plan.twin is not None
     win.close()
     remembered = AppSettings.load(store)

@@ -32,9 +32,9 @@ def test_the_sweep_runs_in_the_background_and_the_view_draws_it(qtbot, panel, ti
         panel.show_for(tiny, "float32", "tiny")
         assert panel.view.measuring and panel.view.cancel_button.isVisibleTo(panel)
     result: SweepResult = finished.args[0]
-    # the context of 17 positions allows a longest cached step at 16: eight lengths, 2 modes x 7 turns each
-    assert result.lengths == (2, 4, 6, 8, 10, 12, 14, 16) and result.repeat == 7
-    assert progress[-1] == (112, 112) and [d for d, _ in progress] == sorted(d for d, _ in progress)
+    # the context of 17 positions allows a longest cached step at 16: eight lengths, 2 modes x 11 turns each
+    assert result.lengths == (2, 4, 6, 8, 10, 12, 14, 16) and result.repeat == 11
+    assert progress[-1] == (176, 176) and [d for d, _ in progress] == sorted(d for d, _ in progress)
     assert not panel.view.measuring and panel.result is result
     x, y = panel.view.uncached_curve.getData()
     assert list(x) == list(result.lengths) and list(y) == list(result.uncached_ms)
@@ -63,6 +63,6 @@ def test_a_sweep_that_fails_says_why_in_one_sentence(qtbot, panel, tmp_path):
 
 
 def test_the_sweep_command_names_the_model_and_precision():
-    assert sweep_arguments("", "bfloat16") == ["-m", "kvviz", "bench", "--sweep", "--json", "--progress",
+    assert sweep_arguments("", "bfloat16") == ["-m", "kvviz", "bench", "--sweep", "--json", "--background",
                                                "--dtype", "bfloat16"]
     assert sweep_arguments("random:gpt2", "float32", 64)[-4:] == ["--model", "random:gpt2", "--max-length", "64"]

@@ -28,7 +28,7 @@ from kvviz.cli import main
 from kvviz.lesson import LessonError, load_lesson, parse_lesson
 
 ENV = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "HF_HUB_OFFLINE": "1", "PYTHONIOENCODING": "utf-8"}
-BUILTIN_SLIDES = 9
+BUILTIN_SLIDES = 10
 STEP = """
 [[step]]
 title = "{title}"
@@ -80,7 +80,7 @@ def test_list_json_has_exactly_the_titles_and_question_keys(capsys):
     assert main(["lesson", "--list", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     lesson = load_lesson()
-    assert set(result) == {"title", "steps"} and result["title"] == lesson.title == "The KV cache in five steps"
+    assert set(result) == {"title", "steps"} and result["title"] == lesson.title == "The KV cache in six steps"
     assert all(set(step) == {"title", "question"} for step in result["steps"])
     assert result["steps"] == [{"title": s.title, "question": s.question} for s in lesson.steps]
     assert result["steps"][0] == {"title": "The prompt goes in", "question": "next_kv_with_cache"}
@@ -90,9 +90,10 @@ def test_list_json_has_exactly_the_titles_and_question_keys(capsys):
 def test_list_prints_a_row_per_step(capsys, tmp_path):
     assert main(["lesson", "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "The KV cache in five steps (built-in): 5 steps, 4 questions, 9 slides"
+    assert lines[0] == "The KV cache in six steps (built-in): 6 steps, 4 questions, 10 slides"
     assert re.fullmatch(r"  1  The prompt goes in +question: next_kv_with_cache", lines[1])
-    assert re.fullmatch(r"  5  Two things to remember +question: none", lines[5]) and len(lines) == 6
+    assert re.fullmatch(r"  5  Memory for time +question: none", lines[5])
+    assert re.fullmatch(r"  6  The output is unchanged +question: none", lines[6]) and len(lines) == 7
     path = tmp_path / "one.toml"
     path.write_text(lesson_text({"title": "Only"}, title="Mine"), encoding="utf-8")
     assert main(["lesson", "--list", "--file", str(path)]) == 0
@@ -140,13 +141,15 @@ def test_export_writes_a_png_per_slide_and_a_deck(builtin_export):
     assert names == [slide_file_name(n, BUILTIN_SLIDES) for n in range(1, BUILTIN_SLIDES + 1)] + ["kvviz-lesson.pdf"]
     assert names[0] == "kvviz-lesson-01.png"
     assert pdf_pages((out / "kvviz-lesson.pdf").read_bytes()) == BUILTIN_SLIDES
-    assert len(printed) == BUILTIN_SLIDES + 1
+    assert len(printed) == BUILTIN_SLIDES + 2  # the speed sweep's line first, a line per slide, the deck's
+    assert printed[0].startswith("measuring the speed of a token step of tiny on this machine")
+    printed = printed[1:]
     for number, line in enumerate(printed[:-1], start=1):
         assert line.startswith(f"slide {number}/{BUILTIN_SLIDES}: step ") and line.endswith(
             f" -> {out / slide_file_name(number, BUILTIN_SLIDES)}")
-    assert printed[1] == (f"slide 2/9: step 1 of 5, \u201cThe prompt goes in\u201d, answer: 2 (measured) -> "
+    assert printed[1] == (f"slide 2/10: step 1 of 6, \u201cThe prompt goes in\u201d, answer: 2 (measured) -> "
                           f"{out / 'kvviz-lesson-02.png'}")
-    assert printed[-1] == f"deck of 9 pages -> {out / 'kvviz-lesson.pdf'}"
+    assert printed[-1] == f"deck of 10 pages -> {out / 'kvviz-lesson.pdf'}"
 
 
 def test_every_slide_shows_its_focus_in_the_grid_colours(builtin_export):
@@ -160,7 +163,7 @@ def test_every_slide_shows_its_focus_in_the_grid_colours(builtin_export):
         assert image.shape == (450, 800, 3)  # 16:9
         amber, teal = count_near(image, theme.DARK.amber), count_near(image, theme.DARK.teal)
         area = image.shape[0] * image.shape[1]
-        if step.focus in ("chart", "counter"):
+        if step.focus in ("chart", "counter", "speed"):  # curves (the speed sweep's two, in the same colours)
             assert amber > 0.001 * area and teal > 0.001 * area, (number, amber, teal)
         elif step.advance_to or revealed:
             assert amber + teal > 0.02 * area, (number, amber + teal)
@@ -180,14 +183,15 @@ def test_slides_say_title_place_question_and_answer_and_never_the_notes(builtin_
     deck = (out / "kvviz-lesson.pdf").read_bytes()
     assert all(note.encode() not in deck for note in notes)
     by_slide = received[::2]
-    assert [t.place for t in by_slide[:3]] == ["step 1 of 5", "step 1 of 5", "step 2 of 5"]
+    assert [t.place for t in by_slide[:3]] == ["step 1 of 6", "step 1 of 6", "step 2 of 6"]
     assert by_slide[0].question and not by_slide[0].answer
     assert by_slide[1].answer == "Answer: 2 (measured)"  # the prefill computes both prompt tokens
     assert by_slide[3].answer == "Answer: 5 (measured)"  # without the cache, step 4 feeds 2 + 3 tokens
     assert by_slide[5].answer == "Answer: 1 (measured)"
     assert by_slide[7].answer == "Answer: 87 (measured)"
-    assert by_slide[8].question == "" and by_slide[8].title == "Two things to remember"
-    assert "with and without KV cache in lockstep" in by_slide[8].footer
+    assert by_slide[8].question == "" and by_slide[8].title == "Memory for time"
+    assert by_slide[9].title == "The output is unchanged"
+    assert "with and without KV cache in lockstep" in by_slide[9].footer
 
 
 def test_a_question_reveals_the_run_one_step_further(tiny):
@@ -363,7 +367,7 @@ def test_the_builtin_lesson_exports_in_under_a_minute(tmp_path):
     seconds = time.perf_counter() - started
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert seconds < 60, f"the built-in lesson took {seconds:.1f} s"
-    assert len(result.stdout.splitlines()) == BUILTIN_SLIDES + 1
+    assert len(result.stdout.splitlines()) == BUILTIN_SLIDES + 2
     assert "answer: 87 (measured)" in result.stdout  # P = 3, N = 12 on the embedded model
     assert pdf_pages((out / "kvviz-lesson.pdf").read_bytes()) == BUILTIN_SLIDES
     assert QImage(str(out / "kvviz-lesson-01.png")).size().toTuple() == (1920, 1080)
@@ -375,8 +379,8 @@ def test_a_memory_step_makes_a_slide_of_the_memory_view(tiny, tmp_path, qtbot, m
     shown: list[tuple[str, object]] = []
     real_show = SlideStage.show
 
-    def spy(self, step, plan, records, region):
-        view = real_show(self, step, plan, records, region)
+    def spy(self, step, plan, records, region, **options):
+        view = real_show(self, step, plan, records, region, **options)
         points = view.points() if type(view).__name__ == "MemoryView" else None
         shown.append((type(view).__name__, points))
         return view
@@ -406,8 +410,8 @@ def test_a_slide_shows_the_part_of_the_window_its_focus_names(cache, focus, view
     shown = []
     real_show = SlideStage.show
 
-    def spy(self, step, plan, records, region):
-        view = real_show(self, step, plan, records, region)
+    def spy(self, step, plan, records, region, **options):
+        view = real_show(self, step, plan, records, region, **options)
         inside = all(QRect(0, 0, round(region.width()), round(region.height())).contains(
             QRect(v.mapTo(view, QPoint(0, 0)), v.size())) for v in view.views() if v.isVisible())
         shown.append(([type(v).__name__ for v in view.views()], inside))
@@ -416,6 +420,33 @@ def test_a_slide_shows_the_part_of_the_window_its_focus_names(cache, focus, view
     monkeypatch.setattr(SlideStage, "show", spy)
     export_lesson(lesson, tmp_path, "png", width=320, model=str(tiny))
     assert shown == [(views, True)]
+
+
+def test_a_speed_step_shows_the_sweep_measured_here_and_says_its_figure(tiny, tmp_path, qtbot, monkeypatch):
+    """`focus = "speed"` puts the speed view on the slide, drawing a sweep measured during the export, and the
+    step's {measured_speed} becomes that sweep's sentence: the slide says what its curves show."""
+    lesson = parse_lesson('title = "Speed"\n[[step]]\ntitle = "Time"\ntext = "Measured here: {measured_speed}"\n'
+                          'prompt = "Time flies"\ncache = true\nadvance_to = 2\nmax_new_tokens = 4\n'
+                          'focus = "speed"\n', "test.toml")
+    shown, texts = [], []
+    real_show = SlideStage.show
+    real_text = slides.slide_text
+
+    def spy(self, step, plan, records, region, **options):
+        view = real_show(self, step, plan, records, region, **options)
+        shown.append((view, options["speed"]))
+        return view
+
+    monkeypatch.setattr(SlideStage, "show", spy)
+    monkeypatch.setattr(slides, "slide_text", lambda *a, **k: texts.append(real_text(*a, **k)) or texts[-1])
+    lines = []
+    export_lesson(lesson, tmp_path, "png", width=640, model=str(tiny), progress=lines.append)
+    (view, sweep), = shown
+    assert type(view).__name__ == "SpeedView" and sweep is not None and view.result is sweep
+    assert list(view.uncached_curve.getData()[1]) == list(sweep.uncached_ms)
+    assert not view.measure_button.isVisible(), "no button on a slide"
+    assert texts[0].text == f"Measured here: {sweep.headline()}" and "{" not in texts[0].text
+    assert lines[0].startswith("measuring the speed of a token step of tiny")
 
 
 def test_lesson_export_takes_a_dtype(tiny, tmp_path, monkeypatch, capsys):

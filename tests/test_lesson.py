@@ -44,6 +44,32 @@ def test_the_builtin_lesson_has_five_steps_and_questions():
     assert lesson.source.endswith("kv-cache.toml")
 
 
+# a measured figure stated in words: "5x faster", "6.8x", "87%", "3 times"
+CLAIMED_FIGURE = re.compile(r"\d+(\.\d+)?\s*(x\b|\u00d7|%|times\b)|faster|slower", re.IGNORECASE)
+
+
+def test_the_builtin_lesson_states_no_figure_the_screen_could_contradict():
+    """Its speed step says what the sweep measured on this machine ({measured_speed}) and shows it; no text
+    claims a speed-up or any other measured figure of its own (it once said "about 5x faster")."""
+    lesson = load_lesson()
+    for step in lesson.steps:
+        for text in (step.title, step.text, step.question_text):
+            assert not CLAIMED_FIGURE.search(text), (step.title, text)
+    speed_steps = [step for step in lesson.steps if step.focus == "speed"]
+    assert len(speed_steps) == 1 and "{measured_speed}" in speed_steps[0].text
+
+
+def test_measured_speed_is_said_where_the_text_asks_for_it():
+    lesson = parse_lesson(with_second_step(text='"At this length: {measured_speed} That is all."',
+                                           focus='"speed"'), SOURCE)
+    first, second = lesson.steps
+    assert not first.needs_speed and second.needs_speed
+    assert second.text_with("measured 3.1\u00d7.") == "At this length: measured 3.1\u00d7. That is all."
+    assert second.text_with(None) == "At this length: (being measured on this machine\u2026) That is all."
+    with pytest.raises(LessonError, match=r"^my-lesson.toml: step 2: notes: \{measured_speed\} belongs in a "):
+        parse_lesson(with_second_step(notes='"{measured_speed}"'), SOURCE)
+
+
 def with_second_step(**changes: str | None) -> str:
     """A two-step lesson whose second step has `changes` (a TOML value as text; None drops the key)."""
     lines = []

@@ -40,6 +40,13 @@ def test_a_ratio_is_said_only_beyond_the_noise():
     assert RatioEstimate(2.0, None, None, 4).sentence() == "too few steps to tell the two apart (4 so far)"
 
 
+def test_eleven_turns_give_an_interval_past_one_outlier_on_each_side():
+    # P(Binomial(11, 1/2) <= 1) = 12/2048 <= 0.025 < P(X <= 2) = 67/2048: the interval is [x(2), x(10)]
+    ratios = [0.5, 4.0, 4.1, 4.2, 4.3, 4.4, 4.5, 4.6, 4.7, 4.8, 30.0]  # one pair disturbed each way
+    estimate = paired_ratio([1.0] * 11, ratios)
+    assert (estimate.low, estimate.high) == (4.0, 4.8) and estimate.clear
+
+
 def test_one_slow_step_does_not_swing_the_ratio():
     cached = [0.010] * 12
     uncached = [0.020] * 12

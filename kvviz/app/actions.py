@@ -147,7 +147,7 @@ def window_slots(window: MainWindow) -> dict[str, Callable]:
         "memory": lambda on: (window.workspace.show_memory(on), window.redraw()),
         "attention": lambda on: (window.run_view.show_attention(on), c.set_attention(on)),
         "heads": lambda: window.grid.toggle_heads(),
-        "speed": window.show_speed,
+        "speed": lambda: window.show_speed(),
         "theme_dark": lambda on: on and window.set_theme("dark"),
         "theme_light": lambda on: on and window.set_theme("light"),
         "zoom_in": lambda: p.step_zoom(+1),

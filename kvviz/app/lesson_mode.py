@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject
+from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QWidget
 
 from kvviz.app.actions import set_lesson_keys
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from kvviz.app.main_window import MainWindow
 
 BUILTIN = ("", "builtin")  # lesson sources that mean the built-in lesson
+SPEED_SWEEP_DELAY_MS = 4000
 
 
 def lesson_path(source: str) -> str | None:
@@ -57,6 +58,8 @@ class LessonMode(QObject):
         self.frame = FocusFrame(window.run_view.parentWidget())
         self.memory_frame = FocusFrame(window.centralWidget())  # the memory view is a column beside the views
         self._memory_view_opened = False  # by a memory step, which closes it again when the lesson moves on
+        self._speed_view_opened = False  # by a speed step, likewise
+        self._speed_timer = QTimer(self, singleShot=True, interval=SPEED_SWEEP_DELAY_MS, timeout=self._prepare_speed)
         self.source = source  # what L opens: the lesson given at launch, else the built-in one
         self.lesson: Lesson | None = None
         self.active = False
@@ -71,6 +74,7 @@ class LessonMode(QObject):
         s.run_started.connect(self._on_run_started)
         s.record_computed.connect(self._on_record_computed)
         s.model_loaded.connect(self._on_model_loaded)
+        window.speed.sweeper.finished.connect(self._on_speed_measured)
         panel.guess_entered.connect(self.next)
         panel.guess_edited.connect(self._on_guess_edited)
         panel.placed.connect(self._on_placed)
@@ -111,6 +115,7 @@ class LessonMode(QObject):
         self.panel.show()
         self._on_placed(self.panel.beside)
         self._show_active(True)
+        self._speed_timer.start()
         self._show_slide(forward=False)
 
     def stop(self) -> None:
@@ -126,6 +131,8 @@ class LessonMode(QObject):
         self.frame.frame(None)
         self.memory_frame.frame(None)
         self._show_memory_view(False)
+        self._show_speed_view(False)
+        self._speed_timer.stop()
         self._show_active(False)
         w.focus_grid()
         self._restore_free_app()
@@ -189,8 +196,7 @@ class LessonMode(QObject):
 
     def _show_slide(self, forward: bool) -> None:
         step, revealed, w = self.step, self.revealed, self._window
-        index = self.lesson.slides()[self.slide][0]
-        self.panel.show_step(step, index + 1, len(self.lesson.steps), revealed, self._guesses.get(index, ""))
+        self._show_step_text()
         self.measured = None
         self._revealing = revealed
         self._set_controls(step)
@@ -207,6 +213,15 @@ class LessonMode(QObject):
             w.session.step()  # one generation step: its record holds the answer
         else:
             self._start_run()
+
+    def _show_step_text(self) -> None:
+        """The panel shows the current slide, its text saying what the speed sweep measured (or that it is
+        still being measured)."""
+        step, index = self.step, self.lesson.slides()[self.slide][0]
+        if step.needs_speed:
+            result = self._window.speed.result
+            step = replace(step, text=step.text_with(result.headline() if result is not None else None))
+        self.panel.show_step(step, index + 1, len(self.lesson.steps), self.revealed, self._guesses.get(index, ""))
 
     def _target(self, step: LessonStep, revealed: bool) -> int:
         return step.advance_to + (1 if revealed else 0)
@@ -241,8 +256,9 @@ class LessonMode(QObject):
     def _frame_focus(self, step: LessonStep) -> None:
         w = self._window
         self._show_memory_view(step.focus == "memory")
+        self._show_speed_view(step.focus == "speed")
         self.memory_frame.frame(w.workspace.memory_view if step.focus == "memory" else None)
-        if step.focus in ("all", "memory"):
+        if step.focus in ("all", "memory", "speed"):
             target = None
         elif step.compare:
             compare = w.workspace.compare_view
@@ -260,6 +276,29 @@ class LessonMode(QObject):
         elif not on and self._memory_view_opened:
             self._memory_view_opened = False
             action.setChecked(False)
+
+    def _show_speed_view(self, on: bool) -> None:
+        """A speed step shows View > Speed; the next step closes it again if the lesson opened it."""
+        speed = self._window.speed
+        if on and not speed.isVisible():
+            self._prepare_speed()
+            self._window.show_speed(activate=False)  # the clicker's keys go on driving the lesson
+            self._speed_view_opened = speed.isVisible()
+        elif not on and self._speed_view_opened:
+            self._speed_view_opened = False
+            speed.close()
+
+    def _prepare_speed(self) -> None:
+        """Start the speed sweep of the loaded model in the background, once, when a step of the lesson shows
+        or says the speed: it is measured while the earlier steps play (from SPEED_SWEEP_DELAY_MS after the
+        lesson starts or its model loads, when the first step's run has had the machine)."""
+        info, s = self._window.session.model_info, self._window.session
+        if info is not None and self.lesson is not None and any(step.needs_speed for step in self.lesson.steps):
+            self._window.speed.prepare(s.source or "", info.dtype, info.name)
+
+    def _on_speed_measured(self, _result: object) -> None:
+        if self.active and self.step is not None and self.step.needs_speed:
+            self._show_step_text()
 
     def set_theme(self, chosen: Theme) -> None:
         for frame in (self.frame, self.memory_frame):
@@ -291,6 +330,7 @@ class LessonMode(QObject):
     def _on_model_loaded(self, _info: ModelInfo) -> None:
         self._model_asked = None
         if self.active:
+            self._speed_timer.start()
             self._start_run()  # the step's state on the model just loaded
 
     def _on_guess_edited(self, text: str) -> None:

@@ -200,8 +200,9 @@ class MainWindow(QMainWindow):
         self.reset_run()
         self.focus_grid()
 
-    def show_speed(self) -> None:
-        """View > Speed: the speed of a token step against the length, for the loaded model (measured once)."""
+    def show_speed(self, activate: bool = True) -> None:
+        """View > Speed: the speed of a token step against the length, for the loaded model (measured once);
+        without `activate` the keys stay with this window."""
         info = self.session.model_info
         if info is None:
             self.banner.say("No model is loaded yet: the speed is measured on the loaded model.", alert=True)
@@ -209,7 +210,7 @@ class MainWindow(QMainWindow):
         if self.speed.isVisible():
             self.speed.close()
             return
-        self.speed.show_for(self.session.source or "", info.dtype, info.name)
+        self.speed.show_for(self.session.source or "", info.dtype, info.name, activate)
 
     def focus_grid(self) -> None:
         """Keyboard focus on the shown K/V grid (keys step the run, none of them types)."""

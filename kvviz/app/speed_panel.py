@@ -55,11 +55,18 @@ class SpeedPanel(QDialog):
         if self.result is None and self.sweeper.running_for != (source, dtype):
             self.measure(source, dtype, model_name)
 
-    def show_for(self, source: str, dtype: str, model_name: str) -> None:
+    def show_for(self, source: str, dtype: str, model_name: str, activate: bool = True) -> None:
+        """Show the window (measuring first when needed); without `activate` the keys stay with the main window
+        (a lesson's clicker keys go on driving the lesson)."""
         self.prepare(source, dtype, model_name)
+        self.setAttribute(Qt.WidgetAttribute.WA_ShowWithoutActivating, not activate)
+        self.setWindowFlag(Qt.WindowType.WindowDoesNotAcceptFocus, not activate)
         self.show()
         self.raise_()
-        self.activateWindow()
+        if activate:
+            self.activateWindow()
+        elif self.parentWidget() is not None:
+            self.parentWidget().activateWindow()  # where a platform activates a shown window regardless
 
     def shut_down(self) -> None:
         """End a sweep under way (the window closes)."""

@@ -17,7 +17,7 @@ PROGRESS_PREFIX = "progress "
 
 def sweep_arguments(source: str, dtype: str, max_length: int | None = None) -> list[str]:
     """The command line (after the interpreter) that sweeps model `source` ("" = the embedded one)."""
-    arguments = ["-m", "kvviz", "bench", "--sweep", "--json", "--progress", "--dtype", dtype]
+    arguments = ["-m", "kvviz", "bench", "--sweep", "--json", "--background", "--dtype", dtype]
     if source:
         arguments += ["--model", source]
     if max_length is not None:

@@ -10,7 +10,8 @@ its step's `focus` names, as the app frames it:
 - "chart" and "counter": the chart beside the counter (compare mode: the time plot beside the counts);
 - "all": the token strip and the grid beside the counter (compare mode: both grids side by side over the
   identity strip);
-- "memory": the memory view.
+- "memory": the memory view;
+- "speed": the speed view, showing the sweep measured for the slide (not the run).
 
 Each arrangement is built once, from the app's own views, and fed the step's plan and records as the window
 feeds them. An arrangement that still needs more height than the slide has (a long prompt's tokens, many
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
     from kvviz.lesson import LessonStep
     from kvviz.records import RunPlan, StepRecord
+    from kvviz.speed import SweepResult
 
 SLIDE_FONT_SCALE = 1.9  # the views' font scale on a slide: 9 points at 96 dpi are 22.8 px, 2.5 % of 900
 SMALLEST_FONT_SCALE = 1.0  # an arrangement too tall for its slide shrinks its fonts down to this
@@ -141,11 +143,20 @@ def _memory() -> QWidget:
     return MemoryView()
 
 
+def _speed() -> QWidget:
+    from kvviz.app.views.speed_view import SpeedView
+
+    view = SpeedView()
+    view.set_controls_shown(False)  # a slide carries no button to press
+    return view
+
+
 ARRANGEMENTS: dict[tuple[bool, str], Callable[[], QWidget]] = {
     (False, "grid"): _run_grid, (False, "chart"): _run_work, (False, "counter"): _run_work,
     (False, "all"): _run_all, (False, "memory"): _memory,
     (True, "grid"): _compare_grid, (True, "chart"): _compare_work, (True, "counter"): _compare_work,
     (True, "all"): _compare_all, (True, "memory"): _memory,
+    (False, "speed"): _speed, (True, "speed"): _speed,
 }
 
 
@@ -168,20 +179,27 @@ class SlideStage:
             view.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen, True)  # even when a display is there
         return view
 
-    def show(self, step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], region: QRectF) -> QWidget:
-        """`step`'s arrangement in the state of `records`, laid out at the size of `region`, its fonts at
-        SLIDE_FONT_SCALE or, when it does not fit `region` at that size, as large as fits."""
+    def show(self, step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], region: QRectF,
+             speed: SweepResult | None = None) -> QWidget:
+        """`step`'s arrangement in the state of `records` (a speed step's: of the sweep `speed`), laid out at
+        the size of `region`, its fonts at SLIDE_FONT_SCALE or, when it does not fit `region` at that size,
+        as large as fits."""
         view = self.arrangement(step)
         width, height = round(region.width()), round(region.height())
         view.resize(width, height)
-        view.reset(plan)
-        view.apply(records)
+        of_run = step.focus != "speed"
+        if of_run:
+            view.reset(plan)
+            view.apply(records)
+        elif speed is not None:
+            view.show_result(speed)
         scale = SLIDE_FONT_SCALE
         while True:
             view.set_font_scale(scale)
             view.show()
             self.app.processEvents()
-            view.refresh()
+            if of_run:
+                view.refresh()
             self.app.processEvents()
             if view.minimumSizeHint().height() <= height or scale <= SMALLEST_FONT_SCALE:
                 break

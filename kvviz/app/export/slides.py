@@ -40,6 +40,7 @@ DECK_NAME = "kvviz-lesson.pdf"
 if TYPE_CHECKING:
     from kvviz.engine import Engine
     from kvviz.records import RunPlan, StepRecord
+    from kvviz.speed import SweepResult
 
 @dataclass(frozen=True)
 class StepRun:
@@ -50,6 +51,7 @@ class StepRun:
     shown: tuple[StepRecord, ...]
     advanced: tuple[StepRecord, ...]
     answer: float | None
+    speed: SweepResult | None = None  # the speed sweep of the step's model, for a step that needs it
 
 
 def slide_file_name(number: int, total: int) -> str:
@@ -65,7 +67,8 @@ def slide_text(lesson: Lesson, index: int, revealed: bool, run: StepRun, dtype: 
     answer = ""
     if revealed and step.question and run.answer is not None:
         answer = f"Answer: {format_answer(step.question, run.answer)} (measured)"
-    return SlideText(title=step.title, text=step.text, place=f"step {index + 1} of {len(lesson.steps)}",
+    measured = run.speed.headline() if run.speed is not None else None
+    return SlideText(title=step.title, text=step.text_with(measured), place=f"step {index + 1} of {len(lesson.steps)}",
                      question=step.question_text, answer=answer, footer=_footer(step, run.plan, records, dtype))
 
 
@@ -147,6 +150,28 @@ def _step_engines(lesson: Lesson, model: str | None, dtype: str = "float32") -> 
     return engines
 
 
+def _with_speed(lesson: Lesson, engines: list[tuple[str, Engine]], runs: list[StepRun],
+                progress: Callable[[str], None] | None) -> list[StepRun]:
+    """The runs, those of steps that show or say the speed with the speed sweep of their model, measured
+    here (once per model) as the app measures it."""
+    from dataclasses import replace
+
+    from kvviz.speed_sweep import run_sweep
+
+    sweeps: dict[int, SweepResult] = {}
+    out = []
+    for step, (name, engine), run in zip(lesson.steps, engines, runs, strict=True):
+        if step.needs_speed:
+            if id(engine) not in sweeps:
+                if progress is not None:
+                    progress(f"measuring the speed of a token step of {name} on this machine (both modes, "
+                             f"interleaved)\u2026")
+                sweeps[id(engine)] = run_sweep(engine, model_name=name)
+            run = replace(run, speed=sweeps[id(engine)])
+        out.append(run)
+    return out
+
+
 # ----- the export -----
 
 
@@ -191,6 +216,7 @@ def export_lesson(
     app = ensure_application()
     engines = _step_engines(lesson, model, dtype)
     runs = [run_step(engine, name, lesson, index) for index, (name, engine) in enumerate(engines)]
+    runs = _with_speed(lesson, engines, runs, progress)
     with without_offscreen_chatter(), themes.using(theme), all_or_nothing(out_dir) as written:
         stage = SlideStage(app)
         deck = Deck(lesson.title) if "pdf" in chosen else None
@@ -200,7 +226,7 @@ def export_lesson(
                 run = runs[index]
                 text = slide_text(lesson, index, revealed, run, dtype)
                 view = stage.show(lesson.steps[index], run.plan, run.advanced if revealed else run.shown,
-                                  view_rect(text))
+                                  view_rect(text), speed=run.speed)
                 line = f"slide {number}/{len(slides)}: {text.place}, \u201c{text.title}\u201d" + (
                     f", {text.answer[0].lower()}{text.answer[1:]}" if revealed else ", the question" if text.question
                     else "")

@@ -33,6 +33,7 @@ class SpeedView(QWidget):
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
         self._theme = themes.current()
         self._font_scale = 1.0
+        self._controls_shown = True
         self.result: SweepResult | None = None
 
         self.heading = QLabel()
@@ -88,8 +89,8 @@ class SpeedView(QWidget):
         self.heading.setText(f"<b>Speed</b> of {model}, measured on this machine")
         self.progress.setRange(0, 0)
         self.progress.setFormat("loading the model\u2026")
-        self.progress.show()
-        self.cancel_button.show()
+        self.progress.setVisible(self._controls_shown)
+        self.cancel_button.setVisible(self._controls_shown)
         self.measure_button.setEnabled(False)
         if self.result is None:
             self.headline.setText("Measuring: both modes take turns at every length.")
@@ -129,6 +130,14 @@ class SpeedView(QWidget):
         self.cancel_button.hide()
         self.measure_button.setEnabled(True)
         self.measure_button.setText("&Measure again")
+
+    def set_controls_shown(self, shown: bool) -> None:
+        """Show or hide the Measure and Cancel buttons and the progress (a slide has no buttons)."""
+        self._controls_shown = shown
+        self.measure_button.setVisible(shown)
+        if not shown:
+            self.progress.hide()
+            self.cancel_button.hide()
 
     @property
     def measuring(self) -> bool:
