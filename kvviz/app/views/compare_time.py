@@ -227,4 +227,5 @@ class CompareTimePlot(QWidget):
         label_font.setPointSizeF(10.0 * self._font_scale)
         self.ratio.setFont(label_font)
         # room for the widest line ("%.3g" is widest below 1 s): new numbers never move the plots
-        self.ratio.reserve(self._ratio_text(0.0888, 0.0888, "too few steps to tell the two apart (88 so far)"))
+        # the widest texts: ".3g" seconds under a millisecond ("0.000888"), the longest sentence
+        self.ratio.reserve(self._ratio_text(0.000888, 0.000888, "too few steps to tell the two apart (88 so far)"))
