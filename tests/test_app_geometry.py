@@ -97,8 +97,8 @@ def plot_text_faults(root: QWidget) -> list[str]:
                 rect = text.mapRectToScene(text.boundingRect().adjusted(margin, margin, -margin, -margin))
                 if not shown.contains(rect):
                     words = item.text if isinstance(item, pg.LabelItem) else item.toPlainText()
-                    faults.append(f"{_name(view.parentWidget())}: {words[:40]!r} is cut ({rect.width():.0f} px "
-                                  f"in a view {shown.width():.0f} px wide)")
+                    faults.append(f"{_name(view.parentWidget())}: {words[:40]!r} is cut: {rect.getRect()} in a "
+                                  f"view of {shown.getRect()}")
     return faults
 
 
