@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shiboken6
 from PySide6.QtCore import QMargins, QPoint, QRect, QSize, Qt
 from PySide6.QtWidgets import QLayout, QLayoutItem, QWidget
 
@@ -55,6 +56,8 @@ class FlowLayout(QLayout):
         return size + QSize(margins.left() + margins.right(), margins.top() + margins.bottom())
 
     def _visible(self) -> list[QLayoutItem]:
+        # an item whose widget is being destroyed with the window may be gone before a last layout query
+        self._items = [item for item in self._items if shiboken6.isValid(item)]
         return [item for item in self._items if not (item.widget() is not None and item.widget().isHidden())]
 
     def _arrange(self, rect: QRect, move: bool) -> int:
