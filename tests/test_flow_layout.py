@@ -20,3 +20,17 @@ def test_a_layout_query_skips_items_already_deleted(qtbot):
     shiboken6.delete(layout.itemAt(0))  # as Qt deletes an item of a widget destroyed with its window
     assert layout.heightForWidth(40) < full and layout.count() == 1
     assert layout.itemAt(0).widget() is second
+
+
+def test_an_item_deleted_in_the_middle_of_a_query_ends_it_quietly(qtbot):
+    """A widget's size hint can let Qt delete a later item while the layout goes through them."""
+    host = QWidget()
+    qtbot.addWidget(host)
+    layout = FlowLayout(host)
+    first, second = QLabel("first"), QLabel("second")
+    layout.addWidget(first)
+    layout.addWidget(second)
+    doomed = layout.itemAt(1)
+    real_hint = first.sizeHint
+    first.sizeHint = lambda: (shiboken6.delete(doomed), real_hint())[1]
+    assert layout.heightForWidth(40) >= 0  # no exception escapes into Qt's event loop

@@ -39,11 +39,17 @@ class FlowLayout(QLayout):
         return True
 
     def heightForWidth(self, width: int) -> int:  # noqa: N802
-        return self._arrange(QRect(0, 0, width, 0), move=False)
+        try:
+            return self._arrange(QRect(0, 0, width, 0), move=False)
+        except RuntimeError:  # an item deleted under the query: the window is being torn down
+            return 0
 
     def setGeometry(self, rect: QRect) -> None:  # noqa: N802
         super().setGeometry(rect)
-        self._arrange(rect, move=True)
+        try:
+            self._arrange(rect, move=True)
+        except RuntimeError:  # as in heightForWidth
+            pass
 
     def sizeHint(self) -> QSize:  # noqa: N802
         return self.minimumSize()
