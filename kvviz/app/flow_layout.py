@@ -17,11 +17,14 @@ class FlowLayout(QLayout):
     def __init__(self, parent: QWidget | None = None, spacing: int = 8) -> None:
         super().__init__(parent)
         self._items: list[QLayoutItem] = []
+        self._widgets: dict[int, QWidget | None] = {}  # id(item) -> its widget, as Python holds it
         self.setSpacing(spacing)
         self.setContentsMargins(QMargins(0, 0, 0, 0))
 
     def addItem(self, item: QLayoutItem) -> None:  # noqa: N802 (Qt's name)
         self._items.append(item)
+        widget = item.widget()
+        self._widgets[id(item)] = widget  # the layout reads the widgets, never the items Qt may free under it
 
     def count(self) -> int:
         return len(self._items)
@@ -30,7 +33,11 @@ class FlowLayout(QLayout):
         return self._items[index] if 0 <= index < len(self._items) else None
 
     def takeAt(self, index: int) -> QLayoutItem | None:  # noqa: N802
-        return self._items.pop(index) if 0 <= index < len(self._items) else None
+        if not 0 <= index < len(self._items):
+            return None
+        item = self._items.pop(index)
+        self._widgets.pop(id(item), None)
+        return item
 
     def expandingDirections(self) -> Qt.Orientation:  # noqa: N802
         return Qt.Orientation(0)
@@ -56,32 +63,33 @@ class FlowLayout(QLayout):
 
     def minimumSize(self) -> QSize:  # noqa: N802
         size = QSize()
-        for item in self._visible():
-            size = size.expandedTo(item.minimumSize())
+        for widget in self._visible():
+            size = size.expandedTo(_least(widget))
         margins = self.contentsMargins()
         return size + QSize(margins.left() + margins.right(), margins.top() + margins.bottom())
 
-    def _visible(self) -> list[QLayoutItem]:
-        # an item whose widget is being destroyed with the window may be gone before a last layout query
-        self._items = [item for item in self._items if shiboken6.isValid(item)]
-        return [item for item in self._items if not (item.widget() is not None and item.widget().isHidden())]
+    def _visible(self) -> list[QWidget]:
+        """The shown widgets, in order. While the window is torn down Qt may free an item (or its widget) before
+        a last layout query reaches this layout: a widget gone is skipped, an item is never touched."""
+        widgets = (self._widgets.get(id(item)) for item in self._items)
+        return [w for w in widgets if w is not None and shiboken6.isValid(w) and not w.isHidden()]
 
     def _arrange(self, rect: QRect, move: bool) -> int:
         margins = self.contentsMargins()
         area = rect.adjusted(margins.left(), margins.top(), -margins.right(), -margins.bottom())
         x, y, line_height = area.x(), area.y(), 0
         spacing = self.spacing()
-        line: list[tuple[QLayoutItem, QSize]] = []
+        line: list[tuple[QWidget, QSize]] = []
 
         def place_line() -> None:
-            for item, size in line:  # centred vertically in their line
+            for widget, size in line:  # centred vertically in their line
                 top = line_y + (line_height - size.height()) // 2
-                item.setGeometry(QRect(QPoint(item_x[id(item)], top), size))
+                widget.setGeometry(QRect(QPoint(item_x[id(widget)], top), size))
 
         item_x: dict[int, int] = {}
         line_y = y
         for item in self._visible():
-            size = item.sizeHint().boundedTo(QSize(area.width(), 1 << 16)).expandedTo(item.minimumSize())
+            size = item.sizeHint().boundedTo(QSize(area.width(), 1 << 16)).expandedTo(_least(item))
             if line and x + size.width() > area.right() + 1:
                 if move:
                     place_line()
@@ -94,3 +102,10 @@ class FlowLayout(QLayout):
         if move:
             place_line()
         return y + line_height - rect.y() + margins.bottom()
+
+
+def _least(widget: QWidget) -> QSize:
+    """The least size a layout gives `widget`, as QWidgetItem.minimumSize reckons it."""
+    hint = widget.minimumSizeHint()
+    least = widget.minimumSize()
+    return QSize(least.width() or max(hint.width(), 0), least.height() or max(hint.height(), 0))

@@ -90,7 +90,7 @@ class MainWindow(QMainWindow):
         self._initial_source: str | None = source
         self.grid.plot_widget.setFocus()
         # Start loading once the window is on screen: importing torch holds the GIL for seconds.
-        QTimer.singleShot(INITIAL_LOAD_FALLBACK_MS, self._start_initial_load)
+        QTimer.singleShot(INITIAL_LOAD_FALLBACK_MS, self, self._start_initial_load)  # never after the window
 
     def _wire(self) -> None:
         s, c = self.session, self.controls
@@ -134,7 +134,7 @@ class MainWindow(QMainWindow):
         super().showEvent(event)
         QTimer.singleShot(250, self, lambda: fit_to_screen(self))  # once the window manager has framed it
         if self._initial_source is not None:
-            QTimer.singleShot(INITIAL_LOAD_DELAY_MS, self._start_initial_load)
+            QTimer.singleShot(INITIAL_LOAD_DELAY_MS, self, self._start_initial_load)
 
     def _start_initial_load(self) -> None:
         if self._initial_source is not None:
@@ -253,6 +253,7 @@ class MainWindow(QMainWindow):
         export_from_window(self)
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        self._initial_source = None  # a window closed before its first load never starts one
         self.save_settings()
         self.scheduler.stop()
         self.speed.shut_down()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
@@ -90,7 +90,9 @@ class RunView(ViewGroup, QWidget):
 
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
         super().resizeEvent(event)
-        self._fit_bottom()
+        # after the layout pass that resized this view: changing the splitter's orientation inside it re-entered
+        # QBoxLayout.setGeometry with items it was still placing (a segmentation fault)
+        QTimer.singleShot(0, self, self._fit_bottom)
 
     def _fit_bottom(self) -> None:
         """The counter beside the chart when both fit at their least widths, else under it."""
