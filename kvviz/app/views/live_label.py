@@ -30,7 +30,7 @@ class LiveLabel(QLabel):
         # as QLabel, centred vertically; a wrapped caption stays at the top of its room instead
         vertical = Qt.AlignmentFlag.AlignTop if wrap else Qt.AlignmentFlag.AlignVCenter
         self._alignment = Qt.AlignmentFlag.AlignLeft | vertical
-        self._sizes: dict[tuple[str, int | None], QSize] = {}  # measured sizes of rich texts, by (text, width)
+        self._sizes: dict[tuple[str, int | None], QSize] = {}  # the reserved text's measured sizes
         self._document = self._new_document()
         if wrap:
             policy = self.sizePolicy()
@@ -149,10 +149,8 @@ class LiveLabel(QLabel):
         return flags | (int(Qt.TextFlag.TextWordWrap.value) if self._wrap else 0)
 
     def _measure(self, text: str, width: int | None) -> QSize:
-        if (text, width) in self._sizes:  # layouts ask again and again for the same text at the same width
+        if text == self._reserved and (text, width) in self._sizes:
             return self._sizes[(text, width)]
-        if len(self._sizes) > 64:
-            self._sizes = {key: size for key, size in self._sizes.items() if key[0] == self._reserved}
         if not self._rich:  # plain text: the font's metrics, much cheaper than a text document
             metrics = self.fontMetrics()
             bounds = QRect(0, 0, max(1, width) if width is not None else 1 << 20, 1 << 20)
@@ -168,7 +166,8 @@ class LiveLabel(QLabel):
             document.setTextWidth(max(1, width))
         size = document.size()
         measured = QSize(int(size.width() + 0.999), int(size.height() + 0.999))
-        self._sizes[(text, width)] = measured
+        if text == self._reserved:
+            self._sizes[(text, width)] = measured
         return measured
 
     def _ideal_width(self, text: str) -> int:
