@@ -5,6 +5,7 @@ grid its room back. The checks read the widgets' geometry, never the layout code
 
 from __future__ import annotations
 
+import pyqtgraph as pg
 import pytest
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import (
@@ -13,6 +14,7 @@ from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QApplication,
     QComboBox,
+    QGraphicsTextItem,
     QLabel,
     QLineEdit,
     QScrollArea,
@@ -79,6 +81,27 @@ def layout_faults(root: QWidget) -> list[str]:
     return faults
 
 
+def plot_text_faults(root: QWidget) -> list[str]:
+    """Titles and axis titles drawn in a plot that do not lie whole in its view (cut, or under the next panel)."""
+    faults = []
+    for view in root.findChildren(pg.GraphicsView):
+        if not view.isVisible():
+            continue
+        shown = view.mapToScene(view.viewport().rect()).boundingRect().adjusted(-1, -1, 1, 1)
+        for item in view.scene().items():
+            text = item.item if isinstance(item, pg.LabelItem) else item
+            if isinstance(item, pg.LabelItem) and item.text and item.isVisible() or (
+                    isinstance(item, QGraphicsTextItem) and item.isVisible() and item.toPlainText()
+                    and isinstance(item.parentItem(), pg.AxisItem)):
+                margin = text.document().documentMargin()  # blank around the text
+                rect = text.mapRectToScene(text.boundingRect().adjusted(margin, margin, -margin, -margin))
+                if not shown.contains(rect):
+                    words = item.text if isinstance(item, pg.LabelItem) else item.toPlainText()
+                    faults.append(f"{_name(view.parentWidget())}: {words[:40]!r} is cut: {rect.getRect()} in a "
+                                  f"view of {shown.getRect()}")
+    return faults
+
+
 def row_heights(window: MainWindow) -> dict[str, float]:
     """Pixels a row of cells takes in each grid and attention strip on screen, from the drawn view box."""
     heights = {}
@@ -120,6 +143,7 @@ def geometry_problems(window: MainWindow, screen, where: str, sideways: bool) ->
         window.resize(screen)  # the window manager would not let it grow: see what else goes wrong
         settle_layouts()
     problems += [f"{where}: {fault}" for fault in layout_faults(window.centralWidget())]
+    problems += [f"{where}: {fault}" for fault in plot_text_faults(window.centralWidget())]
     problems += [f"{where}: {view} rows are {px:.1f} px" for view, px in row_heights(window).items()
                  if px < MIN_ROW - 0.5]
     for grid in window.findChildren(KVGridView):

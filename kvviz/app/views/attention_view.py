@@ -25,7 +25,7 @@ STRIP_ROWS_KEPT = 8  # heads whose rows keep their least height; a model with mo
 ALL_HEADS = -1
 TEXT_UPDATES_PER_SECOND = 5
 TOKEN_ROOM = "wwwwww"  # a token in the top list is cut to this text's width
-MAX_CELL_PIXELS = 8  # a weight's square in the strip's image, at most (a gap line between squares from 4)
+MAX_CELL_PIXELS = 16  # a weight's square in the strip's image, at most (a 1-pixel gap line from 4 pixels)
 _SHADES: dict[tuple[str, int], np.ndarray] = {}
 
 
@@ -44,7 +44,7 @@ def shade_table(theme: Theme, steps: int = 256) -> np.ndarray:
 
 
 class TopList(QWidget):
-    """Each head's heaviest positions, in cells of aligned columns: "h0", then per position its token, "@" its
+    """Each head's heaviest positions, in cells of aligned columns: "h0:", then per position its token, "@" its
     position and its weight. A line holds as many heads' cells as its width does, so no line wraps; the height
     is kept for every head of the run (`reserve`), so new weights never relayout the window. `text()` gives the
     same as plain text."""
@@ -82,18 +82,19 @@ class TopList(QWidget):
     def _measure(self) -> None:
         metrics = QFontMetrics(self.font())
         space = metrics.horizontalAdvance(" ")
-        self._columns = (metrics.horizontalAdvance(f"h{self._heads - 1}") + space,
+        self._columns = (metrics.horizontalAdvance(f"h{self._heads - 1}:") + space,
                          metrics.horizontalAdvance(TOKEN_ROOM),
                          metrics.horizontalAdvance(f" @{self._width - 1}"),
-                         metrics.horizontalAdvance(" 0.00") + 2 * space,
-                         3 * space)
+                         metrics.horizontalAdvance(" 0.00"),
+                         2 * space,  # between a head's positions
+                         5 * space)  # between heads
 
-    def _cell_width(self) -> int:
-        head, token, position, weight, _gap = self._columns
-        return head + TOP_POSITIONS * (token + position + weight)
+    def _cell_width(self, token: int | None = None) -> int:
+        head, token_w, position, weight, entry_gap, _gap = self._columns
+        return head + TOP_POSITIONS * ((token_w if token is None else token) + position + weight + entry_gap)
 
     def _per_line(self, width: int) -> int:
-        return max(1, (width + self._columns[4]) // (self._cell_width() + self._columns[4]))
+        return max(1, (width + self._columns[5]) // (self._cell_width() + self._columns[5]))
 
     def _line_height(self) -> int:
         return QFontMetrics(self.font()).lineSpacing()
@@ -106,7 +107,7 @@ class TopList(QWidget):
         return lines * self._line_height()
 
     def sizeHint(self) -> QSize:  # noqa: N802
-        width = self._cell_width() * min(self._heads, 3) + self._columns[4] * 2
+        width = (self._cell_width() + self._columns[5]) * min(self._heads, 3)
         return QSize(width, self.heightForWidth(width))
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802
@@ -121,11 +122,11 @@ class TopList(QWidget):
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
         painter = QPainter(self)
         metrics = painter.fontMetrics()
-        head_w, token_w, position_w, weight_w, gap = self._columns
-        cell = self._cell_width()
-        if cell > self.width():  # a narrow view: the tokens give up room, each column stays apart
-            token_w = max(metrics.horizontalAdvance("ww"), token_w - (cell - self.width()) // TOP_POSITIONS)
-            cell = head_w + TOP_POSITIONS * (token_w + position_w + weight_w)
+        head_w, token_w, position_w, weight_w, entry_gap, gap = self._columns
+        short = self._cell_width() - self.width()
+        if short > 0:  # a narrow view: the tokens give up room, each column stays apart
+            token_w = max(metrics.horizontalAdvance("ww"), token_w - short // TOP_POSITIONS)
+        cell = self._cell_width(token_w)
         per_line, line = self._per_line(self.width()), self._line_height()
         left = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
         right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
@@ -133,18 +134,17 @@ class TopList(QWidget):
         for index, (head, tops) in enumerate(self._tops):
             x, y = (index % per_line) * (cell + gap), (index // per_line) * line
             painter.setPen(muted)
-            painter.drawText(QRectF(x, y, head_w, line), left, f"h{head}")
+            painter.drawText(QRectF(x, y, head_w, line), left, f"h{head}:")
             x += head_w
-            for token, position, weight in tops:
+            for token, position, weight in tops:  # "·flies @1 0.52": the token set against its position
                 painter.setPen(ink)
-                painter.drawText(QRectF(x, y, token_w, line), left,
+                painter.drawText(QRectF(x, y, token_w, line), right,
                                  metrics.elidedText(token, Qt.TextElideMode.ElideRight, token_w))
                 painter.setPen(muted)
                 painter.drawText(QRectF(x + token_w, y, position_w, line), left, f" @{position}")
                 painter.setPen(ink)
-                painter.drawText(QRectF(x + token_w + position_w, y, weight_w - gap // 3, line), right,
-                                 f"{weight:.2f}")
-                x += token_w + position_w + weight_w
+                painter.drawText(QRectF(x + token_w + position_w, y, weight_w, line), right, f"{weight:.2f}")
+                x += token_w + position_w + weight_w + entry_gap
         painter.end()
 
 
@@ -405,7 +405,7 @@ class AttentionView(QWidget):
         index = np.clip(shade * (len(table) - 1), 0, len(table) - 1).astype(np.intp)
         image = table[index]  # (heads, width, 4)
         image[np.isnan(self._strip)] = empty
-        size = max(1, min(MAX_CELL_PIXELS, 1800 // width))
+        size = max(1, min(MAX_CELL_PIXELS, 1800 // width, 900 // heads))  # as the K/V grid's cells
         if size >= 4:  # a dark line between heads and between positions, as between the grid's cells
             image = np.repeat(np.repeat(image, size, axis=0), size, axis=1)  # (heads * s, width * s, 4)
             gap = np.array(QColor(self._theme.grid_line).getRgb(), dtype=np.uint8)

@@ -13,7 +13,6 @@ from kvviz.app.views.compare_time import CompareTimePlot
 from kvviz.app.views.divergence_banner import DivergenceBanner
 from kvviz.app.views.identity_strip import IdentityStrip
 from kvviz.app.views.kv_grid import KVGridView
-from kvviz.records import RunPlan
 
 
 class CompareView(ViewGroup, QWidget):
@@ -60,13 +59,10 @@ class CompareView(ViewGroup, QWidget):
         layout.addWidget(self.main_splitter, 1)
         layout.addWidget(self.identity_strip)
 
-    def reset(self, plan: RunPlan) -> None:
-        super().reset(plan)
-        self._fit_orientation()
-
     def set_font_scale(self, scale: float) -> None:
         super().set_font_scale(scale)
-        self._fit_orientation()
+        if self.isVisible():  # else its first resize event decides, at the width it is shown at
+            self._fit_orientation()
 
     def side_by_side(self) -> bool:
         """The time plot and the counts beside the grids (else under them, as wide as they are)."""

@@ -105,8 +105,9 @@ def position_ticks(cells: GridState, column: float, metrics: QFontMetrics) -> tu
     `column` (pixels a column) fits a label, else round positions. Columns narrower than a short word's label
     take turns on two lines, so that each label has two columns' width."""
     width = cells.width
-    if width <= TICK_LABEL_LIMIT and column >= metrics.horizontalAdvance("0000"):  # else labels would overlap
-        staggered = column < metrics.horizontalAdvance("\u00b7word") + 4
+    word = metrics.horizontalAdvance("\u00b7word") + 4  # a short word's label, "·word"
+    if width <= TICK_LABEL_LIMIT and 2 * column >= word:  # else labels would overlap
+        staggered = column < word
         room = int(column * (2 if staggered else 1)) - 4
         ticks = []
         for i in range(width):
@@ -114,7 +115,8 @@ def position_ticks(cells: GridState, column: float, metrics: QFontMetrics) -> tu
             label = label if len(label) <= 8 else label[:7] + "\u2026"
             line = "\n" if staggered and i % 2 else ""
             ticks.append((i + 0.5, line + metrics.elidedText(label, Qt.TextElideMode.ElideRight, room)))
-        return ticks, "token position (labelled with its token)"
+        title = "token position (labelled with its token)"
+        return ticks, title if metrics.horizontalAdvance(title) <= column * width - 8 else "token position"
     tick = max(1, int(10 ** np.floor(np.log10(max(1, width / 8)))))
     if width / tick > 16:
         tick *= 5 if width / (tick * 5) >= 4 else 2
@@ -185,10 +187,13 @@ class GridAxes:
         if left_title != self._left_title:
             self._left_title = left_title
             self._plot_item.setLabel("left", left_title)
+        new_title = self._ticks is None or self._ticks[2] != title
         self._ticks = (left, bottom, title)
         self._plot_item.getAxis("left").setTicks([left])
         self._plot_item.getAxis("bottom").setTicks([bottom])
         self._plot_item.setLabel("bottom", title)
+        if new_title:  # pyqtgraph centres an axis title only when the axis is resized
+            self._plot_item.getAxis("bottom").resizeEvent(None)
 
     def left_font(self) -> QFont:
         """The font the left axis's labels are drawn in now."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
 from kvviz.app.views.attention_view import AttentionView
@@ -12,9 +13,13 @@ from kvviz.app.views.kv_grid import KVGridView
 from kvviz.app.views.token_strip import TokenStrip
 from kvviz.app.views.work_chart import WorkChart
 
+CHART_LEAST_WIDTH = 460  # pixels at zoom 1: the work plot with its axis and its title (centred over the plot) whole
+
 
 class RunView(ViewGroup, QWidget):
-    """Everything a viewer looks at, laid out once for the main window and for `kvviz export`."""
+    """Everything a viewer looks at, laid out once for the main window and for `kvviz export`: the token strip,
+    the K/V grid, the attention strip when it is open, and the chart with the counter beside it, or under it
+    where the view is too narrow for both (the memory view beside it on a 1024-pixel screen)."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -23,6 +28,7 @@ class RunView(ViewGroup, QWidget):
         self.token_strip = TokenStrip()
         self.grid = KVGridView()
         self.chart = WorkChart()
+        self.chart.setMinimumWidth(CHART_LEAST_WIDTH)
         self.counter = CounterPanel()
         self.bottom_splitter = QSplitter(Qt.Orientation.Horizontal)
         self.bottom_splitter.setChildrenCollapsible(False)  # no panel shrinks below what it needs to be read
@@ -68,6 +74,35 @@ class RunView(ViewGroup, QWidget):
         grid = max(least_grid, min(round(rest * self._grid_share), rest - least_bottom))
         # where the room is short, each panel gets its least height and the panels scroll by as little as can be
         self.main_splitter.setSizes([grid, shown, max(least_bottom, rest - grid)])
+
+    def set_font_scale(self, scale: float) -> None:
+        super().set_font_scale(scale)
+        self.chart.setMinimumWidth(int(CHART_LEAST_WIDTH * scale))
+        if self.isVisible():  # else its first resize event decides, at the width it is shown at
+            self._fit_bottom()
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        """As narrow as the layout with the counter under the chart (see _fit_bottom)."""
+        hint = super().minimumSizeHint()
+        parts = (self.token_strip, self.grid, self.attention, self.chart, self.counter)
+        width = max(max(w.minimumSizeHint().width(), w.minimumWidth()) for w in parts if not w.isHidden())
+        return QSize(width, hint.height())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        # after the layout pass that resized this view: changing the splitter's orientation inside it re-entered
+        # QBoxLayout.setGeometry with items it was still placing (a segmentation fault)
+        QTimer.singleShot(0, self, self._fit_bottom)
+
+    def _fit_bottom(self) -> None:
+        """The counter beside the chart when both fit at their least widths, else under it."""
+        least = sum(max(w.minimumSizeHint().width(), w.minimumWidth()) for w in (self.chart, self.counter))
+        beside = self.width() >= least + self.bottom_splitter.handleWidth()
+        orientation = Qt.Orientation.Horizontal if beside else Qt.Orientation.Vertical
+        if orientation != self.bottom_splitter.orientation():
+            self.bottom_splitter.setOrientation(orientation)
+            self.main_splitter.refresh()  # the bottom's new least height now, not a pass of the event loop later
+            self.updateGeometry()
 
     def views(self) -> tuple[TokenStrip, KVGridView, WorkChart, CounterPanel]:
         """The views it holds, in redraw order; each follows views.base.RunViewProtocol."""
