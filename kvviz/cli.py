@@ -3,7 +3,8 @@ work headless.
 
 Nothing heavy is imported at module level, so the app's window can appear before torch loads.
 Errors are one line on stderr: status 2 for bad input (and an output that cannot be written),
-1 for exhausted memory, 130 for an interrupt (Ctrl+C), 141 when the reader of a pipe has left.
+1 for exhausted memory, 130 for an interrupt (Ctrl+C), 143 for SIGTERM and 129 for SIGHUP (each
+leaving no partial file), 141 when the reader of a pipe has left.
 """
 
 from __future__ import annotations
@@ -38,6 +39,30 @@ def _give_back_interrupts() -> None:
     """Ctrl+C raises KeyboardInterrupt again (caught in `main`)."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (`kill`, `timeout`) or SIGHUP (the terminal closed): unwinds as Ctrl+C does, so that every
+    export removes its temporary files and leaves the earlier one whole; the status is 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+def _stop_cleanly_on_signals() -> None:
+    """SIGTERM and SIGHUP raise Stopped from now on, where Python's default (ending at once) has them."""
+    for name in ("SIGTERM", "SIGHUP"):
+        number = getattr(signal, name, None)
+        try:
+            if number is not None and signal.getsignal(number) is signal.SIG_DFL:
+                signal.signal(number, _raise_stopped)
+        except ValueError:  # not the main thread
+            pass
 
 
 _take_over_interrupts()
@@ -323,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     _take_over_interrupts()  # until the command's modules have imported (see _interrupted_while_starting)
     try:
         return _run(argv, real_stdout)
+    except Stopped as exc:
+        return _fail(f"stopped by {exc}", 128 + exc.signum)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     except BrokenPipeError:  # `kvviz count ... | head -1`: silent, as `yes | head -1` is
@@ -379,6 +406,7 @@ def _run(argv: list[str] | None, real_stdout) -> int:
         raise OutputError("standard output is closed; nothing could be printed")
     _preload(args)
     _give_back_interrupts()
+    _stop_cleanly_on_signals()
     status = handler(args)
     sys.stdout.flush()
     return status

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -35,25 +36,124 @@ def atomic_writer(path: Path | str) -> Iterator[BinaryIO]:
         raise
 
 
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 @contextlib.contextmanager
-def atomic_path(path: Path | str) -> Iterator[Path]:
-    """A temporary path beside `path` for a library that writes (and perhaps reads back) a file by name,
-    such as a video muxer: it replaces `path` only when the block ends without an exception; otherwise
-    nothing is left behind. Made as `atomic_writer` makes its file (mode 0o666, the umask untouched)."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666))
+def stop_signals_held() -> Iterator[None]:
+    """Ctrl+C, SIGTERM and SIGHUP wait until the block ends (where the platform can hold signals)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        yield temporary
-        fd = os.open(temporary, os.O_RDWR | getattr(os, "O_BINARY", 0))  # Windows syncs writable files only
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDWR | getattr(os, "O_BINARY", 0))  # Windows syncs writable files only
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileSet:
+    """Files that replace their previous versions together, or not at all (see `replacing_together`).
+
+    Each file is first written beside its target under a hidden temporary name (`stage`, `write`); only
+    when every one is whole does `commit` move the previous files (and the `stale` ones) aside, rename the
+    new ones into place and delete the old; a failure in between puts the previous files back.
+    """
+
+    def __init__(self, stale: Callable[[], list[Path]] | None = None) -> None:
+        self._staged: dict[Path, Path] = {}  # target -> its temporary file beside it
+        self._stale = stale
+        self._committed: list[Path] = []
+
+    @property
+    def targets(self) -> list[Path]:
+        """The files this set writes (or, once committed, wrote), in the order they were staged."""
+        return list(self._staged) or list(self._committed)
+
+    def stage(self, target: Path | str) -> Path:
+        """A new empty temporary file beside `target` for a writer that needs a name (a video muxer);
+        it becomes `target` at the commit. Made with mode 0o666, so the umask applies as for any new file."""
+        target = Path(target)
+        temporary = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666))
+        self.discard(target)
+        self._staged[target] = temporary
+        return temporary
+
+    def write(self, target: Path | str, data: bytes) -> Path:
+        """Stage `data` as the next version of `target`; returns `target`."""
+        temporary = self.stage(target)
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+        return Path(target)
+
+    def discard(self, target: Path | str | None = None) -> None:
+        """Remove the temporary file of `target` (of every target when None); the previous files stay."""
+        for key in [Path(target)] if target is not None else list(self._staged):
+            temporary = self._staged.pop(key, None)
+            if temporary is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+
+    def commit(self) -> list[Path]:
+        """Put every staged file in place and remove the previous and stale ones; all of it or none of it."""
+        for temporary in self._staged.values():
+            _fsync_path(temporary)
+        with stop_signals_held():
+            stale = [path for path in (self._stale() if self._stale else []) if path not in self._staged]
+            aside: list[tuple[Path, Path]] = []
+            placed: list[Path] = []
+            try:
+                for old in [*stale, *self._staged]:
+                    if old.is_file() or old.is_symlink():
+                        backup = old.with_name(f".{old.name}.{secrets.token_hex(4)}.old")
+                        os.replace(old, backup)
+                        aside.append((old, backup))
+                for target, temporary in self._staged.items():
+                    os.replace(temporary, target)
+                    placed.append(target)
+            except BaseException:
+                for target in placed:
+                    with contextlib.suppress(OSError):
+                        os.unlink(target)
+                for old, backup in reversed(aside):
+                    with contextlib.suppress(OSError):
+                        os.replace(backup, old)
+                raise
+            for _, backup in aside:
+                with contextlib.suppress(OSError):
+                    os.unlink(backup)
+        self._committed, self._staged = list(self._staged), {}
+        return list(self._committed)
+
+
+@contextlib.contextmanager
+def replacing_together(*folders: Path, stale: Callable[[], list[Path]] | None = None) -> Iterator[FileSet]:
+    """Make `folders` and give a `FileSet` to write into: when the block ends without an exception its files
+    replace their previous versions and `stale()` (files of an earlier set that this one has no place for);
+    on any failure (a full disk, an interrupt, a stop signal, a cancel) nothing changes: the temporary
+    files and the folders made here are removed, and every earlier file is left exactly as it was."""
+    made = sorted({f for folder in folders for f in (folder, *folder.parents) if not f.exists()},
+                  key=lambda f: len(f.parts), reverse=True)  # innermost first
+    files = FileSet(stale)
+    try:
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+        yield files
+        files.commit()
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+        files.discard()
+        for folder in made:  # one that holds something else stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise
 
 

@@ -327,3 +327,72 @@ def test_an_interrupt_in_the_first_moments_is_one_line_and_status_130(place, tmp
     _, err = process.communicate(timeout=TIMEOUT)
     assert (process.returncode, err.decode()) == (130, "kvviz: interrupted\n")
     assert not (tmp_path / "m").exists()
+
+
+# ----- a stop signal in the middle of an export over an earlier one -----
+
+STOPS = [pytest.param(signal.SIGINT, 130, "kvviz: interrupted", id="ctrl-c"),
+         pytest.param(signal.SIGTERM, 143, "kvviz: stopped by SIGTERM", id="sigterm"),
+         pytest.param(signal.SIGHUP, 129, "kvviz: stopped by SIGHUP", id="sighup")]
+# `kvviz` with a line on stdout once the export's first file is written (staged), to send the signal on
+SAYS_WHEN_A_FILE_IS_WRITTEN = """
+import sys
+from kvviz.app.export import encoders, render
+from kvviz.cli import main
+
+def saying(original):
+    def wrapped(*args, **kwargs):
+        result = original(*args, **kwargs)
+        print("a file is being written", flush=True)
+        return result
+    return wrapped
+
+render.export_widget = saying(render.export_widget)
+encoders.Mp4Encoder.add = saying(encoders.Mp4Encoder.add)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+def stopped_export(command: list[str], out: Path, earlier: dict[str, bytes], signum: int, marker: bytes,
+                   cwd: Path) -> tuple[int, str]:
+    """Run `command` over `earlier` files in `out` and send `signum` once it prints a line starting `marker`."""
+    out.mkdir()
+    for name, data in earlier.items():
+        (out / name).write_bytes(data)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=ENV)
+    try:
+        for line in process.stdout:
+            if line.startswith(marker):
+                process.send_signal(signum)
+                break
+        _, err = process.communicate(timeout=TIMEOUT)
+    finally:
+        process.kill()
+    return process.returncode, err.decode("utf-8", "backslashreplace")
+
+
+@pytest.mark.parametrize("signum, status, line", STOPS)
+def test_a_stop_signal_during_a_lesson_export_leaves_the_earlier_deck(place, tmp_path, signum, status, line):
+    earlier = {**{f"kvviz-lesson-{n:02d}.png": b"slide %d" % n for n in range(1, 13)}, "kvviz-lesson.pdf": b"%PDF"}
+    command = [sys.executable, "-m", "kvviz", "lesson", "--export", str(tmp_path / "deck"), "--model",
+               place["model"], "--format", "png,pdf", "--width", "64"]
+    result = stopped_export(command, tmp_path / "deck", earlier, signum, b"slide 1/", tmp_path)
+    assert result == (status, line + "\n")
+    assert folder_bytes(tmp_path / "deck") == earlier
+
+
+@pytest.mark.parametrize("animate", [False, True], ids=["stills", "animation"])
+def test_sigterm_during_an_export_leaves_the_earlier_files_and_no_temporary_file(place, tmp_path, animate):
+    formats = ("--animate", "--format", "gif,mp4", "--width", "128") if animate else ("--format", "png,svg")
+    names = (["kvviz-view-steps1-3.gif", "kvviz-view-steps1-3.mp4"] if animate else
+             [f"kvviz-{target}-step3.{fmt}" for target in ("chart", "grid", "view") for fmt in ("png", "svg")])
+    earlier = {name: b"earlier " + name.encode() for name in names}
+    command = [sys.executable, "-c", SAYS_WHEN_A_FILE_IS_WRITTEN, "export", "--model", place["model"], "--prompt",
+               "hi", "--new-tokens", "3", "--out", str(tmp_path / "out"), *formats]
+    result = stopped_export(command, tmp_path / "out", earlier, signal.SIGTERM, b"a file is being written", tmp_path)
+    assert result == (143, "kvviz: stopped by SIGTERM\n")
+    assert folder_bytes(tmp_path / "out") == earlier

@@ -238,6 +238,33 @@ def test_a_failed_export_keeps_none_of_its_files(tiny, tmp_path, qtbot, monkeypa
     assert [p.name for p in (tmp_path / "kept").iterdir()] == ["other.txt"]
 
 
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+def test_a_re_export_replaces_the_earlier_deck_whole_or_leaves_it_exactly(tiny, tmp_path, qtbot, monkeypatch):
+    longer = parse_lesson(lesson_text({}, {}, {}), "long.toml")
+    shorter = parse_lesson(lesson_text({}), "short.toml")
+    out = tmp_path / "slides"
+    export_lesson(longer, out, "png,pdf", width=320, model=str(tiny))
+    earlier = folder_bytes(out)
+    assert sorted(earlier) == ["kvviz-lesson-01.png", "kvviz-lesson-02.png", "kvviz-lesson-03.png",
+                               "kvviz-lesson.pdf"]
+
+    def full_disk(self):
+        raise ExportError("kvviz-lesson.pdf: could not be written (No space left on device)")
+
+    with monkeypatch.context() as patch:  # every PNG of the new deck is whole before the PDF fails
+        patch.setattr(slides_module.Deck, "data", full_disk)
+        with pytest.raises(ExportError, match="No space left"):
+            export_lesson(shorter, out, "png,pdf", width=200, model=str(tiny))
+    assert folder_bytes(out) == earlier
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    export_lesson(shorter, out, "png", width=200, model=str(tiny))
+    assert sorted(folder_bytes(out)) == ["kvviz-lesson-01.png", "notes.txt"]  # no slide or PDF of the longer deck
+    assert folder_bytes(out)["kvviz-lesson-01.png"] != earlier["kvviz-lesson-01.png"]
+
+
 def test_pdf_alone_writes_the_deck_only(tiny, tmp_path, qtbot):
     lesson = parse_lesson(lesson_text({}, {"cache": '"compare"', "advance_to": 4}), "test.toml")
     lines: list[str] = []

@@ -47,7 +47,7 @@ from kvviz.app.export.headless import (
 )
 from kvviz.app.export.render import png_size, render_png
 from kvviz.errors import first_line
-from kvviz.files import atomic_path, folder_problem
+from kvviz.files import FileSet, folder_problem
 
 if TYPE_CHECKING:
     from kvviz.records import RunPlan, StepRecord
@@ -239,9 +239,10 @@ def write_animation(source: AnimationSource, target: str, paths: Sequence[Path |
                     progress: Callable[[int, int], None] | None = None) -> list[Path]:
     """Write the animation of `target` (a view of `source.targets`) to each of `paths` (.gif, .mp4).
 
-    Every file whole, or none: a failure (ExportError naming the file), an interrupt, or AnimationCancelled
-    raised by `progress(done, total)` (called after each frame) removes what this call wrote and the
-    folders it made. Returns the written paths, in the order given.
+    Every file whole, or none: they replace the earlier files of those names together, and a failure
+    (ExportError naming the file), an interrupt, a stop signal or AnimationCancelled raised by
+    `progress(done, total)` (called after each frame) leaves the earlier files exactly as they were and
+    removes the folders made here. Returns the written paths, in the order given.
     """
     check_steps(spec.first, spec.last, source.steps)
     check_png_width(spec.width, "width")
@@ -256,20 +257,18 @@ def write_animation(source: AnimationSource, target: str, paths: Sequence[Path |
             raise ExportError(f"{path}: an animation is a .gif or an .mp4 file")
         by_format[fmt] = path
     folders = {path.parent for path in by_format.values()}
-    with all_or_nothing(*folders) as written:
+    with all_or_nothing(*folders) as files:
         for path in by_format.values():
             check_target_path(path)
         frames = _Frames(source, target, spec)
         try:
-            gif = _encode(frames, by_format, spec, progress)
+            gif = _encode(frames, by_format, spec, progress, files)
         finally:
             frames.close()
-        if "mp4" in by_format:
-            written.append(by_format["mp4"])  # renamed into place by _encode
         if gif is not None:
             data = _write(by_format["gif"], lambda: gif.encode(spec.gif_durations_ms()))
-            written.append(_write(by_format["gif"], lambda: write_export(by_format["gif"], data)))
-        return [path for path in map(Path, paths) if path in written]
+            _write(by_format["gif"], lambda: write_export(by_format["gif"], data, files))
+    return [path for path in map(Path, paths) if path in files.targets]
 
 
 def _write(path: Path, action: Callable):
@@ -286,14 +285,14 @@ def _write(path: Path, action: Callable):
 
 
 def _encode(frames: _Frames, by_format: dict[str, Path], spec: AnimationSpec,
-            progress: Callable[[int, int], None] | None) -> GifFrames | None:
-    """Render every frame once, muxing the MP4 as they come (renamed into place at the end); the GIF's frames."""
+            progress: Callable[[int, int], None] | None, files: FileSet) -> GifFrames | None:
+    """Render every frame once, muxing the MP4 as they come (staged in `files`); the GIF's frames."""
     gif = GifFrames(spec.frames) if "gif" in by_format else None
     mp4_path = by_format.get("mp4")
     with contextlib.ExitStack() as stack:
         mp4 = None
         if mp4_path is not None:
-            temporary = _write(mp4_path, lambda: stack.enter_context(atomic_path(mp4_path)))
+            temporary = _write(mp4_path, lambda: files.stage(mp4_path))
             mp4 = _write(mp4_path, lambda: stack.enter_context(
                 Mp4Encoder(temporary, spec.width, frames.height, spec.fps)))
         for done, step in enumerate(range(spec.first, spec.last + 1), start=1):
@@ -306,7 +305,7 @@ def _encode(frames: _Frames, by_format: dict[str, Path], spec: AnimationSpec,
             if progress is not None:
                 progress(done, spec.frames)
         if mp4_path is not None:
-            _write(mp4_path, lambda: stack.close())  # flush, close, then rename the MP4 into place
+            _write(mp4_path, lambda: stack.close())  # flush and close the MP4
     return gif
 
 

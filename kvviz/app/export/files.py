@@ -1,18 +1,20 @@
 """What an export can be (formats, targets, PNG widths), its one error type, and how its files are written.
 
-Qt-free. Every file goes through `kvviz.files.write_atomically`: written whole beside the target,
-then renamed over it, so a failure never leaves a half-written image or a temporary file, and the
-process umask is never read or changed (the worker thread may be creating files meanwhile).
+Qt-free. Every file is written whole beside its target, then renamed over it, so a failure never
+leaves a half-written image or a temporary file; an export of several files replaces the previous
+set together or not at all (`all_or_nothing`). The process umask is never read or changed (the
+worker thread may be creating files meanwhile).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from kvviz.errors import KvvizError
-from kvviz.files import write_atomically
+from kvviz.files import FileSet, folder_problem, replacing_together, write_atomically
 
 FORMATS = ("png", "svg", "pdf")
 FORMAT_LABELS = {"png": "PNG image", "svg": "SVG drawing", "pdf": "PDF document"}
@@ -76,34 +78,34 @@ def check_target_path(path: Path) -> None:
         raise ExportError(f"{path}: {folder} is not a folder")
 
 
-def write_export(path: Path, data: bytes) -> Path:
-    """Write `data` to `path` whole or not at all; ExportError naming the file and the reason."""
+def write_export(path: Path, data: bytes, files: FileSet | None = None) -> Path:
+    """Write `data` to `path` whole or not at all, now or, given `files`, when that set commits;
+    ExportError naming the file and the reason."""
     check_target_path(path)
     try:
-        return write_atomically(path, data)
+        return write_atomically(path, data) if files is None else files.write(path, data)
     except OSError as exc:
         raise ExportError(f"{path}: could not be written ({exc.strerror or exc})") from exc
 
 
 @contextlib.contextmanager
-def all_or_nothing(*folders: Path) -> Iterator[list[Path]]:
-    """Make `folders`, and give a list to note each written file in: on any failure (a full disk, an
-    interrupt, a closed output, a cancel) those files and the folders made here are removed."""
-    made = sorted({f for folder in folders for f in (folder, *folder.parents) if not f.exists()},
-                  key=lambda f: len(f.parts), reverse=True)  # innermost first
-    written: list[Path] = []
+def all_or_nothing(*folders: Path, stale: Callable[[], list[Path]] | None = None) -> Iterator[FileSet]:
+    """Make `folders` and give a FileSet to write the export's files into (`write_export(path, data, files)`):
+    they replace the previous export's files, and `stale()`, together when the block ends; on any failure (a
+    full disk, an interrupt, a stop signal, a cancel) the previous export stays exactly as it was, and the
+    temporary files and the folders made here are removed. File system errors are one ExportError line."""
+    for folder in folders:
+        problem = folder_problem(folder)
+        if problem is not None:
+            raise ExportError(f"{folder}: {problem}")
+    in_block = False
     try:
-        for folder in folders:
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ExportError(f"{folder}: cannot create the folder ({exc.strerror or exc})") from exc
-        yield written
-    except BaseException:
-        for path in written:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        for folder in made:  # one that holds something else stays
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise
+        with replacing_together(*folders, stale=stale) as files:
+            in_block = True
+            yield files
+            in_block = False
+    except OSError as exc:
+        if in_block:  # the caller's own error (its output closed...): as it was
+            raise
+        where = os.fsdecode(exc.filename) if isinstance(exc.filename, (str, bytes)) else ", ".join(map(str, folders))
+        raise ExportError(f"{where}: could not be written ({exc.strerror or exc})") from exc

@@ -237,14 +237,14 @@ def _render_run(app: QApplication, plan: RunPlan, records: list, out_dir: Path, 
 
 
 def _write_all(targets: dict, formats: list[str], out_dir: Path, step: int, width: int, caption: str) -> list[Path]:
-    """Every image, or none: a failure (a full disk, an interrupt) removes the ones this call wrote,
-    and the folders it made."""
+    """Every image, or none: they replace the previous export's images together, and a failure (a full disk,
+    an interrupt, a stop signal) leaves those exactly as they were."""
     from kvviz.app.export.render import export_widget
 
-    with all_or_nothing(out_dir) as written:
+    with all_or_nothing(out_dir) as files:
         for name in [t for t in TARGETS if t in targets] + [t for t in targets if t not in TARGETS]:
             widget = targets[name][0]
             for fmt in formats:
                 path = out_dir / default_file_name(name, fmt, step)
-                written.append(export_widget(widget, path, width if fmt == "png" else None, caption))
-        return written
+                export_widget(widget, path, width if fmt == "png" else None, caption, files)
+    return files.targets

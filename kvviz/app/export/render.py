@@ -45,6 +45,7 @@ from kvviz.app.export.files import (
     write_export,
 )
 from kvviz.app.export.svg_repair import flatten_svg
+from kvviz.files import FileSet
 
 MAX_UPSCALED_IMAGE = 4096  # pixels per side of an image embedded in SVG or PDF
 
@@ -294,13 +295,15 @@ def pdf_bytes(widget: QWidget, caption: str | None) -> bytes:
     return data
 
 
-def export_widget(widget: QWidget, path: Path | str, width: int | None = None, caption: str | None = None) -> Path:
+def export_widget(widget: QWidget, path: Path | str, width: int | None = None, caption: str | None = None,
+                  files: FileSet | None = None) -> Path:
     """Write `widget` as an image; the format comes from the suffix (.png, .svg, .pdf).
 
     PNG: `width` pixels wide (default 1920), the whole rendering scaled, aspect kept. SVG and
     PDF: vector drawings (curves as paths, the grid as its image) at the widget's size; `width`
-    is ignored. `caption`, when given, is drawn in a band above the image. Raises ExportError
-    with one line naming the file and the reason; never leaves a partial file behind.
+    is ignored. `caption`, when given, is drawn in a band above the image. Given `files`, the image joins
+    that set and is in place when it commits. Raises ExportError with one line naming the file and the
+    reason; never leaves a partial file behind.
     """
     path = Path(path).expanduser()
     fmt = export_format(path)
@@ -317,7 +320,7 @@ def export_widget(widget: QWidget, path: Path | str, width: int | None = None, c
         data = producers[fmt]()
     except ExportError as exc:
         raise ExportError(f"{path}: {exc}") from exc
-    return write_export(path, data)
+    return write_export(path, data, files)
 
 
 def png_size(widget: QWidget, width: int, caption: str | None) -> QSize:

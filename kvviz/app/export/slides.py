@@ -12,6 +12,7 @@ Qt loads with this module; torch and the engine only when `export_lesson` runs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from kvviz.lesson import Lesson, LessonError, LessonStep, format_answer, measure
 
 LESSON_FORMATS = ("png", "pdf")
 DECK_NAME = "kvviz-lesson.pdf"
+SLIDE_NAME = re.compile(r"kvviz-lesson-[0-9]{2,}\.png")  # a slide of any deck (see slide_file_name)
 
 if TYPE_CHECKING:
     from kvviz.engine import Engine
@@ -52,6 +54,13 @@ class StepRun:
     advanced: tuple[StepRecord, ...]
     answer: float | None
     speed: SweepResult | None = None  # the speed sweep of the step's model, for a step that needs it
+
+
+def earlier_deck(out_dir: Path) -> list[Path]:
+    """The files of a deck exported into `out_dir` before (kvviz-lesson-NN.png, kvviz-lesson.pdf)."""
+    if not out_dir.is_dir():
+        return []
+    return sorted(path for path in out_dir.iterdir() if SLIDE_NAME.fullmatch(path.name) or path.name == DECK_NAME)
 
 
 def slide_file_name(number: int, total: int) -> str:
@@ -200,7 +209,8 @@ def export_lesson(
     `theme`: "dark" or "light" (kvviz.app.theme), the slides' colours; `dtype`: the models' number type.
 
     Formats, width and folder are checked before any model loads; every model before the first slide is
-    drawn. Everything or nothing: a failure removes what this call wrote, and the folders it made.
+    drawn. Everything or nothing: the new deck replaces the folder's earlier one whole (its slides and PDF,
+    however many), and a failure, an interrupt or a stop signal leaves the earlier deck exactly as it was.
     Errors are KvvizError (ExportError, LessonError, ModelLoadError) with a one-line message.
     """
     chosen = lesson_formats(formats)
@@ -217,7 +227,8 @@ def export_lesson(
     engines = _step_engines(lesson, model, dtype)
     runs = [run_step(engine, name, lesson, index) for index, (name, engine) in enumerate(engines)]
     runs = _with_speed(lesson, engines, runs, progress)
-    with without_offscreen_chatter(), themes.using(theme), all_or_nothing(out_dir) as written:
+    replaced = all_or_nothing(out_dir, stale=lambda: earlier_deck(out_dir))  # the whole earlier deck, or none of it
+    with without_offscreen_chatter(), themes.using(theme), replaced as files:
         stage = SlideStage(app)
         deck = Deck(lesson.title) if "pdf" in chosen else None
         try:
@@ -232,7 +243,7 @@ def export_lesson(
                     else "")
                 if "png" in chosen:
                     path = out_dir / slide_file_name(number, len(slides))
-                    written.append(write_export(path, slide_png(text, view, width)))
+                    write_export(path, slide_png(text, view, width), files)
                     line += f" -> {path}"
                 if deck is not None:
                     deck.add(text, view)
@@ -240,11 +251,11 @@ def export_lesson(
                     progress(line)
             if deck is not None:
                 path = out_dir / DECK_NAME
-                written.append(write_export(path, deck.data()))
+                write_export(path, deck.data(), files)
                 if progress is not None:
                     progress(f"deck of {deck.pages} page{'' if deck.pages == 1 else 's'} -> {path}")
         finally:
             if deck is not None:
                 deck.close()
             stage.close()
-        return list(written)
+    return files.targets
