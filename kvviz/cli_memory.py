@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from kvviz.errors import KvvizError, ModelLoadError
+from kvviz.files import user_path
 from kvviz.memory import Architecture, architecture_of, find_architecture, format_bytes, reference_architectures
 
 
@@ -26,7 +26,7 @@ def model_architecture(source: str | None) -> Architecture:
     elif name.startswith("random:"):
         raise ModelLoadError(f"{name}: unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     else:
-        path = Path(name).expanduser()
+        path = user_path(name)
         if path.is_dir() and (path / "config.json").is_file():
             config = config_from_json(path / "config.json")
         else:  # a .safetensors file, or a folder without config.json: the shapes come from its tensors

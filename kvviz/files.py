@@ -1,4 +1,4 @@
-"""Writing files whole or not at all: every file kvviz writes goes through here."""
+"""Paths as typed, and writing files whole or not at all: every file kvviz writes goes through here."""
 
 from __future__ import annotations
 
@@ -10,6 +10,20 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from kvviz.errors import KvvizError
+
+
+def user_path(text: Path | str) -> Path:
+    """`text` as a path with a leading `~` or `~user` expanded: every path a user types comes through here.
+    KvvizError (one line) for a user this system does not know."""
+    path = Path(text)
+    try:
+        return path.expanduser()
+    except RuntimeError as exc:  # pathlib: "Could not determine home directory."
+        user = path.parts[0][1:] if path.parts else ""
+        raise KvvizError(f"{text}: there is no user named {user!r} here" if user else
+                         f"{text}: the home folder is not known (HOME is not set)") from exc
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from kvviz.errors import DownloadCancelled, ModelLoadError, first_line
-from kvviz.files import write_atomically
+from kvviz.files import user_path, write_atomically
 from kvviz.hub import HUB_MODELS, ProgressCallback, cached_hub_model, download_hub_model
 from kvviz.model import GPT, PRESETS, GPTConfig, column_major
 from kvviz.resources import DEFAULT_MODEL_NAME, default_model_dir
@@ -379,7 +379,7 @@ def load_model(
         model.config = model.config.with_name(source)  # not the cache folder's commit hash
         name, origin = source, f"Hugging Face hub {HUB_MODELS[source]} (cached in {folder})"
     else:
-        path = Path(source).expanduser()
+        path = user_path(source)
         if not path.exists():
             raise ModelLoadError(f"{source}: unknown model, and no such file or folder; use {describe_sources()}")
         model = load_checkpoint(path, dtype)

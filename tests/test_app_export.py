@@ -628,6 +628,17 @@ def test_dialog_error_is_one_sentence_and_stays_open(dialog_for, tmp_path, no_me
     assert dialog.isVisible() and dialog.written is None
 
 
+def test_dialog_an_unknown_user_in_the_path_is_a_dialog(dialog_for, no_message_boxes):
+    dialog = dialog_for()
+    dialog.path_edit.setText("~nosuchuser-kvviz/chart.png")
+    dialog.path_edit.textEdited.emit(dialog.path_edit.text())
+    dialog.format_box.setCurrentIndex(dialog.format_box.findData("svg"))  # the name follows the format
+    dialog.save_button.click()
+    assert no_message_boxes == [("Export failed", "Could not export: ~nosuchuser-kvviz/chart.svg: there is no user "
+                                                  "named 'nosuchuser-kvviz' here.")]
+    assert dialog.isVisible() and dialog.written is None
+
+
 def test_dialog_asks_before_replacing(dialog_for, tmp_path, monkeypatch):
     target = tmp_path / "kvviz-chart-step13.png"
     target.write_bytes(b"keep")

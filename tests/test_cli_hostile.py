@@ -197,6 +197,19 @@ CASES = [
     case("lesson", "--export", "{tmp}/s", *MODEL, "--format", "png", "--width", "64", stdout="full",
          fragment="No space left on device", id="lesson-export-stdout-full"),
     case("--lesson", "{bad_toml_lesson}", fragment="not valid TOML (", id="app-lesson-bad-toml"),
+    # ~user paths: one line naming the path, status 2
+    case("generate", "--model", "~nosuchuser/x", "--prompt", "x", fragment="~nosuchuser/x: there is no user named",
+         id="generate-model-unknown-user"),
+    case("memory", "--model", "~nosuchuser/x", fragment="~nosuchuser/x: there is no user named",
+         id="memory-model-unknown-user"),
+    case(*EXPORT, "--out", "~nosuchuser/x", fragment="~nosuchuser/x: there is no user named",
+         id="export-out-unknown-user"),
+    case(*EXPORT[:-2], "--animate", "--out", "~nosuchuser/x", fragment="~nosuchuser/x: there is no user named",
+         id="export-animate-out-unknown-user"),
+    case("lesson", "--export", "~nosuchuser/x", *MODEL, fragment="~nosuchuser/x: there is no user named",
+         id="lesson-export-unknown-user"),
+    case("lesson", "--export", "{tmp}/s", "--file", "{unknown_user_lesson}",
+         fragment="~nosuchuser/x: there is no user named", id="lesson-step-model-unknown-user"),
 ]
 
 
@@ -248,7 +261,11 @@ def place(tmp_path_factory) -> Iterator[dict[str, str]]:
     (root / "unknown-question.toml").write_text(
         'title = "A lesson"\n[[step]]\ntitle = "A step"\ntext = "Text."\nprompt = "x"\ncache = true\n'
         'advance_to = 1\nmax_new_tokens = 3\nquestion = "next_kv_tomorrow"\n', encoding="utf-8")
-    configs.update(bad_toml_lesson=str(root / "bad.toml"), unknown_question_lesson=str(root / "unknown-question.toml"))
+    (root / "unknown-user.toml").write_text(
+        'title = "A lesson"\n[[step]]\ntitle = "A step"\ntext = "Text."\nprompt = "x"\ncache = true\n'
+        'advance_to = 1\nmax_new_tokens = 3\nmodel = "~nosuchuser/x"\n', encoding="utf-8")
+    configs.update(bad_toml_lesson=str(root / "bad.toml"), unknown_question_lesson=str(root / "unknown-question.toml"),
+                   unknown_user_lesson=str(root / "unknown-user.toml"))
     yield {**configs, "model": str(model), "texts": str(texts), "fifo_corpus": str(fifo_corpus),
            "fifo": str(root / "fifo"),
            "truncated": str(root / "truncated.tar.gz"), "locked_file": str(locked_file),

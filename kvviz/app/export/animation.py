@@ -47,7 +47,7 @@ from kvviz.app.export.headless import (
 )
 from kvviz.app.export.render import png_size, render_png
 from kvviz.errors import first_line
-from kvviz.files import FileSet, folder_problem
+from kvviz.files import FileSet, folder_problem, user_path
 
 if TYPE_CHECKING:
     from kvviz.records import RunPlan, StepRecord
@@ -339,7 +339,7 @@ def run_animation(model: str | None, prompt: str, new_tokens: int, out_dir: Path
     target = target or ("compare" if compare else "view")
     if steps is not None:
         check_steps(*steps)
-    out_dir = Path(out_dir).expanduser()
+    out_dir = user_path(out_dir)
     problem = folder_problem(out_dir)
     if problem is not None:
         raise ExportError(f"{out_dir}: {problem}")

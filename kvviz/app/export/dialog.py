@@ -53,6 +53,8 @@ from kvviz.app.export.files import (
 )
 from kvviz.app.export.render import Page, export_widget, png_size
 from kvviz.app.settings import TypedSettings, app_settings, setting
+from kvviz.errors import KvvizError
+from kvviz.files import user_path
 
 if TYPE_CHECKING:
     from kvviz.app.main_window import MainWindow
@@ -209,7 +211,12 @@ class ExportDialog(QDialog):
         item.setFlags(flags | Qt.ItemFlag.ItemIsEnabled if enabled else flags & ~Qt.ItemFlag.ItemIsEnabled)
 
     def path(self) -> Path:
-        return Path(self.path_edit.text().strip()).expanduser()
+        """The path typed, `~` expanded; as typed where that fails (the export then says why)."""
+        text = self.path_edit.text().strip()
+        try:
+            return user_path(text)
+        except KvvizError:
+            return Path(text)
 
     def _folder(self) -> Path:
         if self.path_edit.text().strip():
@@ -316,6 +323,11 @@ class ExportDialog(QDialog):
         path = self.path()
         if not self.path_edit.text().strip():
             self._fail("Choose a file name to export to.")
+            return
+        try:
+            user_path(self.path_edit.text().strip())
+        except KvvizError as exc:
+            self._fail(f"Could not export: {exc}.")
             return
         if not path.suffix:
             path = path.with_suffix(f".{self.image_format()}")

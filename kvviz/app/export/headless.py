@@ -21,7 +21,7 @@ from kvviz.app.export.files import (
     check_png_width,
     parse_formats,
 )
-from kvviz.files import folder_problem
+from kvviz.files import folder_problem, user_path
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication, QWidget
@@ -137,7 +137,7 @@ def run_export(
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens <= 0:
         raise ExportError(f"new-tokens must be a positive integer, got {new_tokens}")
     check_png_width(width, "width")
-    out_dir = Path(out_dir).expanduser()
+    out_dir = user_path(out_dir)
     _check_out_dir(out_dir)  # before the model loads; the folder itself is made once there is something to write
 
     app = ensure_application()

@@ -45,7 +45,7 @@ from kvviz.app.export.files import (
     write_export,
 )
 from kvviz.app.export.svg_repair import flatten_svg
-from kvviz.files import FileSet
+from kvviz.files import FileSet, user_path
 
 MAX_UPSCALED_IMAGE = 4096  # pixels per side of an image embedded in SVG or PDF
 
@@ -305,7 +305,7 @@ def export_widget(widget: QWidget, path: Path | str, width: int | None = None, c
     that set and is in place when it commits. Raises ExportError with one line naming the file and the
     reason; never leaves a partial file behind.
     """
-    path = Path(path).expanduser()
+    path = user_path(path)
     fmt = export_format(path)
     if fmt == "png":
         width = check_png_width(DEFAULT_PNG_WIDTH if width is None else width, f"{path}: PNG width")

@@ -32,7 +32,7 @@ from kvviz.app.export.headless import ensure_application, without_offscreen_chat
 from kvviz.app.export.slide_layout import Deck, SlideText, slide_png, view_rect
 from kvviz.app.export.slide_stage import SlideStage
 from kvviz.errors import KvvizError, first_line
-from kvviz.files import folder_problem
+from kvviz.files import folder_problem, user_path
 from kvviz.lesson import Lesson, LessonError, LessonStep, format_answer, measured_answer
 
 LESSON_FORMATS = ("png", "pdf")
@@ -219,7 +219,7 @@ def export_lesson(
     width = check_png_width(DEFAULT_PNG_WIDTH if width is None else width, "width")
     if not str(out_dir).strip():
         raise ExportError("no output folder given (an empty name would mean the current folder)")
-    out_dir = Path(out_dir).expanduser()
+    out_dir = user_path(out_dir)
     problem = folder_problem(out_dir)
     if problem is not None:
         raise ExportError(f"{out_dir}: {problem}")
