@@ -68,11 +68,10 @@ def _stop_cleanly_on_signals() -> None:
 _take_over_interrupts()
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
-from kvviz import bench, speed  # noqa: E402  (torch-free at import: the benchmarks load it when they run)
+from kvviz import bench, cli_json, speed  # noqa: E402  (torch-free at import: the benchmarks load it when they run)
 from kvviz.cli_export import app_export, cmd_export  # noqa: E402
 from kvviz.cli_parser import (  # noqa: E402
     GUI_BENCH_REPEAT,
@@ -118,7 +117,7 @@ def cmd_count(args: argparse.Namespace) -> int:
     from kvviz.counting import WorkCount
 
     count = WorkCount(args.prompt_tokens, args.new_tokens, args.layers)
-    print(json.dumps(count.as_dict()) if args.json else count.report())
+    print(cli_json.dumps(count.as_dict()) if args.json else count.report())
     return 0
 
 
@@ -144,7 +143,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                    compare=args.compare, attention=args.attention)
         except GuiBenchError as exc:
             raise UsageError(str(exc)) from exc
-        print(json.dumps(result) if args.json else format_report(result))
+        print(cli_json.dumps(result) if args.json else format_report(result))
         return 0
     _check_device(args.device)
     from kvviz.cli_compare import dtype_honoured
@@ -180,7 +179,7 @@ def _bench_sweep(args: argparse.Namespace) -> int:
                                  repeat=args.repeat or speed.SWEEP_REPEAT, model_name=loaded.name,
                                  progress=progress if args.background else None)
     if args.json:
-        print(json.dumps(result.as_dict()))
+        print(cli_json.dumps(result.as_dict()))
         return 0
     print(f"kvviz bench --sweep: {result.model}, {result.dtype}, median of {result.repeat} turns per length")
     print(f"{'length':>6}  {'cached ms':>10}  {'uncached ms':>11}  {'uncached/cached':>15}")
@@ -208,7 +207,7 @@ def _run_in_the_background() -> None:
 
 def _print_result(result: dict, as_json: bool, title: str) -> None:
     if as_json:
-        print(json.dumps(result))
+        print(cli_json.dumps(result))
         return
     print(title)
     for key, value in result.items():
@@ -224,7 +223,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.evaluate is not None:
         result = train.evaluate(args.evaluate, args.corpus)
         if args.json:
-            print(json.dumps(result))
+            print(cli_json.dumps(result))
         else:
             plays, tokens = ", ".join(result["held_out_plays"]), plural(result["validation_tokens"], "token")
             print(f"held-out plays: {plays} ({tokens})")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from collections.abc import Callable, Iterator
 
+from kvviz import cli_json
 from kvviz.cli_parser import BROKEN_CACHE_FAULT, UsageError
 from kvviz.errors import first_line, is_out_of_memory
 
@@ -194,7 +194,7 @@ def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None
         sys.stdout.flush()
     summary = summarize(records)
     if args.json:
-        print(json.dumps({
+        print(cli_json.dumps({
             "model": loaded.name,
             "prompt_ids": prompt_ids,
             "dtype": args.dtype,

@@ -4,11 +4,11 @@ the newest query's attention weights for every generated token)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
 
+from kvviz import cli_json
 from kvviz.cli_parser import BROKEN_CACHE_FAULT, UsageError
 
 
@@ -59,7 +59,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
     if args.json:
         # per generated token: a list per layer, of a list per head, of a weight per position (outside the timing)
         extra = {"attention": [weights.as_lists() for weights in attention]} if args.attention else {}
-        print(json.dumps({
+        print(cli_json.dumps({
             "model": loaded.name,
             "prompt": args.prompt,
             "prompt_ids": prompt_ids,

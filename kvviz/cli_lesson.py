@@ -5,11 +5,11 @@ renderer, which the caller hands in: this module reaches neither Qt nor the app)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kvviz import cli_json
 from kvviz.cli_parser import UsageError
 from kvviz.lesson import Lesson, load_lesson
 
@@ -61,7 +61,7 @@ def run_lesson(args: argparse.Namespace, exporter: Callable[[], Callable[..., li
                                           ("--dtype", args.dtype)) if value is not None]
         if given:
             raise UsageError(f"{given[0]} goes with --export, not with --list")
-        print(json.dumps(lesson_json(lesson)) if args.json else "\n".join(lesson_lines(lesson)))
+        print(cli_json.dumps(lesson_json(lesson)) if args.json else "\n".join(lesson_lines(lesson)))
         return 0
     if args.json:
         raise UsageError("--json goes with --list, not with --export")

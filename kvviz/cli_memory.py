@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
+from kvviz import cli_json
 from kvviz.errors import KvvizError, ModelLoadError
 from kvviz.files import user_path
 from kvviz.memory import Architecture, architecture_of, find_architecture, format_bytes, reference_architectures
@@ -45,7 +45,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     per_token = arch.bytes_per_token(args.dtype, args.batch)
     total = arch.cache_bytes(args.context, args.dtype, args.batch)
     if args.json:
-        print(json.dumps({
+        print(cli_json.dumps({
             "name": arch.name,
             "attention": arch.attention,
             "layers": arch.layers,

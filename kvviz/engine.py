@@ -91,6 +91,9 @@ class Engine:
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
     ) -> tuple[int, tuple[Candidate, ...]]:
         logits = logits.float()  # (V,)
+        if not bool(torch.isfinite(logits).all()):
+            raise GenerationError(f"{self.model.config.name}: the model's logits hold NaN or infinite values in "
+                                  f"{str(self.dtype).removeprefix('torch.')}; its output means nothing")
         if logits.shape[-1] > self.tokenizer.vocab_size:
             # Vocabularies padded past the tokenizer's (50304 in nanoGPT) hold ids with no text: never pick them.
             logits = logits[: self.tokenizer.vocab_size]

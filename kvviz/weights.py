@@ -232,6 +232,15 @@ def column_major_keys(state: dict[str, torch.Tensor]) -> list[str]:
         ("c_attn.weight", "c_proj.weight", "c_fc.weight")))]
 
 
+def _check_finite(state: dict[str, torch.Tensor], origin: str, where: str) -> None:
+    """ModelLoadError naming the first tensor that holds NaN or an infinity (`where`: after a conversion)."""
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            problem = "NaN" if bool(torch.isnan(tensor).any()) else "infinite values"
+            raise ModelLoadError(f"{origin}: tensor {key} holds {problem}{where}; these weights cannot be run "
+                                 f"(train, save or download them again)")
+
+
 def build_model(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, dtype: torch.dtype) -> GPT:
     """A GPT with `state` loaded, after checking every tensor's presence and shape."""
     with torch.device("meta"):
@@ -245,7 +254,9 @@ def build_model(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, 
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
         raise ModelLoadError(f"{origin}: unexpected tensor {unexpected[0]} ({len(unexpected)} in all)")
+    _check_finite(state, origin, "")
     state = {k: v.to(dtype) for k, v in state.items()}
+    _check_finite(state, origin, f" once in {str(dtype).removeprefix('torch.')}")
     for key in column_major_keys(state):
         state[key] = column_major(state[key])  # the head shares wte; Conv1D multiplies by row blocks
     model.load_state_dict(state, assign=True)

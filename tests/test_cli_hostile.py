@@ -197,6 +197,11 @@ CASES = [
     case("lesson", "--export", "{tmp}/s", *MODEL, "--format", "png", "--width", "64", stdout="full",
          fragment="No space left on device", id="lesson-export-stdout-full"),
     case("--lesson", "{bad_toml_lesson}", fragment="not valid TOML (", id="app-lesson-bad-toml"),
+    # weights that hold NaN: one line naming the file and the tensor
+    case("generate", "--model", "{nan_weights}", "--prompt", "x", "--temperature", "1",
+         fragment="model.safetensors: tensor transformer.h.1.attn.c_proj.weight holds NaN", id="generate-nan-weights"),
+    case("compare", "--model", "{nan_weights}", "--prompt", "x", "--json",
+         fragment="model.safetensors: tensor transformer.h.1.attn.c_proj.weight holds NaN", id="compare-nan-weights"),
     # ~user paths: one line naming the path, status 2
     case("generate", "--model", "~nosuchuser/x", "--prompt", "x", fragment="~nosuchuser/x: there is no user named",
          id="generate-model-unknown-user"),
@@ -253,6 +258,14 @@ def place(tmp_path_factory) -> Iterator[dict[str, str]]:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         (folder / "config.json").write_text(json.dumps({**config, **change}), encoding="utf-8")
         configs[name] = str(folder)
+    nan_weights = root / "nan_weights"
+    shutil.copytree(model, nan_weights)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(nan_weights / "model.safetensors"))
+    state["transformer.h.1.attn.c_proj.weight"][3, 5] = float("nan")
+    save_file(state, str(nan_weights / "model.safetensors"))
+    configs["nan_weights"] = str(nan_weights)
     nested = root / "config_deeply_nested"
     shutil.copytree(model, nested)
     (nested / "config.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")

@@ -23,6 +23,16 @@ def _ids(engine: Engine, prompt: list[int], n: int, use_cache: bool, sampling: S
     return torch.tensor(ids, dtype=torch.long), records
 
 
+def test_logits_that_are_not_finite_end_the_run_in_one_line():
+    model = tiny_kvviz_model()
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_proj.weight[0, 0] = float("nan")
+    engine = Engine(model)
+    for sampling in (SamplingSettings(), SamplingSettings(temperature=1.0)):
+        with pytest.raises(GenerationError, match="logits hold NaN or infinite values in float32"):
+            generate_ids(engine, PROMPT, 3, use_cache=True, sampling=sampling)
+
+
 # ----- cached == uncached -----
 
 

@@ -198,6 +198,22 @@ def test_wrong_shape_names_the_tensor(folder):
     assert "(32, 100)" in message and "(32, 128)" in message
 
 
+@pytest.mark.parametrize("value, dtype, words", [
+    (float("nan"), None, "holds NaN;"),
+    (float("inf"), None, "holds infinite values;"),
+    (1e6, torch.float16, "holds infinite values once in float16;"),  # beyond float16's 65504
+])
+def test_weights_that_are_not_finite_are_refused_naming_the_tensor(folder, value, dtype, words):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    state["transformer.h.0.attn.c_attn.weight"][0, 0] = value
+    save_file(state, str(folder / "model.safetensors"))
+    message = _load_error(str(folder), **({"dtype": dtype} if dtype else {}))
+    assert message.startswith(str(folder / "model.safetensors") + ": tensor transformer.h.0.attn.c_attn.weight")
+    assert words in message
+
+
 def test_missing_tensor_names_it(folder):
     from safetensors.torch import load_file, save_file
 
