@@ -5,6 +5,22 @@ from __future__ import annotations
 import re
 
 _ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+# C0 and C1 controls, DEL, and the Unicode marks that reorder or hide text (bidi overrides, zero-width joiners)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def visible(text: str) -> str:
+    """`text` safe for a terminal or a dialog: every control character written as an escape (ESC as \\x1b,
+    a newline as \\n), so that none can clear a screen, retitle a terminal, ring a bell or cut a line."""
+    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def control_characters(text: str, allowed: str = "") -> str | None:
+    """The first control character of `text` not in `allowed`, written visibly, or None."""
+    for match in _CONTROL.finditer(text):
+        if match.group() not in allowed:
+            return visible(match.group())
+    return None
 
 
 class KvvizError(ValueError):
@@ -16,9 +32,10 @@ class ModelLoadError(KvvizError):
 
 
 def first_line(exc: BaseException) -> str:
-    """An exception's message as one plain line (no terminal colour codes), or its type's name."""
+    """An exception's message as one plain line (no terminal colour codes, no control character), or its type's
+    name."""
     text = _ANSI_COLOUR.sub("", str(exc)).strip()
-    return text.splitlines()[0].strip() if text else exc.__class__.__name__
+    return visible(text.splitlines()[0].strip()) if text else exc.__class__.__name__
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

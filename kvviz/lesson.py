@@ -18,7 +18,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from kvviz.errors import KvvizError
+from kvviz.errors import KvvizError, control_characters, visible
 from kvviz.records import StepRecord
 
 QUESTIONS = {
@@ -37,6 +37,8 @@ LESSON_KEYS = {"title": str, "step": list}
 STEP_KEYS = {"title": str, "text": str, "notes": str, "prompt": str, "cache": (bool, str), "advance_to": int,
              "max_new_tokens": int, "model": str, "focus": str, "question": str}
 REQUIRED_STEP_KEYS = ("title", "text", "prompt", "cache", "advance_to", "max_new_tokens")
+MAX_LESSON_BYTES = 32 * 1024  # ten times the built-in lesson; anything larger is refused unread
+MULTILINE_KEYS = ("text", "notes", "prompt")  # may hold tabs and line breaks; no other control character anywhere
 
 
 class LessonError(KvvizError):
@@ -111,7 +113,11 @@ def load_lesson(path: Path | str | None = None) -> Lesson:
     if file.exists() and not file.is_file() and not file.is_dir():  # a FIFO or a device: reading could wait forever
         raise LessonError(f"{file}: not a regular file")
     try:
-        text = file.read_text(encoding="utf-8")
+        with file.open("rb") as handle:
+            data = handle.read(MAX_LESSON_BYTES + 1)
+        if len(data) > MAX_LESSON_BYTES:
+            raise LessonError(f"{file}: larger than {MAX_LESSON_BYTES // 1024} KB; a lesson file is at most that")
+        text = data.decode("utf-8")
     except FileNotFoundError as exc:
         raise LessonError(f"{file}: no such lesson file") from exc
     except IsADirectoryError as exc:
@@ -125,14 +131,19 @@ def load_lesson(path: Path | str | None = None) -> Lesson:
 
 def parse_lesson(text: str, source: str) -> Lesson:
     """A Lesson from TOML text; `source` names the file in errors."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_LESSON_BYTES:
+        raise LessonError(f"{source}: larger than {MAX_LESSON_BYTES // 1024} KB; a lesson file is at most that")
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise LessonError(f"{source}: not valid TOML ({exc})") from exc
+        raise LessonError(f"{source}: not valid TOML ({visible(str(exc))})") from exc
+    except RecursionError as exc:
+        raise LessonError(f"{source}: arrays or tables nested too deeply to be a lesson") from exc
     _check_keys(raw, LESSON_KEYS, source, "")
     title = raw.get("title")
     if not isinstance(title, str) or not title.strip():
         raise LessonError(f"{source}: title: a lesson needs a title (text)")
+    _check_plain(title, source, "", "title")
     raw_steps = raw.get("step")
     if not raw_steps:
         raise LessonError(f"{source}: step: a lesson needs at least one [[step]]")
@@ -143,11 +154,17 @@ def parse_lesson(text: str, source: str) -> Lesson:
 def _check_keys(table: dict, allowed: dict, source: str, where: str) -> None:
     for key, value in table.items():
         if key not in allowed:
-            raise LessonError(f"{source}: {where}{key}: unknown key; known: {', '.join(allowed)}")
+            raise LessonError(f"{source}: {where}{visible(key)[:80]}: unknown key; known: {', '.join(allowed)}")
         kind = allowed[key]
         if isinstance(value, bool) and kind is int or not isinstance(value, kind):
             names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
             raise LessonError(f"{source}: {where}{key}: expected {_kind_words(names)}, got {value!r}"[:300])
+
+
+def _check_plain(value: str, source: str, where: str, key: str) -> None:
+    control = control_characters(value, "\t\n\r" if key in MULTILINE_KEYS else "")
+    if control is not None:
+        raise LessonError(f"{source}: {where}{key}: holds the control character {control}; a lesson is plain text")
 
 
 def _kind_words(names: str) -> str:
@@ -163,6 +180,9 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
     for key in REQUIRED_STEP_KEYS:
         if key not in item:
             raise LessonError(f"{source}: {where}{key}: missing")
+    for key, value in item.items():
+        if isinstance(value, str):
+            _check_plain(value, source, where, key)
     cache = item["cache"]
     if cache not in CACHE_MODES or (isinstance(cache, str) and cache != "compare"):
         raise LessonError(f"{source}: {where}cache: expected true, false or \"compare\", got {cache!r}")

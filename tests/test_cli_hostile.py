@@ -202,6 +202,9 @@ CASES = [
          fragment="model.safetensors: tensor transformer.h.1.attn.c_proj.weight holds NaN", id="generate-nan-weights"),
     case("compare", "--model", "{nan_weights}", "--prompt", "x", "--json",
          fragment="model.safetensors: tensor transformer.h.1.attn.c_proj.weight holds NaN", id="compare-nan-weights"),
+    case("--lesson", "{deep_lesson}", fragment="nested too deeply to be a lesson", id="app-lesson-deeply-nested"),
+    case("lesson", "--list", "--file", "{escape_lesson}", fragment="title: holds the control character \\x1b;",
+         id="lesson-escape-in-a-title"),
     # ~user paths: one line naming the path, status 2
     case("generate", "--model", "~nosuchuser/x", "--prompt", "x", fragment="~nosuchuser/x: there is no user named",
          id="generate-model-unknown-user"),
@@ -277,6 +280,9 @@ def place(tmp_path_factory) -> Iterator[dict[str, str]]:
     (root / "unknown-user.toml").write_text(
         'title = "A lesson"\n[[step]]\ntitle = "A step"\ntext = "Text."\nprompt = "x"\ncache = true\n'
         'advance_to = 1\nmax_new_tokens = 3\nmodel = "~nosuchuser/x"\n', encoding="utf-8")
+    (root / "deep.toml").write_text("x = " + "[" * 10_000 + "]" * 10_000, encoding="utf-8")
+    (root / "escape.toml").write_text('title = "\\u001b[2J\\u001b]0;owned\\u0007"\n', encoding="utf-8")
+    configs.update(deep_lesson=str(root / "deep.toml"), escape_lesson=str(root / "escape.toml"))
     configs.update(bad_toml_lesson=str(root / "bad.toml"), unknown_question_lesson=str(root / "unknown-question.toml"),
                    unknown_user_lesson=str(root / "unknown-user.toml"))
     yield {**configs, "model": str(model), "texts": str(texts), "fifo_corpus": str(fifo_corpus),

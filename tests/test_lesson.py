@@ -103,6 +103,12 @@ MALFORMED = [
                  id="no-budget"),
     pytest.param(with_second_step(focus='"everything"'), "focus", "expected one of grid", id="unknown-focus"),
     pytest.param(with_second_step(title='"  "'), "title", "is empty", id="empty-title"),
+    pytest.param(with_second_step(title='"Clear \\u001b[2J the screen"'), "title",
+                 "holds the control character \\x1b; a lesson is plain text", id="escape-in-a-title"),
+    pytest.param(with_second_step(title='"Ding \\u0007"'), "title", "control character \\x07", id="bell-in-a-title"),
+    pytest.param(with_second_step(model='"gpt2\\u0000x"'), "model", "control character \\x00", id="nul-in-a-model"),
+    pytest.param(with_second_step(**{'"bad\\nkey\\u001b]0;owned\\u0007"': "1"}), "bad\\nkey\\x1b]0;owned\\x07",
+                 "unknown key", id="controls-in-a-key"),
 ]
 
 
@@ -114,6 +120,22 @@ def test_every_malformed_step_is_one_line_naming_file_step_and_key(text, key, fr
     assert "\n" not in message
     assert message.startswith(f"{SOURCE}: step 2: {key}: "), message
     assert fragment in message, message
+
+
+@pytest.mark.parametrize("text", ["x = " + "[" * 100_000 + "]" * 100_000, "x = " + "{a = " * 3000 + "1" + "}" * 3000],
+                         ids=["arrays", "inline-tables"])
+def test_deep_nesting_is_one_line(text):
+    with pytest.raises(LessonError, match=rf"^{SOURCE}: (larger than 32 KB|arrays or tables nested too deeply)"):
+        parse_lesson(text, SOURCE)
+    with pytest.raises(LessonError, match=rf"^{SOURCE}: arrays or tables nested too deeply to be a lesson$"):
+        parse_lesson(text[:10_000] + text[-10_000:], SOURCE)
+
+
+def test_a_file_larger_than_any_lesson_is_refused_unread(tmp_path):
+    path = tmp_path / "dotted.toml"
+    path.write_text("".join(f"a{i}.b{i}.c{i}.d{i} = {i}\n" for i in range(4000)), encoding="utf-8")  # about 80 KB
+    with pytest.raises(LessonError, match=r"dotted\.toml: larger than 32 KB; a lesson file is at most that$"):
+        load_lesson(path)
 
 
 def test_bad_toml_names_the_file_and_the_line(tmp_path):
