@@ -130,8 +130,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--compare times compare mode in the window: add --gui (or use kvviz compare)")
     if args.attention and not args.gui:
         raise UsageError("--attention times the attention view in the window: add --gui")
+    if args.window_size is not None and not args.gui:
+        raise UsageError("--window-size sizes the window of the GUI benchmark: add --gui")
+    if args.background:
+        raise UsageError("--background goes with --sweep")
     if args.gui and args.dtype != "float32":
         raise UsageError("--dtype is for the headless bench; the window runs in float32")
+    if args.gui and args.peer:
+        raise UsageError("--peer times transformers headless; the GUI benchmark compares the window with headless")
+    if args.gui and args.device != "cpu":
+        raise UsageError("--device is for the headless bench; the window runs on the CPU")
     if args.gui:
         try:
             from kvviz.app.gui_bench import GuiBenchError, format_report, run_gui_bench

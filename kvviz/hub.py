@@ -24,13 +24,32 @@ HUB_FILES = ("config.json", "model.safetensors")
 
 def cached_hub_model(name: str, cache_dir: str | Path | None = None) -> Path | None:
     """The cache folder of a hub GPT-2 that was downloaded before, or None; never touches the network."""
-    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import constants, try_to_load_from_cache
 
-    paths = [try_to_load_from_cache(HUB_MODELS[name], filename, cache_dir=cache_dir) for filename in HUB_FILES]
+    repo_id = HUB_MODELS[name]
+    repo_folder = Path(cache_dir or constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    try:
+        paths = [try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir) for filename in HUB_FILES]
+    except (UnicodeDecodeError, ValueError, OSError) as exc:  # a damaged entry: refs/main not text, unreadable...
+        bad = _damaged_file(repo_folder)
+        raise ModelLoadError(f"{name}: the Hugging Face cache entry {bad or repo_folder} is damaged "
+                             f"({first_line(exc)}); delete {bad or repo_folder} to download it again") from exc
     if not all(isinstance(p, str) and Path(p).is_file() for p in paths):
         return None
     folders = {Path(p).parent for p in paths}  # type: ignore[arg-type]
     return folders.pop() if len(folders) == 1 else None
+
+
+def _damaged_file(repo_folder: Path) -> Path | None:
+    """The first reference in a hub repo's cache folder that cannot be read as text, or None."""
+    refs = repo_folder / "refs"
+    for ref in sorted(refs.rglob("*")) if refs.is_dir() else []:
+        try:
+            if ref.is_file():
+                ref.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            return ref
+    return None
 
 
 def download_hub_model(name: str, progress: ProgressCallback | None = None,

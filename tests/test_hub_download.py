@@ -333,3 +333,18 @@ def test_missing_file_on_the_hub(hub, hf_cache):
         _stop(server, thread)
     message = str(info.value)
     assert "\n" not in message and message.startswith("gpt2: ")
+
+
+def test_a_reference_that_is_not_text_names_the_file_to_delete(hub, hf_cache):
+    server, thread = _start(hub)
+    try:
+        download_hub_model("gpt2", None, endpoint=hub.endpoint)
+    finally:
+        _stop(server, thread)
+    ref = hf_cache / "models--openai-community--gpt2" / "refs" / "main"
+    ref.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ModelLoadError) as info:
+        download_hub_model("gpt2", None, endpoint=_dead_endpoint())
+    message = str(info.value)
+    assert message.startswith(f"gpt2: the Hugging Face cache entry {ref} is damaged (") and "\n" not in message
+    assert message.endswith(f"; delete {ref} to download it again")
