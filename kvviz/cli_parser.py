@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kvviz import bench, speed  # torch-free at import: the benchmarks load it when they run
 from kvviz.errors import KvvizError
-from kvviz.records import CACHE_FAULTS
+from kvviz.records import CACHE_FAULTS, MAX_PROMPT_CHARACTERS
 
 DEFAULT_BENCH_PROMPT = "Hello, I am"
 # GUI and headless runs of a few seconds each: on a shared machine one pair can differ by 10% by chance alone.
@@ -141,13 +141,16 @@ def temperature(text: str) -> float:
 
 
 def prompt_text(text: str) -> str:
-    """The prompt as given, unless it holds bytes that are not UTF-8 (they reach Python as surrogates)."""
+    """The prompt as given, unless it holds bytes that are not UTF-8 (they reach Python as surrogates) or is
+    longer than the app's prompt field takes."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         byte = ord(text[exc.start]) - 0xDC00
         detail = f"byte 0x{byte:02x}" if 0x80 <= byte <= 0xFF else f"character {exc.start}"
         raise argparse.ArgumentTypeError(f"not valid UTF-8 text ({detail})") from None
+    if len(text) > MAX_PROMPT_CHARACTERS:
+        raise argparse.ArgumentTypeError(f"{len(text):,} characters; a prompt is at most {MAX_PROMPT_CHARACTERS:,}")
     return text
 
 

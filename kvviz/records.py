@@ -82,6 +82,7 @@ class AttentionWeights:
         return [[list(self.row(layer, head)) for head in range(self.heads)] for layer in range(self.layers)]
 
 
+MAX_PROMPT_CHARACTERS = 1_000_000  # the longest prompt kvviz takes, typed, pasted or given with --prompt
 CACHE_FAULTS = {
     "late_write": "each new token's key and value are written one slot late, so its query reads a stale row",
 }  # the bugs "break the cache" can plant in the cached run, by name

@@ -418,6 +418,15 @@ def test_a_run_that_cannot_start_leaves_no_stale_progress(qtbot, window):
     assert window.status.text().startswith(window.session.model_info.name)
 
 
+def test_a_prompt_longer_than_qts_default_field_arrives_whole(qtbot, window):
+    prompt = " x" * 19_999 + "!"  # 39,999 characters: QLineEdit keeps 32,767 unless told otherwise
+    window.controls.prompt_edit.setText(prompt)
+    assert window.controls.prompt_edit.text() == prompt
+    with qtbot.waitSignal(window.session.run_failed, timeout=10_000) as failed:
+        window.reset_run()
+    assert f"the prompt has {19_999 + 1} tokens" in failed.args[0].lower()  # " x" is one GPT-2 token, "!" one
+
+
 # ----- 5. words and room -----
 def test_a_checkpoint_file_shows_in_the_picker_by_its_model_name(qtbot, window, tmp_path):
     file = tiny_checkpoint(tmp_path / "hamlet")

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
 
 from kvviz.app.flow_layout import FlowLayout
 from kvviz.app.settings import AppSettings
-from kvviz.records import RunRequest
+from kvviz.records import MAX_PROMPT_CHARACTERS, RunRequest
 
 SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 0.0)  # tokens per second for autoplay; 0 = as fast as possible
 
@@ -56,6 +56,7 @@ class RunControls(QWidget):
         super().__init__(parent)
         self.setObjectName("controlsArea")
         self.prompt_edit = QLineEdit()
+        self.prompt_edit.setMaxLength(MAX_PROMPT_CHARACTERS)  # Qt's default, 32767, cut long prompts silently
         self.prompt_edit.setPlaceholderText("Prompt (empty: start from <|endoftext|>); Enter starts a fresh run")
         self.prompt_edit.setClearButtonEnabled(True)
         self.prompt_edit.returnPressed.connect(self.prompt_entered)
