@@ -427,6 +427,32 @@ def test_a_prompt_longer_than_qts_default_field_arrives_whole(qtbot, window):
     assert f"the prompt has {19_999 + 1} tokens" in failed.args[0].lower()  # " x" is one GPT-2 token, "!" one
 
 
+def test_zoom_and_presenter_round_trips_leave_no_object_behind(qtbot, window):
+    from collections import Counter
+
+    from PySide6.QtCore import QObject, QPropertyAnimation
+
+    presentation = window.presentation
+
+    def objects() -> Counter:
+        qtbot.waitUntil(lambda: not window.findChildren(QPropertyAnimation), timeout=5_000)  # Qt's bar animations
+        return Counter(type(o).__name__ for o in window.findChildren(QObject))
+
+    def round_trips(times: int) -> None:
+        for _ in range(times):
+            presentation.step_zoom(+1)
+            presentation.step_zoom(-1)
+            presentation.set_presenter(True)
+            presentation.set_presenter(False)
+            qtbot.wait_until(lambda: not presentation.presenter and presentation.zoom == 1.0)
+
+    round_trips(1)
+    before = objects()
+    round_trips(5)
+    after = objects()
+    assert {name: after[name] - before[name] for name in after if after[name] != before[name]} == {}
+
+
 # ----- 5. words and room -----
 def test_a_checkpoint_file_shows_in_the_picker_by_its_model_name(qtbot, window, tmp_path):
     file = tiny_checkpoint(tmp_path / "hamlet")

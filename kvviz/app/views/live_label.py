@@ -118,7 +118,7 @@ class LiveLabel(QLabel):
     def changeEvent(self, event) -> None:  # noqa: N802
         super().changeEvent(event)
         if event.type() in (event.Type.FontChange, event.Type.StyleChange):
-            self._document = self._new_document()
+            self._set_up(self._document)  # the same document: a new one each zoom step grew memory without bound
             self._room = QSize(0, 0)
             self._sizes = {}
             self._answered = {}
@@ -127,13 +127,16 @@ class LiveLabel(QLabel):
     # ----- room -----
     def _new_document(self) -> QTextDocument:
         document = QTextDocument(self)
+        self._set_up(document)
+        return document
+
+    def _set_up(self, document: QTextDocument) -> None:
         document.setDocumentMargin(0)
         document.setDefaultFont(self.font())
         option = QTextOption(self._alignment & Qt.AlignmentFlag.AlignHorizontal_Mask)
         option.setWrapMode(QTextOption.WrapMode.WordWrap if self._wrap else QTextOption.WrapMode.NoWrap)
         document.setDefaultTextOption(option)
         self._fill(document, self._text)
-        return document
 
     def _fill(self, document: QTextDocument, text: str) -> None:
         option = document.defaultTextOption()
