@@ -298,9 +298,11 @@ def gui_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("state", ["idle", "play"])
-def test_ctrl_c_in_the_terminal_quits_like_ctrl_q(tmp_path, app_model, state):
-    args = [sys.executable, "-c", LAUNCHER, state, "--prompt", "Ctrl+C test"]
+@pytest.mark.parametrize(("state", "signum"), [("idle", signal.SIGINT), ("play", signal.SIGINT),
+                                               ("play", signal.SIGTERM), ("idle", signal.SIGHUP)],
+                         ids=["ctrl-c-idle", "ctrl-c-playing", "sigterm-playing", "sighup-idle"])
+def test_a_stop_signal_quits_like_ctrl_q(tmp_path, app_model, state, signum):
+    args = [sys.executable, "-c", LAUNCHER, state, "--prompt", "Stop test"]
     if app_model is not None:
         args += ["--model", app_model]
     proc = subprocess.Popen(args, env=gui_env(tmp_path), stderr=subprocess.PIPE, text=True, cwd=tmp_path)
@@ -317,7 +319,7 @@ def test_ctrl_c_in_the_terminal_quits_like_ctrl_q(tmp_path, app_model, state):
     reader.start()
     try:
         assert ready.wait(120), "".join(lines)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         code = proc.wait(30)
     finally:
         if proc.poll() is None:
@@ -329,7 +331,7 @@ def test_ctrl_c_in_the_terminal_quits_like_ctrl_q(tmp_path, app_model, state):
     assert code == 0, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     saved = (tmp_path / "config" / "kvviz" / "kvviz.ini").read_text(encoding="utf-8")
-    assert "prompt=Ctrl+C test" in saved and "geometry=@ByteArray(" in saved
+    assert "prompt=Stop test" in saved and "geometry=@ByteArray(" in saved
 
 
 # ----- 6. no display -----

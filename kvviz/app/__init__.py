@@ -60,14 +60,20 @@ def _one_line_platform_errors() -> Callable[[], None]:
 
 
 def _close_on_interrupt(close: Callable[[], None]) -> Callable[[], None]:
-    """Ctrl+C in the terminal (SIGINT) calls `close` from the event loop, as Ctrl+Q does; a second
-    Ctrl+C ends the process at once. Python runs its signal handlers only between bytecodes, so the
-    signal also writes to a socket that Qt's event loop watches: that wakes it even when idle.
-    Returns the function that puts everything back."""
+    """Ctrl+C in the terminal (SIGINT), SIGTERM (`kill`) and SIGHUP (the terminal closed) call `close` from the
+    event loop, as Ctrl+Q does: settings saved, no export left half-written; a second signal ends the process
+    at once. Python runs its signal handlers only between bytecodes, so the signal also writes to a socket
+    that Qt's event loop watches: that wakes it even when idle. Returns the function that puts everything back."""
     from PySide6.QtCore import QSocketNotifier, QTimer
 
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return lambda: None  # ignored (a background job) or someone else's handler: leave it alone
+    defaults = {signal.SIGINT: signal.default_int_handler}
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            defaults[getattr(signal, name)] = signal.SIG_DFL
+    # one that is ignored (a background job) or someone else's handler is left alone
+    taken = [number for number, default in defaults.items() if signal.getsignal(number) is default]
+    if not taken:
+        return lambda: None
     reader, writer = socket.socketpair()
     reader.setblocking(False)
     writer.setblocking(False)
@@ -88,14 +94,17 @@ def _close_on_interrupt(close: Callable[[], None]) -> Callable[[], None]:
 
     notifier.activated.connect(drain)
 
-    def interrupted(_signum: int, _frame: object) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    def stop_requested(_signum: int, _frame: object) -> None:
+        for number in taken:
+            signal.signal(number, signal.SIG_DFL)
         QTimer.singleShot(0, close)
 
-    signal.signal(signal.SIGINT, interrupted)
+    for number in taken:
+        signal.signal(number, stop_requested)
 
     def restore() -> None:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for number in taken:
+            signal.signal(number, defaults[number])
         signal.set_wakeup_fd(previous_fd)
         notifier.setEnabled(False)
         notifier.deleteLater()
