@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kvviz import bench, speed  # torch-free at import: the benchmarks load it when they run
 from kvviz.errors import KvvizError
+from kvviz.files import user_path
 from kvviz.records import CACHE_FAULTS, MAX_PROMPT_CHARACTERS
 
 DEFAULT_BENCH_PROMPT = "Hello, I am"
@@ -161,10 +162,14 @@ def _no_nul(text: str) -> str:
 
 
 def path_text(text: str) -> Path:
-    """An argparse type for a path that must be named: not empty (that would mean the current folder)."""
+    """An argparse type for a path that must be named: not empty (that would mean the current folder); `~` and
+    `~user` expanded, as a shell would."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty; name a folder or file")
-    return Path(_no_nul(text))
+    try:
+        return user_path(_no_nul(text))
+    except KvvizError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_model(parser: argparse.ArgumentParser) -> None:

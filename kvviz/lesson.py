@@ -19,6 +19,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from kvviz.errors import KvvizError, control_characters, visible
+from kvviz.files import user_path
 from kvviz.records import StepRecord
 
 QUESTIONS = {
@@ -109,7 +110,7 @@ def builtin_lesson_path() -> Path:
 
 def load_lesson(path: Path | str | None = None) -> Lesson:
     """The lesson in `path`, or the built-in one; LessonError (one line) for anything wrong with it."""
-    file = builtin_lesson_path() if path is None else Path(path)
+    file = builtin_lesson_path() if path is None else user_path(path)
     if file.exists() and not file.is_file() and not file.is_dir():  # a FIFO or a device: reading could wait forever
         raise LessonError(f"{file}: not a regular file")
     try:

@@ -219,6 +219,10 @@ CASES = [
          id="export-animate-out-unknown-user"),
     case("lesson", "--export", "~nosuchuser/x", *MODEL, fragment="~nosuchuser/x: there is no user named",
          id="lesson-export-unknown-user"),
+    case("--lesson", "~nosuchuser/x.toml", fragment="~nosuchuser/x.toml: there is no user named",
+         id="app-lesson-unknown-user"),
+    case(*TRAIN, "--out", "~nosuchuser/m", fragment="--out: ~nosuchuser/m: there is no user named",
+         id="train-out-unknown-user"),
     case("lesson", "--export", "{tmp}/s", "--file", "{unknown_user_lesson}",
          fragment="~nosuchuser/x: there is no user named", id="lesson-step-model-unknown-user"),
 ]
