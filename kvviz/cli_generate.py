@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from kvviz import cli_json
 from kvviz.cli_parser import BROKEN_CACHE_FAULT, UsageError
+from kvviz.errors import visible
 
 
 def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
@@ -39,10 +40,12 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
     last = None
     text_stream = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split a character
     started = time.perf_counter()
+    # on a terminal, a control character the model writes (ESC, BEL) is shown as an escape, never obeyed
+    shown = (lambda text: visible(text, keep="\n\t")) if sys.stdout.isatty() else (lambda text: text)
     if not args.json:
         if fault:
             print(broken_cache_note(fault))
-        sys.stdout.write(args.prompt)
+        sys.stdout.write(shown(args.prompt))
         sys.stdout.flush()
     for record in engine.run(plan, sampling, top_candidates=1):
         last = record
@@ -51,7 +54,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
             if record.attention is not None:
                 attention.append(record.attention)
             if not args.json:
-                sys.stdout.write(text_stream.decode(engine.tokenizer.token_bytes(record.token_id)))
+                sys.stdout.write(shown(text_stream.decode(engine.tokenizer.token_bytes(record.token_id))))
                 sys.stdout.flush()
     seconds = time.perf_counter() - started
     assert last is not None
@@ -84,7 +87,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
             **extra,
         }))
     else:
-        print(text_stream.decode(b"", final=True))
+        print(shown(text_stream.decode(b"", final=True)))
     sys.stdout.flush()  # the text ends its line before the note below
     if last.stop_reason == "context_full":
         say(f"stopped after {plural(len(ids), 'new token')}: the model's context holds {engine.n_ctx} tokens")

@@ -9,10 +9,12 @@ _ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
 
 
-def visible(text: str) -> str:
-    """`text` safe for a terminal or a dialog: every control character written as an escape (ESC as \\x1b,
-    a newline as \\n), so that none can clear a screen, retitle a terminal, ring a bell or cut a line."""
-    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+def visible(text: str, keep: str = "") -> str:
+    """`text` safe for a terminal or a dialog: every control character but those in `keep` written as an escape
+    (ESC as \\x1b, a newline as \\n), so that none can clear a screen, retitle a terminal, ring a bell or cut
+    a line."""
+    return _CONTROL.sub(lambda match: match.group() if match.group() in keep else
+                        match.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def control_characters(text: str, allowed: str = "") -> str | None:

@@ -439,3 +439,27 @@ def test_sigterm_during_an_export_leaves_the_earlier_files_and_no_temporary_file
     result = stopped_export(command, tmp_path / "out", earlier, signal.SIGTERM, b"a file is being written", tmp_path)
     assert result == (143, "kvviz: stopped by SIGTERM\n")
     assert folder_bytes(tmp_path / "out") == earlier
+
+
+def test_generate_on_a_terminal_shows_control_characters_as_escapes(place, tmp_path):
+    import pty
+
+    command = [sys.executable, "-m", "kvviz", "generate", "--model", place["model"], "--prompt",
+               "\x1b[2J\x1b]0;owned\x07 hi", "--max-new-tokens", "2"]
+    terminal, other = pty.openpty()
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=other, stderr=subprocess.PIPE, cwd=tmp_path,
+                               env=ENV)
+    os.close(other)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(terminal, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(terminal)
+    _, err = process.communicate(timeout=TIMEOUT)
+    assert process.returncode == 0, err
+    assert shown.startswith(b"\\x1b[2J\\x1b]0;owned\\x07 hi") and b"\x1b" not in shown and b"\x07" not in shown
