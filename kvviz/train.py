@@ -270,6 +270,9 @@ def evaluate(model_dir: Path, corpus: Path | None, block_size: int = 256) -> dic
     model = load_model(str(model_dir)).model
     block = min(block_size, model.config.n_ctx)
     val = evaluate_loss(model, val_tokens, block)
+    if not math.isfinite(val):
+        raise TrainSettingsError(f"{model_dir}: the loss on the held-out plays is {val}: the model's logits "
+                                 f"overflow, so these weights cannot be evaluated")
     entropy = unigram_entropy(val_tokens)
     return {"validation_loss": val, "unigram_entropy": entropy, "margin": entropy - val,
             "held_out_plays": val_names, "validation_tokens": int(len(val_tokens))}

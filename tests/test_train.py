@@ -193,3 +193,21 @@ def test_settings_beyond_any_run_are_refused(changes, fragment):
 
     with pytest.raises(TrainSettingsError, match=re.escape(fragment)):
         TrainSettings(**changes)
+
+
+def test_evaluating_weights_whose_logits_overflow_is_one_line(tmp_path, capsys):
+    from helpers_checkpoints import save_kvviz_folder
+    from safetensors.torch import load_file, save_file
+
+    from kvviz.cli import main
+
+    folder = save_kvviz_folder(tmp_path / "overflowing", n_layer=2, n_head=2, n_embd=32, n_ctx=32)
+    state = load_file(str(folder / "model.safetensors"))
+    for key in ("transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight"):
+        state[key] *= 1e37  # finite weights whose products are not
+    save_file(state, str(folder / "model.safetensors"))
+    assert main(["train", "--evaluate", str(folder), "--corpus", str(_tiny_corpus(tmp_path)), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"kvviz: {folder}: the loss on the held-out plays is nan: the model's logits overflow, "
+                            "so these weights cannot be evaluated\n")
