@@ -1,12 +1,12 @@
-"""`python -m kvviz`: the command line (see kvviz.cli); Ctrl+C exits with status 130 however early it comes."""
+"""`python -m kvviz`: the command line (see kvviz.cli.commands); Ctrl+C exits with status 130 however early it comes."""
 
 import sys
 
 try:
-    from kvviz.cli import main
+    from kvviz.cli.commands import main
 
     status = main()
-except KeyboardInterrupt:  # before kvviz.cli took Ctrl+C over
+except KeyboardInterrupt:  # before kvviz.cli.commands took Ctrl+C over
     if sys.stderr is not None:
         sys.stderr.write("kvviz: interrupted\n")
     status = 130

@@ -32,7 +32,7 @@ def _isolated_qt_settings(request, tmp_path):
 def _no_worker_thread_left(request):
     """Fail any test that leaves a kvviz worker QThread running."""
     yield
-    worker = sys.modules.get("kvviz.app.worker")
+    worker = sys.modules.get("kvviz.app.run.worker")
     if worker is None:
         return
     running = worker.running_threads()
@@ -46,8 +46,8 @@ def _no_worker_thread_left(request):
 @pytest.fixture(scope="session")
 def app_model(tmp_path_factory) -> str | None:
     """The model source for GUI tests: None (the embedded default) when it is installed, else a tiny
-    random checkpoint (4 layers, 64 positions) saved with kvviz.weights.save_checkpoint."""
-    from kvviz.resources import default_model_dir
+    random checkpoint (4 layers, 64 positions) saved with kvviz.sources.weights.save_checkpoint."""
+    from kvviz.core.resources import default_model_dir
 
     try:
         if (default_model_dir() / "model.safetensors").is_file():
@@ -56,8 +56,8 @@ def app_model(tmp_path_factory) -> str | None:
         pass
     import torch
 
-    from kvviz.model import GPT, GPTConfig
-    from kvviz.weights import save_checkpoint
+    from kvviz.models.gpt2 import GPT, GPTConfig
+    from kvviz.sources.weights import save_checkpoint
 
     folder: Path = tmp_path_factory.mktemp("tiny-model")
     model = GPT(GPTConfig(n_ctx=64, n_layer=4, n_head=2, n_embd=32, name="tiny"))
@@ -70,8 +70,8 @@ def app_model(tmp_path_factory) -> str | None:
 def window(qtbot, app_model):
     """The app's window on the test model with "Time flies fast", its first run planned; closed after the test.
     (Test files that need another window define their own `window`.)"""
-    from kvviz.app.main_window import MainWindow
     from kvviz.app.settings import app_settings
+    from kvviz.app.window.main_window import MainWindow
 
     win = MainWindow(app_model, "Time flies fast", settings=app_settings())
     qtbot.addWidget(win)

@@ -83,9 +83,9 @@ def save_hub_file(path: Path, model) -> Path:
 
 def save_kvviz_folder(folder: Path, n_layer: int = 2, n_head: int = 2, n_embd: int = 64, n_ctx: int = 64,
                       seed: int = 0) -> Path:
-    """A random kvviz model saved with kvviz.weights.save_checkpoint; returns the folder."""
-    from kvviz.model import GPT, GPTConfig
-    from kvviz.weights import save_checkpoint
+    """A random kvviz model saved with kvviz.sources.weights.save_checkpoint; returns the folder."""
+    from kvviz.models.gpt2 import GPT, GPTConfig
+    from kvviz.sources.weights import save_checkpoint
 
     model = GPT(GPTConfig(n_ctx=n_ctx, n_layer=n_layer, n_head=n_head, n_embd=n_embd, name=folder.name))
     model.init_weights(torch.Generator().manual_seed(seed))
@@ -96,7 +96,7 @@ def save_kvviz_folder(folder: Path, n_layer: int = 2, n_head: int = 2, n_embd: i
 def tiny_kvviz_model(n_layer: int = 2, n_head: int = 2, n_embd: int = 32, n_ctx: int = 64,
                      vocab_size: int = 50257, seed: int = 0, std: float = 0.02):
     """A random kvviz GPT in memory; a larger `std` makes the next-token distribution less flat."""
-    from kvviz.model import GPT, GPTConfig
+    from kvviz.models.gpt2 import GPT, GPTConfig
 
     model = GPT(GPTConfig(vocab_size=vocab_size, n_ctx=n_ctx, n_layer=n_layer, n_head=n_head, n_embd=n_embd))
     model.init_weights(torch.Generator().manual_seed(seed))
@@ -111,7 +111,7 @@ def tiny_kvviz_model(n_layer: int = 2, n_head: int = 2, n_embd: int = 32, n_ctx:
 
 def embedded_or_tiny_folder(tmp_path: Path) -> Path:
     """The embedded default model if the training has produced it, else a tiny stand-in saved into `tmp_path`."""
-    from kvviz.resources import default_model_dir
+    from kvviz.core.resources import default_model_dir
 
     try:
         folder = default_model_dir()

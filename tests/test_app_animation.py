@@ -23,7 +23,7 @@ from kvviz.app import theme
 from kvviz.app.export import AnimationSource, AnimationSpec, ExportDialog, ExportError, encoders, write_animation
 from kvviz.app.export.animation import run_animation, terminal_progress
 from kvviz.app.views.work_chart import WorkChart
-from kvviz.errors import KvvizError
+from kvviz.core.errors import KvvizError
 
 PROMPT = "Time flies"  # 2 GPT-2 tokens
 N = 8
@@ -70,7 +70,7 @@ def tiny(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def source() -> AnimationSource:
     """A tiny model's cached run of N tokens: its plan and all N + 1 records."""
-    from kvviz.engine import Engine
+    from kvviz.core.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=2, n_head=2, n_embd=32, n_ctx=64))
     plan = engine.plan(engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name="tiny")
@@ -347,8 +347,8 @@ def test_dialog_offers_animation_only_with_a_run(dialog_for):
 # ----- the window: its records, the clipboard, the plots' menus -----
 def test_window_copies_views_and_hands_its_records_to_the_dialog(qtbot, app_model, monkeypatch):
     import kvviz.app.export.dialog as export  # where File > Export... finds the dialog
-    from kvviz.app.main_window import MainWindow
     from kvviz.app.settings import app_settings
+    from kvviz.app.window.main_window import MainWindow
 
     window = MainWindow(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(window)

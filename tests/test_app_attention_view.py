@@ -10,16 +10,16 @@ import pytest
 from PySide6.QtCore import QPointF, Qt
 
 from kvviz.app.views.attention_view import AttentionView
-from kvviz.app.views.kv_grid import KVGridView
-from kvviz.records import AttentionWeights
+from kvviz.app.views.grid.kv_grid import KVGridView
+from kvviz.core.records import AttentionWeights
 
 PROMPT = "Time flies fast"
 
 
 @pytest.fixture(scope="module")
 def engine(app_model):
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model
 
     return Engine(load_model(app_model).model)
 
@@ -81,8 +81,8 @@ def _column_x(plot_widget, x: float) -> float:
 
 
 def test_a_in_the_window_records_attention_under_the_grid_and_a_grid_row_chooses_the_layer(qtbot, app_model):
-    from kvviz.app.main_window import MainWindow
     from kvviz.app.settings import app_settings
+    from kvviz.app.window.main_window import MainWindow
 
     window = MainWindow(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(window)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from helpers_qt import LayoutRequests
 
-from kvviz.app.main_window import MainWindow
 from kvviz.app.settings import AppSettings, app_settings
+from kvviz.app.window.main_window import MainWindow
 
 PROMPT = "Time flies fast"
 

@@ -13,11 +13,11 @@ from PySide6.QtWidgets import QFrame, QLabel, QScrollArea
 
 from kvviz.app import theme
 from kvviz.app.views.base import chip_text
-from kvviz.app.views.compare_view import CompareView
-from kvviz.app.views.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
-from kvviz.app.views.identity_strip import DIFFERENT, LOGITS_DIFFER, SAME, IdentityStrip
-from kvviz.app.views.kv_grid import KVGridView
-from kvviz.app.views.lockstep import format_logit_diff
+from kvviz.app.views.compare.compare_view import CompareView
+from kvviz.app.views.compare.identity_strip import DIFFERENT, LOGITS_DIFFER, SAME, IdentityStrip
+from kvviz.app.views.compare.lockstep import format_logit_diff
+from kvviz.app.views.grid.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
+from kvviz.app.views.grid.kv_grid import KVGridView
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 N = 8
@@ -25,8 +25,8 @@ N = 8
 
 @pytest.fixture(scope="module")
 def engine(app_model):
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model
 
     return Engine(load_model(app_model).model)
 
@@ -34,7 +34,7 @@ def engine(app_model):
 @pytest.fixture(scope="module")
 def lockstep(engine):
     """lockstep(use_cache, cache_fault, n) -> (plan, records) of a lockstep run of PROMPT, computed once."""
-    from kvviz.compare import Lockstep, plan_lockstep
+    from kvviz.core.compare import Lockstep, plan_lockstep
 
     runs: dict[tuple, tuple] = {}
 
@@ -208,8 +208,8 @@ def test_identity_strip_keeps_the_newest_step_in_view_and_paints_only_new_steps(
     """220 steps of a tiny model: the strip scrolls to the newest, and a new step repaints its column only."""
     from helpers_checkpoints import tiny_kvviz_model
 
-    from kvviz.compare import Lockstep, plan_lockstep
-    from kvviz.engine import Engine
+    from kvviz.core.compare import Lockstep, plan_lockstep
+    from kvviz.core.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=1, n_head=1, n_embd=16, n_ctx=256))
     plan = plan_lockstep(engine, engine.encode_prompt(PROMPT), 220, True)
@@ -312,9 +312,9 @@ def test_divergence_banner_and_strip_catch_logits_that_part_while_the_tokens_agr
     the logits part from step 2, the first step that reads what the prefill wrote into the cache."""
     from helpers_checkpoints import save_kvviz_folder
 
-    from kvviz.compare import Lockstep, plan_lockstep
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.core.compare import Lockstep, plan_lockstep
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model
 
     folder = save_kvviz_folder(tmp_path / "tiny", n_layer=3, n_head=2, n_embd=32, n_ctx=48, seed=7)
     engine = Engine(load_model(str(folder)).model)
@@ -333,7 +333,7 @@ def test_divergence_banner_and_strip_catch_logits_that_part_while_the_tokens_agr
 # ----- the time plot and the counts -----
 @pytest.mark.parametrize("primary_cached", [True, False], ids=["primary-cached", "primary-uncached"])
 def test_time_plot_draws_each_runs_measured_seconds(view, lockstep, primary_cached):
-    from kvviz.compare import summarize
+    from kvviz.core.compare import summarize
 
     plan, records = lockstep(primary_cached)
     view.reset(plan)

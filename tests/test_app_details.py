@@ -16,7 +16,7 @@ from kvviz.app.views.counter import CounterPanel
 @pytest.fixture(scope="module")
 def run():
     """A tiny model's cached run of "Time flies fast" and 12 new tokens: its plan and every record."""
-    from kvviz.engine import Engine
+    from kvviz.core.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=6, n_head=2, n_embd=32, n_ctx=64))
     plan = engine.plan(engine.encode_prompt("Time flies fast"), 12, True, prompt="Time flies fast", model_name="tiny")
@@ -70,8 +70,8 @@ def test_the_window_title_names_the_model_once_and_the_app_once(window, qtbot):
 
 
 def test_the_window_title_before_a_model_is_the_apps_purpose(qtbot, app_model):
-    from kvviz.app.main_window import MainWindow
     from kvviz.app.settings import app_settings
+    from kvviz.app.window.main_window import MainWindow
 
     window = MainWindow(app_model, "Hi", settings=app_settings())
     qtbot.addWidget(window)

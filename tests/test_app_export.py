@@ -17,7 +17,7 @@ from PySide6.QtGui import QFont, QFontMetricsF, QImage, QPainter, QRawFont
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QDialog, QFileDialog, QMessageBox, QWidget
 
-import kvviz.files
+import kvviz.core.files
 from kvviz.app import theme
 from kvviz.app.export import (
     ExportDialog,
@@ -35,10 +35,10 @@ from kvviz.app.export.caption import CAPTION_MAX_CHARS
 from kvviz.app.export.headless import VIEW_SIZE, build_view_area
 from kvviz.app.export.svg_repair import flatten_svg
 from kvviz.app.settings import app_settings
-from kvviz.app.views.kv_grid import KVGridView
+from kvviz.app.views.grid.kv_grid import KVGridView
 from kvviz.app.views.run_view import RunView
 from kvviz.app.views.work_chart import WorkChart
-from kvviz.errors import KvvizError
+from kvviz.core.errors import KvvizError
 
 SVG = "{http://www.w3.org/2000/svg}"
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
@@ -75,7 +75,7 @@ def count_near(rgb_pixels: np.ndarray, hex_colour: str, tolerance: int = 12) -> 
 @pytest.fixture(scope="module")
 def run():
     """A tiny model's cached run: its RunPlan (3 layers, 3 prompt tokens, 12 new) and every StepRecord."""
-    from kvviz.engine import Engine
+    from kvviz.core.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=3, n_head=2, n_embd=32, n_ctx=64))
     plan = engine.plan(engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name="tiny")
@@ -425,7 +425,7 @@ def test_read_only_folder_raises_and_leaves_nothing(chart, tmp_path, monkeypatch
                     raise PermissionError(13, "Permission denied")
                 return real_open(path, *args, **kwargs)
 
-            monkeypatch.setattr(kvviz.files.os, "open", refuse)
+            monkeypatch.setattr(kvviz.core.files.os, "open", refuse)
         with pytest.raises(ExportError, match="Permission denied") as info:
             export_widget(chart, folder / "chart.png")
         assert str(folder / "chart.png") in str(info.value)
@@ -444,7 +444,7 @@ def test_failed_rename_keeps_the_old_file_and_no_temporary(chart, tmp_path, monk
             raise OSError(28, "No space left on device")
         real_replace(src, dst)
 
-    monkeypatch.setattr(kvviz.files.os, "replace", broken_replace)
+    monkeypatch.setattr(kvviz.core.files.os, "replace", broken_replace)
     with pytest.raises(ExportError, match="No space left on device"):
         export_widget(chart, target)
     assert target.read_text() == "old"
@@ -461,7 +461,7 @@ def test_disk_full_midway_leaves_no_temporary(chart, tmp_path, monkeypatch):
         seen.append(sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")))
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(kvviz.files.os, "fsync", full)
+    monkeypatch.setattr(kvviz.core.files.os, "fsync", full)
     with pytest.raises(ExportError, match=re.escape(f"{target}: could not be written (No space left on device)")):
         export_widget(chart, target, width=400)
     assert len(seen) == 1 and len(seen[0]) == 1  # the temporary file was there
@@ -682,8 +682,8 @@ def test_dialog_settings_are_typed_and_go_to_the_given_store(qtbot, chart, tmp_p
 
 def test_whole_run_view_exports_each_format_at_its_step(qtbot, app_model, tmp_path):
     """What File > Export does after four steps of the embedded model, without the main window."""
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model
 
     loaded = load_model(app_model)
     engine = Engine(loaded.model)
@@ -791,7 +791,7 @@ def test_run_export_of_compare_mode_writes_the_compare_view(qtbot, tmp_path):
 
 
 def test_run_export_rejects_bad_input_in_one_line(qtbot, tmp_path):
-    from kvviz.weights import ModelLoadError
+    from kvviz.sources.weights import ModelLoadError
 
     file = tmp_path / "file"
     file.write_text("x")

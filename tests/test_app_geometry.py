@@ -22,11 +22,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvviz.app import main_window, presentation
-from kvviz.app.main_window import MainWindow
 from kvviz.app.settings import app_settings
 from kvviz.app.views.attention_view import AttentionView
-from kvviz.app.views.kv_grid import KVGridView
+from kvviz.app.views.grid.kv_grid import KVGridView
+from kvviz.app.window import main_window, presentation
+from kvviz.app.window.main_window import MainWindow
 
 SIZES = [(1024, 768), (1280, 720)]
 TITLE_BAR = 30  # what a window manager's frame takes of the screen's height, about
@@ -241,7 +241,7 @@ def test_the_token_strip_keeps_a_second_row_only_for_a_run_that_fills_it(qtbot):
     """A short run's chips fit one row of a 1280-pixel window: the strip leaves the second row's height to the
     grid; at 300 pixels the same run wraps, and the strip keeps two rows."""
     from kvviz.app.views.token_strip import TokenStrip
-    from kvviz.records import RunPlan
+    from kvviz.core.records import RunPlan
 
     strip = TokenStrip()
     qtbot.addWidget(strip)
@@ -294,8 +294,8 @@ def test_the_attention_strip_keeps_tall_rows_and_its_top_list_apart_at_its_least
     presenter's zoom, and the top positions stay under the strip, a line a few heads, one line per head."""
     import numpy as np
 
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)
     plan = engine.plan(engine.encode_prompt("Time flies fast"), 3, True, prompt="Time flies fast", attention=True)

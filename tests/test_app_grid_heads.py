@@ -13,8 +13,8 @@ from PySide6.QtGui import QImage, QPainter
 from PySide6.QtWidgets import QToolTip
 
 from kvviz.app import theme
-from kvviz.app.views.grid_cells import COMPUTED, REUSED
-from kvviz.app.views.kv_grid import KVGridView
+from kvviz.app.views.grid.grid_cells import COMPUTED, REUSED
+from kvviz.app.views.grid.kv_grid import KVGridView
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 N = 6
@@ -22,8 +22,8 @@ N = 6
 
 @pytest.fixture(scope="module")
 def engine(app_model):
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model
 
     return Engine(load_model(app_model).model)
 
@@ -158,8 +158,8 @@ def test_the_labels_shrink_to_fit_a_squeezed_grid(qtbot, run):
     from PySide6.QtGui import QFont, QFontMetricsF
 
     from kvviz.app.views.base import cell_plot
-    from kvviz.app.views.grid_rows import GridAxes, GridRows
-    from kvviz.app.views.grid_state import GridState
+    from kvviz.app.views.grid.grid_rows import GridAxes, GridRows
+    from kvviz.app.views.grid.grid_state import GridState
 
     plan, _records = run(True)
     plot_widget, plot_item, _image = cell_plot(0)
@@ -188,7 +188,7 @@ def test_the_labels_shrink_to_fit_a_squeezed_grid(qtbot, run):
 
 
 def test_rows_too_thin_for_any_font_keep_every_layers_label():
-    from kvviz.app.views.grid_rows import GridRows
+    from kvviz.app.views.grid.grid_rows import GridRows
 
     rows = GridRows(6, 6, expanded=range(6))  # 42 rows, room for 10 labels
     ticks = rows.left_ticks(10)
@@ -202,8 +202,8 @@ def test_rows_too_thin_for_any_font_keep_every_layers_label():
 
 @pytest.mark.parametrize("zoom", [1.0, 1.6, 2.3])
 def test_every_layer_and_head_is_labelled_in_the_window_at_1280x720(qtbot, app_model, zoom):
-    from kvviz.app.main_window import MainWindow
     from kvviz.app.settings import app_settings
+    from kvviz.app.window.main_window import MainWindow
 
     window = MainWindow(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(window)
@@ -362,8 +362,8 @@ def test_theme_patterns_and_font_scale_keep_the_head_rows(qtbot, grid, run):
 
 
 def test_compare_grids_expand_each_on_their_own(qtbot, engine):
-    from kvviz.app.views.compare_view import CompareView
-    from kvviz.compare import Lockstep, plan_lockstep
+    from kvviz.app.views.compare.compare_view import CompareView
+    from kvviz.core.compare import Lockstep, plan_lockstep
 
     plan = plan_lockstep(engine, engine.encode_prompt(PROMPT), 4, True)
     if not plan.n_head:
@@ -390,8 +390,8 @@ def test_compare_grids_expand_each_on_their_own(qtbot, engine):
 def test_h_shows_the_heads_of_the_clicked_layer_in_the_window(qtbot, app_model):
     from PySide6.QtCore import QPointF, Qt
 
-    from kvviz.app.main_window import MainWindow
     from kvviz.app.settings import app_settings
+    from kvviz.app.window.main_window import MainWindow
 
     window = MainWindow(app_model, "Time flies fast", settings=app_settings())
     qtbot.addWidget(window)
@@ -413,8 +413,8 @@ def test_h_shows_the_heads_of_the_clicked_layer_in_the_window(qtbot, app_model):
 
 
 def test_an_opened_layer_is_parted_from_its_neighbours_by_a_wide_gap():
-    from kvviz.app.views.grid_cells import HEAD_ROW, LAST_HEAD_ROW, LAYER_ROW, cell_tile
-    from kvviz.app.views.grid_rows import GridRows
+    from kvviz.app.views.grid.grid_cells import HEAD_ROW, LAST_HEAD_ROW, LAYER_ROW, cell_tile
+    from kvviz.app.views.grid.grid_rows import GridRows
 
     rows = GridRows(4, 3, expanded=[1])  # L0, L1, L1 h0..h2, L2, L3
     assert rows.kinds[:, 0].tolist() == [LAST_HEAD_ROW, HEAD_ROW, HEAD_ROW, HEAD_ROW, LAST_HEAD_ROW, LAYER_ROW,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from PySide6.QtWidgets import QLabel, QScrollArea
 
-from kvviz.app.main_window import MainWindow
-from kvviz.app.presentation import ZOOM_STEPS, presenter_zoom
 from kvviz.app.settings import app_settings
+from kvviz.app.window.main_window import MainWindow
+from kvviz.app.window.presentation import ZOOM_STEPS, presenter_zoom
 
 TITLE_BAR = 30  # what a window manager's frame takes of the screen's height, about
 

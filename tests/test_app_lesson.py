@@ -10,12 +10,12 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextLayout, QTextOption
 from PySide6.QtWidgets import QApplication, QMessageBox, QScrollArea
 
-from kvviz.app.dialogs import ShortcutsDialog
-from kvviz.app.lesson_panel import keep_together
-from kvviz.app.main_window import MainWindow
-from kvviz.app.presentation import presenter_zoom
+from kvviz.app.lesson.panel import keep_together
 from kvviz.app.settings import AppSettings, app_settings
-from kvviz.app.views.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
+from kvviz.app.views.grid.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
+from kvviz.app.window.dialogs import ShortcutsDialog
+from kvviz.app.window.main_window import MainWindow
+from kvviz.app.window.presentation import presenter_zoom
 
 FREE_PROMPT = "hello"  # the free app's prompt: a lesson never leaves its own behind in the settings
 TITLE_BAR = 30

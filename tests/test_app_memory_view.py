@@ -17,8 +17,8 @@ PROMPT = "Time flies fast"  # 3 tokens
 
 @pytest.fixture(scope="module")
 def engine(app_model):
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model
 
     return Engine(load_model(app_model).model)
 
@@ -61,8 +61,8 @@ def test_the_sliding_window_line_flattens_at_its_window(qtbot):
 
 
 def test_m_shows_the_memory_view_beside_a_run(qtbot, app_model):
-    from kvviz.app.main_window import MainWindow
     from kvviz.app.settings import app_settings
+    from kvviz.app.window.main_window import MainWindow
 
     window = MainWindow(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(window)
@@ -242,8 +242,8 @@ def test_linear_axes_show_the_growth_as_straight_lines_from_zero(qtbot, shown, e
 
 
 def test_at_1280x720_the_memory_column_shows_the_whole_plot(qtbot, app_model):
-    from kvviz.app.main_window import MainWindow
     from kvviz.app.settings import app_settings
+    from kvviz.app.window.main_window import MainWindow
 
     window = MainWindow(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(window)

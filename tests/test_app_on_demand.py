@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from PySide6.QtCore import QPoint, Qt
 
-from kvviz.app.views.compare_view import CompareView
+from kvviz.app.views.compare.compare_view import CompareView
 from kvviz.app.views.memory_view import MemoryView
 
 

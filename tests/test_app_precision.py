@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QMessageBox
 
-from kvviz.app.main_window import MainWindow
 from kvviz.app.settings import AppSettings, app_settings
+from kvviz.app.window.main_window import MainWindow
 
 PROMPT = "Time flies fast"
 
@@ -52,18 +52,18 @@ def test_the_remembered_precision_is_loaded_next_time(qtbot, app_model):
 
 
 def test_a_precision_the_device_cannot_run_keeps_the_model_and_the_menu(qtbot, window, monkeypatch):
-    import kvviz.model
+    import kvviz.models.gpt2
 
     errors: list[tuple[str, str]] = []
     monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: errors.append((title, text)))
-    real_forward = kvviz.model.GPT.forward
+    real_forward = kvviz.models.gpt2.GPT.forward
 
     def no_half(self, idx, *args, **kwargs):
         if self.transformer.wte.weight.dtype == torch_float16():
             raise RuntimeError('"addmm_impl_cpu_" not implemented for \'Half\'')
         return real_forward(self, idx, *args, **kwargs)
 
-    monkeypatch.setattr(kvviz.model.GPT, "forward", no_half)
+    monkeypatch.setattr(kvviz.models.gpt2.GPT, "forward", no_half)
     _step(qtbot, window, 3)
     info = window.session.model_info
     window.actions["dtype_float16"].trigger()

@@ -16,19 +16,19 @@ from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QMessageBox
 
 from kvviz.app.ini_file import plain_values
-from kvviz.app.main_window import MainWindow
 from kvviz.app.settings import AppSettings, app_settings, load_geometry, save_geometry
+from kvviz.app.window.main_window import MainWindow
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_checkpoint(folder: Path, n_layer: int = 2) -> Path:
-    """A random 2-layer model saved with kvviz.weights.save_checkpoint; returns its model.safetensors."""
+    """A random 2-layer model saved with kvviz.sources.weights.save_checkpoint; returns its model.safetensors."""
     import torch
 
-    from kvviz.model import GPT, GPTConfig
-    from kvviz.weights import save_checkpoint
+    from kvviz.models.gpt2 import GPT, GPTConfig
+    from kvviz.sources.weights import save_checkpoint
 
     model = GPT(GPTConfig(n_ctx=64, n_layer=n_layer, n_head=2, n_embd=32, name="tiny"))
     model.init_weights(torch.Generator().manual_seed(1))
@@ -286,7 +286,7 @@ def probe():
     QTimer.singleShot(100, probe)
 
 QTimer.singleShot(100, probe)
-from kvviz.cli import main
+from kvviz.cli.commands import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -472,7 +472,7 @@ def test_a_checkpoint_file_shows_in_the_picker_by_its_model_name(qtbot, window, 
 
 def test_earlier_tokens_label_never_covers_a_chip(qtbot):
     from kvviz.app.views.token_strip import TokenStrip
-    from kvviz.records import RunPlan
+    from kvviz.core.records import RunPlan
 
     strip = TokenStrip()
     qtbot.addWidget(strip)
@@ -525,7 +525,7 @@ def test_a_setting_changed_during_a_failed_load_still_applies(qtbot, window, tmp
 def test_ctrl_o_during_a_download_then_cancel_loads_the_checkpoint(qtbot, window, tmp_path, monkeypatch):
     import time
 
-    import kvviz.weights
+    import kvviz.sources.weights
 
     def fake_download(name, progress=None, **_kwargs):
         for i in range(10_000):
@@ -533,7 +533,7 @@ def test_ctrl_o_during_a_download_then_cancel_loads_the_checkpoint(qtbot, window
             time.sleep(0.01)
         raise AssertionError("the download was not cancelled")
 
-    monkeypatch.setattr(kvviz.weights, "download_hub_model", fake_download)
+    monkeypatch.setattr(kvviz.sources.weights, "download_hub_model", fake_download)
     errors: list[str] = []
     monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: errors.append(text))
     press(qtbot, window, Qt.Key.Key_Space, 2)
@@ -557,14 +557,14 @@ def test_ctrl_o_during_a_download_then_cancel_loads_the_checkpoint(qtbot, window
 def test_a_cancelled_download_mid_run_leaves_the_run_going(qtbot, window, monkeypatch):
     import time
 
-    import kvviz.weights
+    import kvviz.sources.weights
 
     def fake_download(name, progress=None, **_kwargs):
         for i in range(10_000):
             progress(i * 2**20, 500 * 2**20)
             time.sleep(0.01)
 
-    monkeypatch.setattr(kvviz.weights, "download_hub_model", fake_download)
+    monkeypatch.setattr(kvviz.sources.weights, "download_hub_model", fake_download)
     press(qtbot, window, Qt.Key.Key_Space, 2)
     wait_tokens(qtbot, window, 2)
     name = window.session.model_info.name
@@ -581,7 +581,7 @@ def test_a_cancelled_download_mid_run_leaves_the_run_going(qtbot, window, monkey
 
 
 def test_error_sentences_end_with_one_full_stop():
-    from kvviz.app.worker import describe_load_error, describe_run_error
+    from kvviz.app.run.worker import describe_load_error, describe_run_error
 
     assert describe_run_error("m", RuntimeError("Inference tensors do not track version counter.")) == (
         "Generation with m stopped: Inference tensors do not track version counter.")
@@ -627,8 +627,8 @@ def test_which_environments_have_no_display(environ, platform, missing):
 
 
 def test_about_shows_a_model_named_like_markup_as_typed(qtbot):
-    from kvviz.app.dialogs import AboutDialog
-    from kvviz.records import ModelInfo
+    from kvviz.app.window.dialogs import AboutDialog
+    from kvviz.core.records import ModelInfo
 
     info = ModelInfo(name="<b>bold</b> & co", source="/tmp/<i>x</i>", num_parameters=1000, n_layer=1, n_head=1,
                      n_embd=8, n_ctx=16)

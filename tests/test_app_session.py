@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings
 
-from kvviz.app.main_window import MainWindow
 from kvviz.app.settings import AppSettings, app_settings
+from kvviz.app.window.main_window import MainWindow
 
 
 def _tiny_checkpoint(folder: Path, n_layer: int, vocab_size: int = 50257) -> str:
     import torch
 
-    from kvviz.model import GPT, GPTConfig
-    from kvviz.weights import save_checkpoint
+    from kvviz.models.gpt2 import GPT, GPTConfig
+    from kvviz.sources.weights import save_checkpoint
 
     model = GPT(GPTConfig(vocab_size=vocab_size, n_ctx=64, n_layer=n_layer, n_head=2, n_embd=32, name="tiny"))
     model.init_weights(torch.Generator().manual_seed(n_layer))
@@ -74,8 +74,8 @@ def test_a_request_the_model_cannot_run_fails_before_the_views_reset(qtbot, tmp_
 
 
 def test_worker_restores_the_gil_switch_interval_when_it_stops(qtbot):
-    from kvviz.app.shared_interpreter import GIL_SWITCH_INTERVAL_S
-    from kvviz.app.worker import WorkerController
+    from kvviz.app.run.shared_interpreter import GIL_SWITCH_INTERVAL_S
+    from kvviz.app.run.worker import WorkerController
 
     before = sys.getswitchinterval()
     assert before > GIL_SWITCH_INTERVAL_S  # Python's default, 5 ms
@@ -88,8 +88,8 @@ def test_worker_restores_the_gil_switch_interval_when_it_stops(qtbot):
 def test_chart_frame_holds_the_with_cache_point_of_a_one_token_run(qtbot, app_model):
     """P = 3, N = 1: with the cache 4 K/V per layer (3 prefill + 1 cache fill), more than the 3 without."""
     from kvviz.app.views.work_chart import WorkChart
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)
     plan = engine.plan(engine.encode_prompt("Time flies fast"), 1, use_cache=True)
@@ -108,8 +108,8 @@ def test_plan_frames_the_memory_plot_with_the_final_cache_size(qtbot):
     """gpt2's cache: 2 (K and V) x 12 layers x 768 (12 heads x 64) x 4 bytes = 73,728 bytes a position;
     "Hello, I am" (4 tokens) + 200 new tokens fill 204 positions: 14.34 MiB, in a frame that ends at 20."""
     from kvviz.app.views.work_chart import WorkChart
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model
 
     engine = Engine(load_model("random:gpt2").model)
     plan = engine.plan(engine.encode_prompt("Hello, I am"), 200)
@@ -148,7 +148,7 @@ def test_garbage_is_collected_on_the_gui_thread_while_a_worker_exists(qtbot):
     import threading
     import weakref
 
-    from kvviz.app.worker import WorkerController
+    from kvviz.app.run.worker import WorkerController
 
     controller = WorkerController()
     try:
@@ -183,7 +183,7 @@ def test_a_loaded_model_is_frozen_out_of_later_collections_until_the_worker_ends
     what is alive once a model has loaded is frozen, and unfrozen when the last worker ends."""
     import gc
 
-    from kvviz.app.session import RunSession
+    from kvviz.app.run.session import RunSession
 
     session = RunSession(fall_back_to_embedded=False)
     try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from helpers_checkpoints import save_kvviz_folder
 
-from kvviz.app.speed_panel import SpeedPanel
-from kvviz.app.speed_runner import sweep_arguments
-from kvviz.speed import SweepResult
+from kvviz.app.run.speed_runner import sweep_arguments
+from kvviz.app.window.speed_panel import SpeedPanel
+from kvviz.measure.speed import SweepResult
 
 
 @pytest.fixture(scope="module")

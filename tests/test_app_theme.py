@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QMenu
 from kvviz.app import theme
 from kvviz.app.settings import AppSettings, app_settings
 from kvviz.app.theme import DARK, LIGHT, Theme
-from kvviz.cli import main
+from kvviz.cli.commands import main
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 N = 12
@@ -69,13 +69,13 @@ def test_meaningful_colours_keep_3_to_1_against_the_background(palette: Theme):
 def test_the_light_theme_is_light_and_the_dark_theme_dark():
     assert relative_luminance(LIGHT.background) > 0.9 and relative_luminance(DARK.background) < 0.05
     assert theme.THEMES == {"dark": DARK, "light": LIGHT} and theme.DEFAULT == "dark"
-    from kvviz.cli_parser import THEMES
+    from kvviz.cli.parser import THEMES
 
     assert THEMES == tuple(theme.THEMES)  # the command line's choices, kept apart from the app
 
 
 def test_colour_blind_patterns_show_in_both_themes(qtbot):
-    from kvviz.app.views.grid_cells import COMPUTED, PENDING, REUSED, state_swatch
+    from kvviz.app.views.grid.grid_cells import COMPUTED, PENDING, REUSED, state_swatch
 
     for palette in (DARK, LIGHT):
         line = np.array(theme.rgba(palette.grid_line)[:3])
@@ -246,7 +246,7 @@ def test_kvviz_export_takes_a_theme_and_refuses_others(tiny, tmp_path, capsys, q
 
 def test_kvviz_lesson_export_takes_a_theme(tiny, tmp_path, qtbot):
     from kvviz.app.export import ExportError, export_lesson
-    from kvviz.lesson import parse_lesson
+    from kvviz.core.lesson import parse_lesson
 
     lesson = parse_lesson('title = "T"\n[[step]]\ntitle = "S"\ntext = "x"\nprompt = "Time flies"\ncache = true\n'
                           "advance_to = 2\nmax_new_tokens = 4\n", "one.toml")
@@ -278,7 +278,7 @@ def background(widget) -> str:
 
 def test_view_theme_restyles_every_view_at_once_and_is_remembered(qtbot, app_model, tmp_path):
     from kvviz.app.export import export_widget
-    from kvviz.app.main_window import MainWindow
+    from kvviz.app.window.main_window import MainWindow
 
     win = MainWindow(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(win)

@@ -13,8 +13,8 @@ from PySide6.QtGui import QHelpEvent
 from PySide6.QtWidgets import QApplication, QToolTip
 
 from kvviz.app.views.attention_view import AttentionView
-from kvviz.app.views.kv_grid import KVGridView
-from kvviz.records import AttentionWeights
+from kvviz.app.views.grid.kv_grid import KVGridView
+from kvviz.core.records import AttentionWeights
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 QT_HIDE_DELAY_MS = 300  # Qt hides a tooltip this long after it was told to
@@ -22,8 +22,8 @@ QT_HIDE_DELAY_MS = 300  # Qt hides a tooltip this long after it was told to
 
 @pytest.fixture(scope="module")
 def engine(app_model):
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model
 
     return Engine(load_model(app_model).model)
 

@@ -12,18 +12,18 @@ from helpers_qt import LayoutRequests
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
-from kvviz.app.main_window import MainWindow
 from kvviz.app.settings import app_settings
 from kvviz.app.views.base import chip_text
-from kvviz.app.views.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
+from kvviz.app.views.grid.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
+from kvviz.app.window.main_window import MainWindow
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 N = 12
 
 
 def engine_run(app_model, prompt: str, n: int, use_cache: bool = True):
-    from kvviz.engine import Engine, generate_ids
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine, generate_ids
+    from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)
     return generate_ids(engine, engine.encode_prompt(prompt), n, use_cache)
@@ -45,7 +45,7 @@ def wait_tokens(qtbot, win, n: int, final: bool = False, redraw: bool = True) ->
 
 
 def test_prompt_has_three_tokens():
-    from kvviz.tokenizer import get_tokenizer
+    from kvviz.core.tokenizer import get_tokenizer
 
     assert len(get_tokenizer().encode(PROMPT)) == 3
 
@@ -78,7 +78,7 @@ def test_space_steps_match_engine(qtbot, window, app_model):
     assert window.counter.table.labels["without_cache"][1].text().replace("\u2009", "") == "102"
 
     ids, records = engine_run(app_model, PROMPT, N)
-    from kvviz.tokenizer import get_tokenizer
+    from kvviz.core.tokenizer import get_tokenizer
 
     labels = [get_tokenizer().token_label(i) for i in ids]
     assert window.token_strip.tokens()[3:] == [chip_text(lab) for lab in labels]
@@ -129,7 +129,7 @@ def test_cache_off_recomputes_every_cell(qtbot, window, app_model):
 
 
 def _labels(ids):
-    from kvviz.tokenizer import get_tokenizer
+    from kvviz.core.tokenizer import get_tokenizer
 
     return [get_tokenizer().token_label(i) for i in ids]
 
@@ -164,7 +164,7 @@ def test_full_speed_run_shows_its_final_state_when_it_ends(qtbot, window):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are a Linux feature")
 def test_worker_runs_below_the_gui_priority(window):
-    from kvviz.app.worker import WORKER_NICENESS
+    from kvviz.app.run.worker import WORKER_NICENESS
 
     worker_id = window.session.controller.worker.native_thread_id
     assert worker_id is not None and worker_id != threading.get_native_id()
@@ -177,7 +177,7 @@ def test_worker_runs_below_the_gui_priority(window):
 
 
 def test_redraw_slices_take_the_gil_back_quickly(qtbot, window):
-    from kvviz.app.shared_interpreter import GIL_DRAWING_SWITCH_INTERVAL_S, GIL_SWITCH_INTERVAL_S
+    from kvviz.app.run.shared_interpreter import GIL_DRAWING_SWITCH_INTERVAL_S, GIL_SWITCH_INTERVAL_S
 
     seen = []
     refresh = window.grid.refresh
@@ -204,7 +204,7 @@ def test_steps_of_a_run_relayout_nothing_around_the_views(qtbot, window):
 
 
 def test_gui_and_worker_hand_the_gil_over_quickly(window):
-    from kvviz.app.shared_interpreter import GIL_SWITCH_INTERVAL_S
+    from kvviz.app.run.shared_interpreter import GIL_SWITCH_INTERVAL_S
 
     assert sys.getswitchinterval() <= GIL_SWITCH_INTERVAL_S < 0.005  # Python's default is 5 ms
 
@@ -278,7 +278,7 @@ def test_context_full_is_shown(qtbot, window):
 
 
 def test_help_dialogs_and_export_hooks(qtbot, window):
-    from kvviz.app.dialogs import ShortcutsDialog, about_text
+    from kvviz.app.window.dialogs import ShortcutsDialog, about_text
 
     dialog = ShortcutsDialog(window.actions.values(), window)
     qtbot.addWidget(dialog)
@@ -354,8 +354,8 @@ def test_settings_are_remembered(qtbot, app_model, _isolated_qt_settings):
 
 def test_grid_view_handles_gpt2_xl_size(qtbot):
     """48 layers x 1024 positions: records apply and draw (`kvviz bench --gui` measures the time)."""
-    from kvviz.app.views.kv_grid import KVGridView
-    from kvviz.records import RunPlan, StepRecord
+    from kvviz.app.views.grid.kv_grid import KVGridView
+    from kvviz.core.records import RunPlan, StepRecord
 
     grid = KVGridView()
     qtbot.addWidget(grid)

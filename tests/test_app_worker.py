@@ -10,13 +10,13 @@ import time
 import pytest
 from PySide6.QtWidgets import QMessageBox
 
-from kvviz.app.main_window import MainWindow
+from kvviz.app.run.worker import describe_load_error
 from kvviz.app.settings import app_settings
-from kvviz.app.worker import describe_load_error
+from kvviz.app.window.main_window import MainWindow
 
 
 def test_gui_modules_do_not_import_torch():
-    code = ("import sys, kvviz.app, kvviz.app.main_window, kvviz.app.gui_bench; "
+    code = ("import sys, kvviz.app, kvviz.app.window.main_window, kvviz.app.gui_bench; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={"QT_QPA_PLATFORM": "offscreen", "PATH": ""})
@@ -24,7 +24,7 @@ def test_gui_modules_do_not_import_torch():
 
 
 def test_error_sentences():
-    from kvviz.weights import ModelLoadError
+    from kvviz.sources.weights import ModelLoadError
 
     assert describe_load_error("x", ModelLoadError("x: tensor a is missing")) == "x: tensor a is missing."
     assert describe_load_error("gpt2-xl", MemoryError()) == "Not enough memory to load gpt2-xl; choose a smaller model."
@@ -33,7 +33,7 @@ def test_error_sentences():
 
 
 def test_download_progress_and_cancel_keep_previous_model(qtbot, app_model, monkeypatch):
-    import kvviz.weights
+    import kvviz.sources.weights
 
     def fake_download(name, progress=None, **_kwargs):
         total = 500 * 2**20
@@ -42,7 +42,7 @@ def test_download_progress_and_cancel_keep_previous_model(qtbot, app_model, monk
             time.sleep(0.01)
         raise AssertionError("the download was not cancelled")
 
-    monkeypatch.setattr(kvviz.weights, "download_hub_model", fake_download)
+    monkeypatch.setattr(kvviz.sources.weights, "download_hub_model", fake_download)
     errors: list[str] = []
     monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: errors.append(text))
     win = MainWindow(app_model, "Time flies fast", settings=app_settings())
@@ -79,7 +79,7 @@ def test_gui_bench_alternates_runs_and_reports_every_key(qtbot, app_model):
     assert result["window_shown_seconds"] > 0
     assert 0 < result["max_slice_ms"] <= result["max_redraw_ms"]
     assert "best of" in format_report(result) and "one more GUI run with the probe" in format_report(result)
-    from kvviz.app.worker import running_threads
+    from kvviz.app.run.worker import running_threads
 
     qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)
 
@@ -88,7 +88,7 @@ def test_gui_bench_measures_a_stall_of_the_event_loop(qtbot, app_model, monkeypa
     """A redraw that blocks the GUI thread for 60 ms: the probe timer fires that much late (the stall), and
     the gap between its ticks counts its own interval on top."""
     from kvviz.app.gui_bench import run_gui_bench
-    from kvviz.app.redraw import RedrawScheduler
+    from kvviz.app.run.redraw import RedrawScheduler
 
     start_redraw = RedrawScheduler._start_sliced_redraw
 
@@ -100,7 +100,7 @@ def test_gui_bench_measures_a_stall_of_the_event_loop(qtbot, app_model, monkeypa
     result = run_gui_bench(app_model, "Time flies", 6, repeat=1)
     assert 50 <= result["max_stall_ms"] < 1000 and result["stalls_over_50ms"] >= 1
     assert result["max_tick_gap_ms"] >= result["max_stall_ms"] + 0.9 * result["stall_timer_ms"]
-    from kvviz.app.worker import running_threads
+    from kvviz.app.run.worker import running_threads
 
     qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)
 
@@ -125,7 +125,7 @@ def test_gui_bench_times_its_runs_without_the_stall_probe(qtbot, app_model, monk
     assert result["max_tick_gap_ms"] == round(runs[-1][1]["max_tick_gap_ms"], 2) > 0
     rate = len(runs[0][1]["tokens"]) / runs[0][1]["seconds"]
     assert result["gui_runs_tokens_per_second"][0] == round(rate, 3)
-    from kvviz.app.worker import running_threads
+    from kvviz.app.run.worker import running_threads
 
     qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)
 
@@ -137,7 +137,7 @@ def test_gui_bench_fails_when_the_window_cannot_run_at_the_size_asked_for(qtbot,
 
     with pytest.raises(GuiBenchError, match=r"not at the 1920x1080 asked for: the screen is smaller"):
         run_gui_bench(app_model, "Time flies", 2, repeat=1, window_size=(1920, 1080))
-    from kvviz.app.worker import running_threads
+    from kvviz.app.run.worker import running_threads
 
     qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)
 
@@ -190,7 +190,7 @@ def test_abort_reaches_inside_a_forward_pass(qtbot, app_model):
 def test_cli_bench_gui_takes_five_turns_by_default(qtbot, app_model, capsys):
     import json
 
-    from kvviz.cli import main
+    from kvviz.cli.commands import main
 
     args = ["bench", "--gui", "--prompt", "Time flies", "--new-tokens", "4", "--json"]
     if app_model is not None:
@@ -200,14 +200,14 @@ def test_cli_bench_gui_takes_five_turns_by_default(qtbot, app_model, capsys):
     assert result["repeat"] == 5 and len(result["gui_runs_tokens_per_second"]) == 5
     assert result["identical"] and result["new_tokens"] == 4
     assert 0 < result["gui_thread_cpu_share"] < 1
-    from kvviz.app.worker import running_threads
+    from kvviz.app.run.worker import running_threads
 
     qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)
 
 
 def test_cli_bench_gui_with_a_bad_model_says_why_in_one_line(qtbot, tmp_path, capsys, monkeypatch):
     """Unattended: no dialog to wait on (it would hang the run) and no silent switch to the embedded model."""
-    from kvviz.cli import main
+    from kvviz.cli.commands import main
 
     dialogs: list[str] = []
     monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: dialogs.append(text))
@@ -216,6 +216,6 @@ def test_cli_bench_gui_with_a_bad_model_says_why_in_one_line(qtbot, tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "corrupt or truncated" in err[0] and "Traceback" not in err[0]
     assert not dialogs
-    from kvviz.app.worker import running_threads
+    from kvviz.app.run.worker import running_threads
 
     qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)

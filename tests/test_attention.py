@@ -11,11 +11,11 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, gpt2_config, save_kvviz_folder, save_transformers_folder, tiny_kvviz_model
 
-from kvviz.cli import main
-from kvviz.compare import Lockstep, plan_lockstep
-from kvviz.engine import Engine, SamplingSettings
-from kvviz.kv_cache import KVCache
-from kvviz.weights import load_model
+from kvviz.cli.commands import main
+from kvviz.core.compare import Lockstep, plan_lockstep
+from kvviz.core.engine import Engine, SamplingSettings
+from kvviz.core.kv_cache import KVCache
+from kvviz.sources.weights import load_model
 
 TOLERANCE = 1e-5
 NEW_TOKENS = 6

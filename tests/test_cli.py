@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers_checkpoints import save_kvviz_folder
 
-from kvviz.cli import main
-from kvviz.model import GPT, GPTConfig
-from kvviz.weights import save_checkpoint
+from kvviz.cli.commands import main
+from kvviz.models.gpt2 import GPT, GPTConfig
+from kvviz.sources.weights import save_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +109,8 @@ def test_bad_input_gives_one_line_and_status_2(args, fragment):
 def test_any_kvviz_error_is_one_line_and_status_2(capsys, monkeypatch):
     """The CLI reports every KvvizError by its base class: a new error type, defined here and raised by a
     command, needs no registration (the CLI once scanned sys.modules for the error types it knew)."""
-    from kvviz import cli
-    from kvviz.errors import KvvizError
+    from kvviz.cli import commands as cli
+    from kvviz.core.errors import KvvizError
 
     class BrandNewError(KvvizError):
         pass
@@ -190,7 +190,7 @@ def test_bench_dtype_reports_the_bound_it_measured(tiny_checkpoint, capsys):
 
 def test_bench_half_precision_times_float32_in_turns_in_the_same_run(tiny_checkpoint, capsys, monkeypatch):
     """`--dtype bfloat16` also times kvviz in float32, alternating run by run, and reports the ratio of the fastest."""
-    from kvviz import bench
+    from kvviz.measure import bench
 
     calls: list[tuple[str, bool]] = []
     seconds = {("bfloat16", True): iter([3.0, 1.0]), ("float32", True): iter([2.0, 1.6]),
@@ -220,7 +220,7 @@ def test_bench_gui_refuses_a_dtype_it_does_not_run(capsys):
 
 
 def test_bench_keeps_the_fastest_run_of_each_configuration(tiny_checkpoint, capsys, monkeypatch):
-    from kvviz import bench
+    from kvviz.measure import bench
 
     seconds = iter([4.0, 1.0, 2.0, 8.0, 5.0])  # three cached runs, then two uncached ones (--repeat 3 for both)
     real_timed = bench._timed
@@ -239,7 +239,7 @@ def test_bench_keeps_the_fastest_run_of_each_configuration(tiny_checkpoint, caps
 
 
 def test_bench_peer_without_transformers_says_so_in_one_line(tiny_checkpoint, capsys, monkeypatch):
-    from kvviz import bench
+    from kvviz.measure import bench
 
     def no_transformers(model):
         raise ImportError("No module named 'transformers'")
@@ -251,7 +251,7 @@ def test_bench_peer_without_transformers_says_so_in_one_line(tiny_checkpoint, ca
 
 
 def test_out_of_memory_is_one_line_and_status_1(tiny_checkpoint, capsys, monkeypatch):
-    from kvviz.engine import Engine
+    from kvviz.core.engine import Engine
 
     def exhausted(self, *args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
@@ -271,7 +271,7 @@ def test_bench_peer_matches_transformers(tiny_checkpoint, capsys):
 
 
 def test_default_model_runs_from_any_directory(tmp_path):
-    from kvviz.resources import default_model_dir
+    from kvviz.core.resources import default_model_dir
 
     assert (default_model_dir() / "model.safetensors").is_file(), "the embedded model is not installed"
     result = run_cli("generate", "--prompt", "Time flies", "--max-new-tokens", "5", "--json", cwd=tmp_path)
@@ -323,11 +323,10 @@ def test_an_export_that_fails_half_way_removes_the_folders_it_made(tmp_path, mon
 
     written = []
 
-    def export_widget(widget, path, width, caption):
+    def export_widget(widget, path, width, caption, files):
         if len(written) == 3:
             raise ExportError(f"{path}: could not be written (No space left on device)")
-        path.write_bytes(b"image")
-        written.append(path)
+        written.append(files.write(path, b"image"))
         return path
 
     monkeypatch.setattr(render, "export_widget", export_widget)
@@ -339,20 +338,20 @@ def test_an_export_that_fails_half_way_removes_the_folders_it_made(tmp_path, mon
 
 def test_a_sentence_ending_in_a_full_stop_gets_no_second_one(tiny_checkpoint, capsys, monkeypatch):
     pytest.importorskip("PySide6")
-    import kvviz.weights
+    import kvviz.sources.weights
 
     def broken(*args, **kwargs):
         raise RuntimeError("the weights are broken.")
 
-    monkeypatch.setattr(kvviz.weights, "load_model", broken)
+    monkeypatch.setattr(kvviz.sources.weights, "load_model", broken)
     assert main(["bench", "--gui", "--model", str(tiny_checkpoint), "--new-tokens", "2", "--repeat", "1"]) == 2
     err = capsys.readouterr().err
     assert err.endswith(": the weights are broken.\n") and len(err.splitlines()) == 1, err
 
 
 def test_bench_refuses_a_repeat_beyond_its_bound():
-    from kvviz import bench
-    from kvviz.errors import KvvizError
+    from kvviz.core.errors import KvvizError
+    from kvviz.measure import bench
 
     with pytest.raises(KvvizError, match="repeat must be a whole number from 1 to 100, got 101"):
         bench.best_of(101, None, None, [1], 1, True)  # refused before anything runs

@@ -12,8 +12,8 @@ import sys
 import pytest
 from helpers_checkpoints import save_kvviz_folder
 
-from kvviz.cli import main
-from kvviz.records import CACHE_FAULTS
+from kvviz.cli.commands import main
+from kvviz.core.records import CACHE_FAULTS
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens: "Time", " flies", " fast"
 TOP_KEYS = {"model", "prompt_ids", "dtype", "break_cache", "steps", "summary"}
@@ -161,7 +161,7 @@ def test_other_number_types_run(tiny, capsys, dtype):
 
 
 def test_a_number_type_the_machine_cannot_run_is_one_line(tiny, capsys, monkeypatch):
-    from kvviz.engine import Engine
+    from kvviz.core.engine import Engine
 
     def unsupported(self, *args, **kwargs):
         raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'Half'")

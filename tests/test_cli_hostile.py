@@ -381,7 +381,7 @@ STOPS = [pytest.param(signal.SIGINT, 130, "kvviz: interrupted", id="ctrl-c"),
 SAYS_WHEN_A_FILE_IS_WRITTEN = """
 import sys
 from kvviz.app.export import encoders, render
-from kvviz.cli import main
+from kvviz.cli.commands import main
 
 def saying(original):
     def wrapped(*args, **kwargs):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvviz import cli_json
+from kvviz.cli import json_output as cli_json
 
 
 def refuse(constant: str):

@@ -24,8 +24,8 @@ from kvviz.app import theme
 from kvviz.app.export import ExportError, export_lesson, slide_file_name, slides
 from kvviz.app.export import slide_layout as slides_module
 from kvviz.app.export.slide_stage import SlideStage
-from kvviz.cli import main
-from kvviz.lesson import LessonError, load_lesson, parse_lesson
+from kvviz.cli.commands import main
+from kvviz.core.lesson import LessonError, load_lesson, parse_lesson
 
 ENV = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "HF_HUB_OFFLINE": "1", "PYTHONIOENCODING": "utf-8"}
 BUILTIN_SLIDES = 10
@@ -102,7 +102,7 @@ def test_list_prints_a_row_per_step(capsys, tmp_path):
 
 
 def test_list_loads_no_model():
-    code = ("import sys; from kvviz.cli import main; status = main(['lesson', '--list', '--json']); "
+    code = ("import sys; from kvviz.cli.commands import main; status = main(['lesson', '--list', '--json']); "
             "print(status, 'torch' in sys.modules, 'PySide6' in sys.modules, file=sys.stderr)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
     assert result.stderr.split() == ["0", "False", "False"], result.stderr
@@ -195,8 +195,8 @@ def test_slides_say_title_place_question_and_answer_and_never_the_notes(builtin_
 
 
 def test_a_question_reveals_the_run_one_step_further(tiny):
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(str(tiny)).model)
     lesson = parse_lesson(lesson_text(
@@ -332,7 +332,7 @@ def test_the_app_gets_the_lesson_to_open(monkeypatch, tmp_path):
     assert main(["--model", "random:gpt2"]) == 0
     assert calls == [(None, None, ""), (None, "hi", str(path)), ("random:gpt2", None, None)]
     with pytest.raises(LessonError):
-        from kvviz.cli_lesson import app_lesson
+        from kvviz.cli.lesson import app_lesson
 
         app_lesson(str(tmp_path / "missing.toml"))
 

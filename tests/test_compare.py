@@ -7,10 +7,10 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, embedded_or_tiny_folder, tiny_kvviz_model
 
-from kvviz.compare import Lockstep, plan_lockstep, summarize
-from kvviz.engine import Engine, GenerationError, SamplingSettings
-from kvviz.kv_cache import KVCache
-from kvviz.weights import load_model
+from kvviz.core.compare import Lockstep, plan_lockstep, summarize
+from kvviz.core.engine import Engine, GenerationError, SamplingSettings
+from kvviz.core.kv_cache import KVCache
+from kvviz.sources.weights import load_model
 
 SAMPLINGS = [SamplingSettings(), SamplingSettings(temperature=0.9, top_k=50, seed=5)]
 

@@ -16,7 +16,8 @@ import kvviz
 
 PACKAGE_DIR = Path(kvviz.__file__).resolve().parent
 QT_MODULES = ("PySide6", "PySide2", "PyQt5", "PyQt6", "pyqtgraph", "shiboken6", "shiboken2", "qtpy", "sip")
-CORE_FILES = sorted(p for p in PACKAGE_DIR.glob("*.py") if p.name != "__main__.py")
+CORE_FILES = sorted(p for p in PACKAGE_DIR.rglob("*.py") if p.name != "__main__.py" and "app" not in
+                    p.relative_to(PACKAGE_DIR).parts)  # everything but the app
 
 CHILD = textwrap.dedent(
     """
@@ -44,16 +45,16 @@ CHILD = textwrap.dedent(
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
-            if module == "kvviz.cli" and exc.name == "kvviz.cli":
+            if module == "kvviz.cli.commands" and exc.name == "kvviz.cli.commands":
                 report["skipped"].append(module)
                 continue
             raise
         report["imported"].append(module)
 
     import torch
-    from kvviz.engine import Engine, SamplingSettings, generate_ids
-    from kvviz.model import GPT, GPTConfig
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine, SamplingSettings, generate_ids
+    from kvviz.models.gpt2 import GPT, GPTConfig
+    from kvviz.sources.weights import load_model
 
     model = GPT(GPTConfig(n_ctx=32, n_layer=2, n_head=2, n_embd=32))
     model.init_weights(torch.Generator().manual_seed(0))
@@ -71,9 +72,9 @@ CHILD = textwrap.dedent(
     loaded_ids, _ = generate_ids(Engine(loaded.model), prompt, 4)
     report["loaded_tokens"] = loaded_ids
 
-    if "kvviz.cli" in report["imported"]:
+    if "kvviz.cli.commands" in report["imported"]:
         import contextlib, io
-        from kvviz.cli import main
+        from kvviz.cli.commands import main
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             status = main(["count", "--prompt-tokens", "3", "--new-tokens", "12", "--json"])
@@ -88,9 +89,10 @@ CHILD = textwrap.dedent(
 
 
 def _core_modules() -> list[str]:
-    names = ["kvviz"] + [f"kvviz.{p.stem}" for p in CORE_FILES if p.stem != "__init__"]
-    for required in ("kvviz.model", "kvviz.kv_cache", "kvviz.engine", "kvviz.weights", "kvviz.tokenizer",
-                     "kvviz.counting", "kvviz.train", "kvviz.cli"):
+    names = [".".join(("kvviz", *p.relative_to(PACKAGE_DIR).with_suffix("").parts)).removesuffix(".__init__")
+             for p in CORE_FILES]
+    for required in ("kvviz.models.gpt2", "kvviz.core.kv_cache", "kvviz.core.engine", "kvviz.sources.weights",
+                     "kvviz.core.tokenizer", "kvviz.core.counting", "kvviz.training.train", "kvviz.cli.commands"):
         if required not in names:
             names.append(required)
     return names
@@ -106,14 +108,14 @@ def test_core_imports_and_generates_with_qt_blocked(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     line = next(x for x in result.stdout.splitlines() if x.startswith("REPORT "))
     report = json.loads(line.removeprefix("REPORT "))
-    for module in ("kvviz", "kvviz.model", "kvviz.kv_cache", "kvviz.engine", "kvviz.weights", "kvviz.tokenizer",
-                   "kvviz.counting", "kvviz.train"):
+    for module in ("kvviz", "kvviz.models.gpt2", "kvviz.core.kv_cache", "kvviz.core.engine", "kvviz.sources.weights",
+                   "kvviz.core.tokenizer", "kvviz.core.counting", "kvviz.training.train"):
         assert module in report["imported"]
     assert report["leaked"] == []
     assert len(report["tokens"]) == 8
     assert report["kv_computed_total"] == 4 + 8  # "Hello, I am" is 4 tokens
     assert report["loaded_layers"] == 2 and len(report["loaded_tokens"]) == 4
-    if "kvviz.cli" in report["imported"]:
+    if "kvviz.cli.commands" in report["imported"]:
         assert report["cli_count_status"] == 0
         assert report["cli_count"]["with_cache"] == 15 and report["cli_count"]["without_cache"] == 102
 
@@ -135,7 +137,7 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_core_sources_never_import_qt():
-    assert {p.stem for p in CORE_FILES} >= {"model", "kv_cache", "engine", "weights", "tokenizer", "counting"}
+    assert {p.stem for p in CORE_FILES} >= {"gpt2", "kv_cache", "engine", "weights", "tokenizer", "counting"}
     offenders = []
     for path in CORE_FILES:
         for module in _imported_modules(path):

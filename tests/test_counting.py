@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvviz.counting import WorkCount, kv_with_cache, kv_without_cache, plural
-from kvviz.errors import KvvizError
+from kvviz.core.counting import WorkCount, kv_with_cache, kv_without_cache, plural
+from kvviz.core.errors import KvvizError
 
 
 def _simulate_without_cache(P: int, N: int) -> int:

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from kvviz.engine import Engine, generate_ids
-from kvviz.resources import DEFAULT_MODEL_NAME, default_model_dir
-from kvviz.weights import load_model
+from kvviz.core.engine import Engine, generate_ids
+from kvviz.core.resources import DEFAULT_MODEL_NAME, default_model_dir
+from kvviz.sources.weights import load_model
 
 MODEL_DIR = default_model_dir()
 

@@ -1,5 +1,5 @@
 """An export of several files replaces the earlier set together or leaves it exactly as it was
-(kvviz.files.replacing_together): a failure while writing, a failure while putting the files in place,
+(kvviz.core.files.replacing_together): a failure while writing, a failure while putting the files in place,
 and the stale files of a longer earlier set. Qt-free."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvviz.files import replacing_together
+from kvviz.core.files import replacing_together
 
 
 def contents(folder: Path) -> dict[str, bytes]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shiboken6
 from PySide6.QtWidgets import QLabel, QWidget
 
-from kvviz.app.flow_layout import FlowLayout
+from kvviz.app.views.flow_layout import FlowLayout
 
 
 def two_labels(qtbot) -> tuple[FlowLayout, QLabel, QLabel]:

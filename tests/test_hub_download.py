@@ -15,8 +15,8 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, save_kvviz_folder
 
-from kvviz.errors import as_sentence
-from kvviz.weights import (
+from kvviz.core.errors import as_sentence
+from kvviz.sources.weights import (
     HUB_MODELS,
     DownloadCancelled,
     ModelLoadError,

@@ -1,4 +1,4 @@
-"""Lessons (kvviz.lesson): the built-in lesson, one-line errors for every malformed file, answers measured
+"""Lessons (kvviz.core.lesson): the built-in lesson, one-line errors for every malformed file, answers measured
 from real records equal to hand counts, and the README's example lesson, parsed and exported."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 from helpers_checkpoints import save_kvviz_folder, tiny_kvviz_model
 
-from kvviz.engine import Engine
-from kvviz.kv_cache import KVCache
-from kvviz.lesson import QUESTIONS, LessonError, format_answer, load_lesson, measured_answer, parse_lesson
+from kvviz.core.engine import Engine
+from kvviz.core.kv_cache import KVCache
+from kvviz.core.lesson import QUESTIONS, LessonError, format_answer, load_lesson, measured_answer, parse_lesson
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SOURCE = "my-lesson.toml"
@@ -218,7 +218,7 @@ def test_measured_answers_equal_hand_counts(engine):
 
 
 def test_the_readme_example_exports_with_the_cli(qtbot, tmp_path, capsys):
-    from kvviz.cli import main
+    from kvviz.cli.commands import main
 
     lesson_file = tmp_path / "example.toml"
     lesson_file.write_text(readme_example(), encoding="utf-8")
@@ -238,7 +238,7 @@ def test_a_fifo_is_refused_instead_of_waited_on(tmp_path):
     import os
     import threading
 
-    from kvviz.lesson import LessonError, load_lesson
+    from kvviz.core.lesson import LessonError, load_lesson
 
     fifo = tmp_path / "lesson.toml"
     os.mkfifo(fifo)

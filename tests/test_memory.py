@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kvviz.cli import main
-from kvviz.memory import find_architecture, reference_architectures
+from kvviz.cli.commands import main
+from kvviz.core.memory import find_architecture, reference_architectures
 
 
 def run_json(capsys, *argv: str) -> dict:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, gpt2_config, save_hub_file, save_transformers_folder, tiny_kvviz_model
 
-from kvviz.engine import Engine, generate_ids
-from kvviz.kv_cache import KVCache
-from kvviz.weights import load_model
+from kvviz.core.engine import Engine, generate_ids
+from kvviz.core.kv_cache import KVCache
+from kvviz.sources.weights import load_model
 
 pytest.importorskip("transformers")
 
@@ -237,7 +237,7 @@ def test_float16_checkpoint(tmp_path):
 
 
 def test_kvviz_checkpoint_loads_in_transformers(tmp_path):
-    """What kvviz.weights.save_checkpoint writes is a checkpoint transformers reads, with the same logits."""
+    """What kvviz.sources.weights.save_checkpoint writes is a checkpoint transformers reads, with the same logits."""
     from helpers_checkpoints import save_kvviz_folder
     from transformers import GPT2LMHeadModel
 
@@ -295,7 +295,7 @@ def test_decode_one_equals_forward_in_every_dtype(dtype):
 
 
 def _packs_bfloat16() -> bool:
-    from kvviz.products import pack_for_cpu
+    from kvviz.models.products import pack_for_cpu
 
     return pack_for_cpu(torch.zeros(16, 16, dtype=torch.bfloat16)) is not None
 

@@ -9,9 +9,9 @@ import json
 import pytest
 from helpers_checkpoints import save_kvviz_folder
 
-from kvviz.cli import main
-from kvviz.speed import RatioEstimate, SweepCancelled, paired_ratio
-from kvviz.speed_sweep import sweep_lengths
+from kvviz.cli.commands import main
+from kvviz.measure.speed import RatioEstimate, SweepCancelled, paired_ratio
+from kvviz.measure.speed_sweep import sweep_lengths
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +65,9 @@ def test_sweep_lengths_are_evenly_spaced_up_to_the_longest():
 def test_the_sweep_times_one_new_position_cached_and_every_position_uncached(tiny):
     """The timed passes are the ones the lesson compares: at length L, a cached step feeds one position and
     reads L - 1 from the cache; an uncached step feeds all L."""
-    from kvviz.engine import Engine
-    from kvviz.speed_sweep import run_sweep
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.measure.speed_sweep import run_sweep
+    from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(tiny).model)
     engine.warm_up()
@@ -94,9 +94,9 @@ def test_the_sweep_times_one_new_position_cached_and_every_position_uncached(tin
 
 
 def test_a_cancelled_sweep_stops_at_once(tiny):
-    from kvviz.engine import Engine
-    from kvviz.speed_sweep import run_sweep
-    from kvviz.weights import load_model
+    from kvviz.core.engine import Engine
+    from kvviz.measure.speed_sweep import run_sweep
+    from kvviz.sources.weights import load_model
 
     done = []
     with pytest.raises(SweepCancelled):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvviz import tokenizer as tokenizer_module
-from kvviz.tokenizer import ENDOFTEXT, ENDOFTEXT_ID, TokenizerFilesError, bpe_files, get_tokenizer
+from kvviz.core import tokenizer as tokenizer_module
+from kvviz.core.tokenizer import ENDOFTEXT, ENDOFTEXT_ID, TokenizerFilesError, bpe_files, get_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_tampered_file_is_refused(tmp_path, monkeypatch, fresh_build, name):
 def test_the_cli_reports_tampered_files_in_one_line(tmp_path, monkeypatch, fresh_build, capsys):
     from helpers_checkpoints import save_kvviz_folder
 
-    from kvviz.cli import main
+    from kvviz.cli.commands import main
 
     model = save_kvviz_folder(tmp_path / "model")
     data = _copy_files_to(tmp_path)

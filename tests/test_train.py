@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvviz.corpus import HELD_OUT_PLAYS, normalize_speakers, read_corpus
-from kvviz.train import TrainSettings, head_cross_entropy, train
-from kvviz.weights import load_model
+from kvviz.sources.weights import load_model
+from kvviz.training.corpus import HELD_OUT_PLAYS, normalize_speakers, read_corpus
+from kvviz.training.train import TrainSettings, head_cross_entropy, train
 
 
 def test_speaker_headings_become_name_colon():
@@ -76,7 +76,7 @@ def test_a_short_training_run_learns_and_writes_a_loadable_model(tmp_path):
     (["--corpus", "no-such-corpus"], "no-such-corpus is neither a folder nor a .tar.gz archive"),
 ])
 def test_bad_training_input_is_one_line_and_status_2(tmp_path, capsys, monkeypatch, args, fragment):
-    from kvviz.cli import main
+    from kvviz.cli.commands import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "texts").mkdir()
@@ -90,7 +90,7 @@ def test_bad_training_input_is_one_line_and_status_2(tmp_path, capsys, monkeypat
 
 
 def test_train_help_states_the_real_defaults(capsys):
-    from kvviz.cli import main
+    from kvviz.cli.commands import main
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])
@@ -102,7 +102,7 @@ def test_train_help_states_the_real_defaults(capsys):
 
 
 def _run_cli(tmp_path: Path, monkeypatch, *args: str) -> int:
-    from kvviz.cli import main
+    from kvviz.cli.commands import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "texts").mkdir(exist_ok=True)
@@ -111,12 +111,12 @@ def _run_cli(tmp_path: Path, monkeypatch, *args: str) -> int:
 
 
 def test_an_output_that_cannot_take_the_model_is_refused_before_the_corpus_loads(tmp_path, capsys, monkeypatch):
-    import kvviz.train
+    import kvviz.training.train
 
     def no_training(source):
         raise AssertionError("the corpus was loaded: training would have started")
 
-    monkeypatch.setattr(kvviz.train, "load_corpus", no_training)
+    monkeypatch.setattr(kvviz.training.train, "load_corpus", no_training)
     (tmp_path / "a-file").write_text("x")
     assert _run_cli(tmp_path, monkeypatch, "--out", "a-file") == 2
     assert capsys.readouterr().err == "kvviz: a-file: exists and is not a folder\n"
@@ -125,8 +125,8 @@ def test_an_output_that_cannot_take_the_model_is_refused_before_the_corpus_loads
 
 
 @pytest.mark.parametrize(("target", "message"), [
-    ("kvviz.weights.save_checkpoint", "kvviz: model: the model could not be saved (No space left on device)\n"),
-    ("kvviz.train.write_atomically",
+    ("kvviz.sources.weights.save_checkpoint", "kvviz: model: the model could not be saved (No space left on device)\n"),
+    ("kvviz.training.train.write_atomically",
      "kvviz: model: the model is saved, but its card could not be written (No space left on device)\n"),
 ])
 def test_a_full_disk_when_saving_is_one_line(tmp_path, capsys, monkeypatch, target, message):
@@ -145,7 +145,7 @@ def test_a_truncated_or_unreadable_corpus_is_a_corpus_error(tmp_path):
     import io
     import tarfile
 
-    from kvviz.corpus import CorpusError
+    from kvviz.training.corpus import CorpusError
 
     _tiny_corpus(tmp_path)
     data = io.BytesIO()
@@ -189,7 +189,7 @@ def test_a_corpus_folder_skips_what_is_not_a_file(tmp_path):
     (dict(max_minutes=float("nan")), "max-minutes must be 0 or a positive number, got nan"),
 ])
 def test_settings_beyond_any_run_are_refused(changes, fragment):
-    from kvviz.train import TrainSettingsError
+    from kvviz.training.train import TrainSettingsError
 
     with pytest.raises(TrainSettingsError, match=re.escape(fragment)):
         TrainSettings(**changes)
@@ -199,7 +199,7 @@ def test_evaluating_weights_whose_logits_overflow_is_one_line(tmp_path, capsys):
     from helpers_checkpoints import save_kvviz_folder
     from safetensors.torch import load_file, save_file
 
-    from kvviz.cli import main
+    from kvviz.cli.commands import main
 
     folder = save_kvviz_folder(tmp_path / "overflowing", n_layer=2, n_head=2, n_embd=32, n_ctx=32)
     state = load_file(str(folder / "model.safetensors"))

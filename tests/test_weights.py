@@ -9,9 +9,9 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, embedded_or_tiny_folder, save_kvviz_folder
 
-from kvviz.errors import KvvizError, as_sentence
-from kvviz.model import PRESETS
-from kvviz.weights import (
+from kvviz.core.errors import KvvizError, as_sentence
+from kvviz.models.gpt2 import PRESETS
+from kvviz.sources.weights import (
     HUB_MODELS,
     RANDOM_SEED,
     ModelLoadError,

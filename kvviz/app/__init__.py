@@ -138,10 +138,10 @@ def launch(model: str | None = None, prompt: str | None = None, lesson: str | No
     app.setApplicationDisplayName("kvviz")
     from PySide6.QtGui import QIcon
 
-    from kvviz.resources import icon_path
+    from kvviz.core.resources import icon_path
 
     app.setWindowIcon(QIcon(str(icon_path())))
-    from kvviz.app.main_window import MainWindow
+    from kvviz.app.window.main_window import MainWindow
 
     window = MainWindow(model, prompt, lesson=lesson, theme_name=theme)
     window.show()

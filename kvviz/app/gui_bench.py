@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-from kvviz.counting import plural
+from kvviz.core.counting import plural
 
 STALL_TIMER_MS = 2  # a probe timer on the GUI thread: how late it fires is how long the event loop was stalled
 # (a stall that begins just after the probe fired shows up to STALL_TIMER_MS less: the gap between ticks, up to
@@ -60,7 +60,7 @@ def run_gui_bench(
     it measures, so the timed runs go without it.
 
     With `compare`, the window runs in compare mode (the cached and the uncached run in lockstep) and the
-    headless run is the same lockstep loop (kvviz.compare.Lockstep); rates count token steps. With
+    headless run is the same lockstep loop (kvviz.core.compare.Lockstep); rates count token steps. With
     `attention`, the window has View > Attention open and both runs record the newest query's attention.
     """
     started = time.perf_counter() if launched_at is None else launched_at
@@ -105,8 +105,8 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from kvviz.app.controls import SPEEDS
-    from kvviz.app.main_window import MainWindow
+    from kvviz.app.window.controls import SPEEDS
+    from kvviz.app.window.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     with tempfile.TemporaryDirectory(prefix="kvviz-bench-") as settings_dir:
@@ -162,7 +162,7 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
             prepared_run(WARMUP_TOKENS)  # first passes allocate; keep them out of both measurements
             window.toggle_play()
             wait(lambda: session.finished, "the warm-up run")
-            from kvviz.engine import Engine
+            from kvviz.core.engine import Engine
 
             loaded = session.controller.worker.loaded_model
             headless_engine = Engine(loaded.model)  # the same weights, driven from this thread while the worker idles
@@ -171,7 +171,7 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
             def headless_tokens(n: int) -> list[int]:
                 """The worker's records (same settings, same candidates per step), with no window in the loop."""
                 if compare:
-                    from kvviz.compare import Lockstep, plan_lockstep
+                    from kvviz.core.compare import Lockstep, plan_lockstep
 
                     plan = plan_lockstep(headless_engine, prompt_ids, n, attention=attention)
                     records = list(Lockstep(headless_engine, plan).records())

@@ -16,7 +16,7 @@ import sys
 
 from PySide6.QtCore import QSettings
 
-from kvviz.files import write_atomically
+from kvviz.core.files import write_atomically
 
 # QSettings reads values with these prefixes through QDataStream, which restores any registered
 # type: PySide6's Python-object type restores by unpickling.

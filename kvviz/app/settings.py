@@ -18,7 +18,7 @@ from PySide6.QtCore import QByteArray, QSettings
 from kvviz.app.ini_file import safe_values
 from kvviz.app.theme import DEFAULT as DEFAULT_THEME
 from kvviz.app.theme import THEMES
-from kvviz.memory import DTYPE_BYTES
+from kvviz.core.memory import DTYPE_BYTES
 
 ORGANIZATION = "kvviz"
 APPLICATION = "kvviz"

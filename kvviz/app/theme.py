@@ -126,14 +126,14 @@ PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")  # a style sheet's own braces are fol
 
 @cache
 def _template() -> str:
-    from kvviz.resources import resource_path
+    from kvviz.core.resources import resource_path
 
     return resource_path("styles", "kvviz.qss").read_text(encoding="utf-8")
 
 
 @cache
 def _icons_folder() -> str:
-    from kvviz.resources import resource_path
+    from kvviz.core.resources import resource_path
 
     return resource_path("icons").as_posix()
 

@@ -46,11 +46,11 @@ from kvviz.app.export.headless import (
     without_offscreen_chatter,
 )
 from kvviz.app.export.render import png_size, render_png
-from kvviz.errors import first_line
-from kvviz.files import FileSet, folder_problem, user_path
+from kvviz.core.errors import first_line
+from kvviz.core.files import FileSet, check_stop, folder_problem, stops_deferred, user_path
 
 if TYPE_CHECKING:
-    from kvviz.records import RunPlan, StepRecord
+    from kvviz.core.records import RunPlan, StepRecord
 
 ANIMATION_FORMATS = ("gif", "mp4")
 ANIMATION_LABELS = {"gif": "GIF animation", "mp4": "MP4 video (H.264)"}
@@ -177,8 +177,8 @@ def _target_widget(target: str) -> QWidget:
     if target == "view":
         return build_view_area()
     from kvviz.app.views.attention_view import AttentionView
-    from kvviz.app.views.compare_view import CompareView
-    from kvviz.app.views.kv_grid import KVGridView
+    from kvviz.app.views.compare.compare_view import CompareView
+    from kvviz.app.views.grid.kv_grid import KVGridView
     from kvviz.app.views.work_chart import WorkChart
 
     return export_view({"chart": WorkChart, "grid": KVGridView, "compare": CompareView,
@@ -296,6 +296,7 @@ def _encode(frames: _Frames, by_format: dict[str, Path], spec: AnimationSpec,
             mp4 = _write(mp4_path, lambda: stack.enter_context(
                 Mp4Encoder(temporary, spec.width, frames.height, spec.fps)))
         for done, step in enumerate(range(spec.first, spec.last + 1), start=1):
+            check_stop()
             rgb = frames.rgb(step)
             if gif is not None:
                 gif.add(rgb)
@@ -351,6 +352,6 @@ def run_animation(model: str | None, prompt: str, new_tokens: int, out_dir: Path
     records = tuple(run())
     spec = AnimationSpec(first, min(last, len(records)), fps, hold, width)
     paths = [out_dir / animation_file_name(target, fmt, spec.first, spec.last) for fmt in formats]
-    with without_offscreen_chatter(), themes.using(theme):
+    with without_offscreen_chatter(), themes.using(theme), stops_deferred():  # Qt paints: a stop waits for a frame
         return write_animation(AnimationSource(plan, records, dtype), target, paths, spec,
                                terminal_progress() if progress is None else progress)

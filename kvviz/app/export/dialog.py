@@ -53,11 +53,11 @@ from kvviz.app.export.files import (
 )
 from kvviz.app.export.render import Page, export_widget, png_size
 from kvviz.app.settings import TypedSettings, app_settings, setting
-from kvviz.errors import KvvizError
-from kvviz.files import user_path
+from kvviz.core.errors import KvvizError
+from kvviz.core.files import user_path
 
 if TYPE_CHECKING:
-    from kvviz.app.main_window import MainWindow
+    from kvviz.app.window.main_window import MainWindow
 
 
 @dataclass

@@ -13,8 +13,8 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from kvviz.errors import KvvizError
-from kvviz.files import FileSet, folder_problem, replacing_together, write_atomically
+from kvviz.core.errors import KvvizError
+from kvviz.core.files import FileSet, folder_problem, replacing_together, write_atomically
 
 FORMATS = ("png", "svg", "pdf")
 FORMAT_LABELS = {"png": "PNG image", "svg": "SVG drawing", "pdf": "PDF document"}

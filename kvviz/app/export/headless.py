@@ -21,13 +21,13 @@ from kvviz.app.export.files import (
     check_png_width,
     parse_formats,
 )
-from kvviz.files import folder_problem, user_path
+from kvviz.core.files import folder_problem, stops_deferred, user_path
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication, QWidget
 
     from kvviz.app.views.run_view import RunView
-    from kvviz.records import RunPlan, StepRecord
+    from kvviz.core.records import RunPlan, StepRecord
 
 CHART_SIZE = (1000, 640)  # logical pixels of each standalone view; PNGs scale the whole rendering to `width`
 GRID_SIZE = (1200, 620)
@@ -122,7 +122,7 @@ def run_export(
     (prompt, model, step). Returns the written paths. Raises ExportError, ModelLoadError or
     GenerationError (all KvvizError) with a one-line message for bad input.
 
-    With `compare`, the cached and the uncached run go in lockstep (kvviz.compare) and the one image per
+    With `compare`, the cached and the uncached run go in lockstep (kvviz.core.compare) and the one image per
     format is the compare view, kvviz-compare-stepN.{fmt}; `break_cache` plants the teaching bug.
     `theme` is "dark" or "light" (kvviz.app.theme): the images' colours. `dtype` is the weights' and the
     cache's number type (float32, bfloat16 or float16).
@@ -143,9 +143,10 @@ def run_export(
     app = ensure_application()
 
     plan, records = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache, dtype)
+    run = list(records())
     render = _render_compare if compare else _render_run
-    with without_offscreen_chatter(), themes.using(theme):
-        return render(app, plan, list(records()), out_dir, formats, width, dtype)
+    with without_offscreen_chatter(), themes.using(theme), stops_deferred():  # Qt paints: a stop waits for a file
+        return render(app, plan, run, out_dir, formats, width, dtype)
 
 
 def planned_run(model: str | None, prompt: str, new_tokens: int, use_cache: bool = True, compare: bool = False,
@@ -154,15 +155,15 @@ def planned_run(model: str | None, prompt: str, new_tokens: int, use_cache: bool
     """The plan of a headless run of `model` in `dtype` (a lockstep one with `compare`; `break_cache` plants the
     teaching bug), checked, and a function that runs it: the callers check what the plan tells them before the
     work starts."""
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model, torch_dtype
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model, torch_dtype
 
     loaded = load_model(model, dtype=torch_dtype(dtype))
     engine = Engine(loaded.model)
     prompt_ids = engine.encode_prompt(prompt)
     fault = "late_write" if break_cache else ""
     if compare:
-        from kvviz.compare import Lockstep, plan_lockstep
+        from kvviz.core.compare import Lockstep, plan_lockstep
 
         plan = plan_lockstep(engine, prompt_ids, new_tokens, use_cache, cache_fault=fault, prompt=prompt,
                              model_name=loaded.name)
@@ -176,7 +177,7 @@ def _render_compare(app: QApplication, plan: RunPlan, records: list, out_dir: Pa
                     width: int, dtype: str) -> list[Path]:
     from PySide6.QtCore import Qt
 
-    from kvviz.app.views.compare_view import CompareView
+    from kvviz.app.views.compare.compare_view import CompareView
 
     view = export_view(CompareView())
     try:
@@ -203,7 +204,7 @@ def _render_run(app: QApplication, plan: RunPlan, records: list, out_dir: Path, 
                 width: int, dtype: str) -> list[Path]:
     from PySide6.QtCore import Qt
 
-    from kvviz.app.views.kv_grid import KVGridView
+    from kvviz.app.views.grid.kv_grid import KVGridView
     from kvviz.app.views.work_chart import WorkChart
 
     chart, grid = export_view(WorkChart()), export_view(KVGridView())

@@ -45,7 +45,7 @@ from kvviz.app.export.files import (
     write_export,
 )
 from kvviz.app.export.svg_repair import flatten_svg
-from kvviz.files import FileSet, user_path
+from kvviz.core.files import FileSet, user_path
 
 MAX_UPSCALED_IMAGE = 4096  # pixels per side of an image embedded in SVG or PDF
 

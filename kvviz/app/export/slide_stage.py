@@ -32,9 +32,9 @@ from kvviz.app.views.base import ViewGroup
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication
 
-    from kvviz.lesson import LessonStep
-    from kvviz.records import RunPlan, StepRecord
-    from kvviz.speed import SweepResult
+    from kvviz.core.lesson import LessonStep
+    from kvviz.core.records import RunPlan, StepRecord
+    from kvviz.measure.speed import SweepResult
 
 SLIDE_FONT_SCALE = 1.9  # the views' font scale on a slide: 9 points at 96 dpi are 22.8 px, 2.5 % of 900
 SMALLEST_FONT_SCALE = 1.0  # an arrangement too tall for its slide shrinks its fonts down to this
@@ -67,7 +67,7 @@ def _column(*items: tuple[QWidget, int]) -> QVBoxLayout:
 
 
 def _run_grid() -> Arrangement:
-    from kvviz.app.views.kv_grid import KVGridView
+    from kvviz.app.views.grid.kv_grid import KVGridView
     from kvviz.app.views.token_strip import TokenStrip
 
     strip, grid = TokenStrip(), KVGridView()
@@ -85,7 +85,7 @@ def _run_work() -> Arrangement:
 
 def _run_all() -> Arrangement:
     from kvviz.app.views.counter import CounterPanel
-    from kvviz.app.views.kv_grid import KVGridView
+    from kvviz.app.views.grid.kv_grid import KVGridView
     from kvviz.app.views.token_strip import TokenStrip
 
     strip, grid, counter = TokenStrip(), KVGridView(), CounterPanel()
@@ -98,9 +98,9 @@ def _run_all() -> Arrangement:
 
 
 def _compare_grids() -> tuple:
-    from kvviz.app.views.divergence_banner import DivergenceBanner
-    from kvviz.app.views.identity_strip import IdentityStrip
-    from kvviz.app.views.kv_grid import KVGridView
+    from kvviz.app.views.compare.divergence_banner import DivergenceBanner
+    from kvviz.app.views.compare.identity_strip import IdentityStrip
+    from kvviz.app.views.grid.kv_grid import KVGridView
 
     return (DivergenceBanner(), KVGridView(lockstep="cached", legend=False), KVGridView(lockstep="uncached"),
             IdentityStrip())
@@ -114,8 +114,8 @@ def _compare_grid() -> Arrangement:
 
 
 def _compare_work() -> Arrangement:
-    from kvviz.app.views.compare_counts import CompareCounts
-    from kvviz.app.views.compare_time import CompareTimePlot
+    from kvviz.app.views.compare.compare_counts import CompareCounts
+    from kvviz.app.views.compare.compare_time import CompareTimePlot
 
     time_plot, counts = CompareTimePlot(), CompareCounts()
     return Arrangement((time_plot, counts), lambda box: (box.addWidget(time_plot, 3), box.addWidget(counts, 2)),

@@ -31,18 +31,18 @@ from kvviz.app.export.files import (
 from kvviz.app.export.headless import ensure_application, without_offscreen_chatter
 from kvviz.app.export.slide_layout import Deck, SlideText, slide_png, view_rect
 from kvviz.app.export.slide_stage import SlideStage
-from kvviz.errors import KvvizError, first_line
-from kvviz.files import folder_problem, user_path
-from kvviz.lesson import Lesson, LessonError, LessonStep, format_answer, measured_answer
+from kvviz.core.errors import KvvizError, first_line
+from kvviz.core.files import check_stop, folder_problem, stops_deferred, user_path
+from kvviz.core.lesson import Lesson, LessonError, LessonStep, format_answer, measured_answer
 
 LESSON_FORMATS = ("png", "pdf")
 DECK_NAME = "kvviz-lesson.pdf"
 SLIDE_NAME = re.compile(r"kvviz-lesson-[0-9]{2,}\.png")  # a slide of any deck (see slide_file_name)
 
 if TYPE_CHECKING:
-    from kvviz.engine import Engine
-    from kvviz.records import RunPlan, StepRecord
-    from kvviz.speed import SweepResult
+    from kvviz.core.engine import Engine
+    from kvviz.core.records import RunPlan, StepRecord
+    from kvviz.measure.speed import SweepResult
 
 @dataclass(frozen=True)
 class StepRun:
@@ -99,7 +99,7 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
     """Plan step `index`'s run and take its records up to `advance_to` token steps (one more for a
     question); with the cache, the filling pass only after the run's last token. LessonError (naming
     the file, the step and the key) when the model cannot run it."""
-    from kvviz.compare import Lockstep, plan_lockstep
+    from kvviz.core.compare import Lockstep, plan_lockstep
 
     step = lesson.steps[index]
     where = f"{lesson.source}: step {index + 1}: "
@@ -138,8 +138,8 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
 def _step_engines(lesson: Lesson, model: str | None, dtype: str = "float32") -> list[tuple[str, Engine]]:
     """(model name, engine) per step: `model` until a step names its own, which later steps keep;
     each model loaded once, in `dtype`."""
-    from kvviz.engine import Engine
-    from kvviz.weights import load_model, torch_dtype
+    from kvviz.core.engine import Engine
+    from kvviz.sources.weights import load_model, torch_dtype
 
     loaded: dict[str | None, tuple[str, Engine]] = {}
     current, named_at = model, 0
@@ -165,7 +165,7 @@ def _with_speed(lesson: Lesson, engines: list[tuple[str, Engine]], runs: list[St
     here (once per model) as the app measures it."""
     from dataclasses import replace
 
-    from kvviz.speed_sweep import run_sweep
+    from kvviz.measure.speed_sweep import run_sweep
 
     sweeps: dict[int, SweepResult] = {}
     out = []
@@ -228,12 +228,13 @@ def export_lesson(
     runs = [run_step(engine, name, lesson, index) for index, (name, engine) in enumerate(engines)]
     runs = _with_speed(lesson, engines, runs, progress)
     replaced = all_or_nothing(out_dir, stale=lambda: earlier_deck(out_dir))  # the whole earlier deck, or none of it
-    with without_offscreen_chatter(), themes.using(theme), replaced as files:
+    with without_offscreen_chatter(), themes.using(theme), stops_deferred(), replaced as files:
         stage = SlideStage(app)
         deck = Deck(lesson.title) if "pdf" in chosen else None
         try:
             slides = lesson.slides()
             for number, (index, revealed) in enumerate(slides, start=1):
+                check_stop()
                 run = runs[index]
                 text = slide_text(lesson, index, revealed, run, dtype)
                 view = stage.show(lesson.steps[index], run.plan, run.advanced if revealed else run.shown,

@@ -8,7 +8,7 @@ from html import escape
 import numpy as np
 
 from kvviz.app.views.base import chip_text
-from kvviz.records import RunPlan, StepRecord
+from kvviz.core.records import RunPlan, StepRecord
 
 TOP_POSITIONS = 3  # per head, the positions its query weighs most
 

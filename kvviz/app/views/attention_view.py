@@ -15,9 +15,9 @@ from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.attention_state import TOP_POSITIONS, AttentionState, tops_text
 from kvviz.app.views.base import CellTooltips, cache_axes, cell_plot, style_plot
-from kvviz.app.views.kv_grid import least_plot_height, least_row_height
+from kvviz.app.views.grid.kv_grid import least_plot_height, least_row_height
 from kvviz.app.views.live_label import LiveLabel
-from kvviz.records import RunPlan, StepRecord
+from kvviz.core.records import RunPlan, StepRecord
 
 STRIP_MIN_HEIGHT = 70  # pixels at zoom 1
 STRIP_ROW_EXTRA = 1.15  # a head's row, against the K/V grid's least row: taller, for the back of the room

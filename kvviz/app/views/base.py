@@ -12,7 +12,7 @@ from PySide6.QtGui import QCursor, QHelpEvent
 from PySide6.QtWidgets import QSizePolicy, QToolTip
 
 from kvviz.app.theme import Theme
-from kvviz.records import RunPlan, StepRecord
+from kvviz.core.records import RunPlan, StepRecord
 
 
 @runtime_checkable

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QFrame, QGridLayout, QLabel
 
 from kvviz.app.theme import Theme
 from kvviz.app.views.live_label import LiveLabel
-from kvviz.records import RunPlan
+from kvviz.core.records import RunPlan
 
 ROWS = ("with_cache", "without_cache", "avoided", "ratio")
 ROW_TITLES = {"with_cache": "with cache", "without_cache": "without cache", "avoided": "avoided", "ratio": "ratio"}

@@ -11,7 +11,7 @@ from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.count_table import ROW_TITLES, CountPanel, CountTable, final_values
 from kvviz.app.views.live_label import LiveLabel
-from kvviz.records import RunPlan, StepRecord
+from kvviz.core.records import RunPlan, StepRecord
 
 STOP_REASONS = {  # short: the progress line keeps the room it had (the banner explains a full context)
     "max_new_tokens": "done",

@@ -15,8 +15,8 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLay
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import nice_ceiling, style_plot
-from kvviz.memory import DTYPE_BYTES, MEMORY_BUDGETS_GB, format_bytes, reference_architectures
-from kvviz.records import RunPlan, StepRecord
+from kvviz.core.memory import DTYPE_BYTES, MEMORY_BUDGETS_GB, format_bytes, reference_architectures
+from kvviz.core.records import RunPlan, StepRecord
 
 MAX_CONTEXT = 131072  # the x axis ends at 128k tokens
 # the log axes in the plot's log10 coordinates, labelled in tokens and in decimal bytes (as the GB lines)
@@ -103,7 +103,7 @@ class MemoryView(QWidget):
     The loaded model's line is the run plan's bytes per cached position times the positions (the
     engine planned it from the model's shape and dtype); the run's measured points are its records'
     `cache_bytes`, read from the cache's tensors, at the positions filled. Reference architectures from
-    their published configs (kvviz.memory) are drawn for the chosen dtype and batch, each in its colour and
+    their published configs (kvviz.core.memory) are drawn for the chosen dtype and batch, each in its colour and
     dash, and horizontal lines mark 8, 24 and 80 GB. Every line is named at its right end (`end_labels()`),
     the names stacked where the lines meet. A view (views.base.RunViewProtocol); `points()`, `model_line()`
     and `reference_line(name)` return what is drawn.

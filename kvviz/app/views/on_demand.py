@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QWidget
 
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import redraw_slices
-from kvviz.records import RunPlan, StepRecord
+from kvviz.core.records import RunPlan, StepRecord
 
 ViewT = TypeVar("ViewT", bound=QWidget)
 

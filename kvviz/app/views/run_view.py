@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 from kvviz.app.views.attention_view import AttentionView
 from kvviz.app.views.base import ViewGroup
 from kvviz.app.views.counter import CounterPanel
-from kvviz.app.views.kv_grid import KVGridView
+from kvviz.app.views.grid.kv_grid import KVGridView
 from kvviz.app.views.token_strip import TokenStrip
 from kvviz.app.views.work_chart import WorkChart
 

@@ -11,13 +11,13 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QV
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import style_plot
-from kvviz.speed import SWEEP_WHY, SweepResult
+from kvviz.measure.speed import SWEEP_WHY, SweepResult
 
 WAITING = "Not measured yet: press Measure to time both modes on this machine."
 
 
 class SpeedView(QWidget):
-    """One speed sweep (kvviz.speed.SweepResult): two curves of the median ms per token step against the
+    """One speed sweep (kvviz.measure.speed.SweepResult): two curves of the median ms per token step against the
     sequence length, teal with the cache and amber without, each labelled at its end; above them the measured
     ratio in words (`headline`), below them why the curves look so. While a sweep runs it shows its progress
     and a Cancel button; `measure_requested` and `cancel_requested` ask for a sweep or its end.

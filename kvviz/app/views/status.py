@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QWidget
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.live_label import LiveLabel
-from kvviz.records import RunPlan, StepRecord
+from kvviz.core.records import RunPlan, StepRecord
 
 
 class StatusLine(LiveLabel):

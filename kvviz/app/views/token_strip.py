@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import chip_text
-from kvviz.records import RunPlan, StepRecord
+from kvviz.core.records import RunPlan, StepRecord
 
 PAD_X, PAD_Y, GAP = 5.0, 3.0, 8.0
 MAX_ROWS = 2

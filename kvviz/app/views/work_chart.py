@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import cache_axes, nice_ceiling, style_plot
-from kvviz.records import RunPlan, StepRecord
+from kvviz.core.records import RunPlan, StepRecord
 
 SERIES = ("without_cache", "with_cache", "ms_per_step", "cache_mib")
 SYMBOL_LIMIT = 40  # draw point markers while the run is this short

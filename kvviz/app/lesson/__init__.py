@@ -1,0 +1,1 @@
+"""Lesson mode: the controller and its panel."""

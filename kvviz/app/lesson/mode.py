@@ -1,0 +1,348 @@
+"""Lesson mode: walks the window through a lesson's steps, a question and its measured answer at a time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, QTimer
+from PySide6.QtWidgets import QWidget
+
+from kvviz.app.lesson.panel import FocusFrame, LessonPanel
+from kvviz.app.theme import Theme
+from kvviz.app.window.actions import set_lesson_keys
+from kvviz.app.window.controls import signals_blocked
+from kvviz.app.window.dialogs import show_error
+from kvviz.core.lesson import Lesson, LessonError, LessonStep, format_answer, load_lesson, measured_answer
+from kvviz.core.records import ModelInfo, RunPlan, StepRecord
+
+if TYPE_CHECKING:
+    from kvviz.app.window.main_window import MainWindow
+
+BUILTIN = ("", "builtin")  # lesson sources that mean the built-in lesson
+SPEED_SWEEP_DELAY_MS = 4000
+
+
+def lesson_path(source: str) -> str | None:
+    """The path load_lesson takes for a --lesson value: None for the built-in lesson."""
+    return None if source in BUILTIN else source
+
+
+@dataclass(frozen=True)
+class FreeApp:
+    """What the free app had when a lesson began, besides the run settings kept in the window's settings:
+    leaving the lesson gives it back."""
+
+    source: str  # the model (a --model value; "" = the embedded default)
+    steps: int  # the token its run was at, or on its way to
+    break_cache: bool
+
+
+class LessonMode(QObject):
+    """Puts `window` into each slide of a lesson: a step, or a step's measured answer.
+
+    A step sets the prompt, the model (when it names one), the cache mode and the budget, greedy
+    sampling, and replays the run to its `advance_to`. A step with a question shows the question
+    first; the next press takes one generation step and shows, beside the audience's guess, the answer
+    measured from the step's last record (the one the counter shows: after the last token, the pass
+    that fills the cache) and the record before the step. Any slide reached backwards (or after free
+    steps) is replayed, so it looks as it did. A question's guess field has the keyboard focus, so
+    typed digits go in (Enter reveals). Leaving gives the keys back and the free app its own state: its
+    prompt and run settings, compare mode and Break the cache, its model, and its run at the token it was at.
+    """
+
+    def __init__(self, window: MainWindow, panel: LessonPanel, source: str | None = None) -> None:
+        super().__init__(window)
+        self._window = window
+        self.panel = panel
+        self.frame = FocusFrame(window.run_view.parentWidget())
+        self.memory_frame = FocusFrame(window.centralWidget())  # the memory view is a column beside the views
+        self._memory_view_opened = False  # by a memory step, which closes it again when the lesson moves on
+        self._speed_view_opened = False  # by a speed step, likewise
+        self._speed_timer = QTimer(self, singleShot=True, interval=SPEED_SWEEP_DELAY_MS, timeout=self._prepare_speed)
+        self.source = source  # what L opens: the lesson given at launch, else the built-in one
+        self.lesson: Lesson | None = None
+        self.active = False
+        self.slide = 0
+        self.measured: float | None = None  # the current slide's measured answer, once it is in
+        self._guesses: dict[int, str] = {}  # step index -> the audience's guess
+        self._records: dict[int, StepRecord] = {}  # new_tokens -> the latest record at that count, current run
+        self._revealing = False  # waiting for the record that answers the question
+        self._model_asked: str | None = None
+        self._free: FreeApp | None = None  # the free app's state while a lesson is on
+        s = window.session
+        s.run_started.connect(self._on_run_started)
+        s.record_computed.connect(self._on_record_computed)
+        s.model_loaded.connect(self._on_model_loaded)
+        window.speed.sweeper.finished.connect(self._on_speed_measured)
+        panel.guess_entered.connect(self.next)
+        panel.guess_edited.connect(self._on_guess_edited)
+        panel.placed.connect(self._on_placed)
+
+    # ----- entering and leaving -----
+    def open(self, source: str | None = None) -> bool:
+        """Read the lesson in `source` (None, "" or "builtin": the built-in one) and start it at its first
+        step; a lesson that cannot be read gets an error dialog and the app stays as it is."""
+        try:
+            lesson = load_lesson(lesson_path(source or ""))
+        except LessonError as exc:
+            show_error(self._window, "Lesson not loaded", str(exc))
+            self._show_active(False)
+            return False
+        self.lesson, self.slide, self._guesses = lesson, 0, {}
+        self.source = source
+        self.start()
+        return True
+
+    def set_active(self, on: bool) -> None:
+        """Help > Lesson (L): start the lesson (where it was left, or the first step), or leave it."""
+        if not on:
+            self.stop()
+        elif self.lesson is None:
+            self.open(self.source)
+        else:
+            self.start()
+
+    def start(self) -> None:
+        if self.lesson is None or self.active:
+            return
+        w = self._window
+        w.controls.store(w.settings)  # what is remembered: the free app's settings, never a lesson's
+        self._free = FreeApp(w.session.latest_source, w.session.steps_target, w.controls.break_cache)
+        self.active = True
+        set_lesson_keys(w.actions, True)
+        self.panel.set_notes_action(w.actions["lesson_notes"])
+        self.panel.show()
+        self._on_placed(self.panel.beside)
+        self._show_active(True)
+        self._speed_timer.start()
+        self._show_slide(forward=False)
+
+    def stop(self) -> None:
+        """Back to the free app, as it was when the lesson began (see the class)."""
+        if not self.active:
+            return
+        w = self._window
+        self.active = False
+        self._revealing = False
+        set_lesson_keys(w.actions, False)
+        self.panel.hide()
+        w.controls.show()
+        self.frame.frame(None)
+        self.memory_frame.frame(None)
+        self._show_memory_view(False)
+        self._show_speed_view(False)
+        self._speed_timer.stop()
+        self._show_active(False)
+        w.focus_grid()
+        self._restore_free_app()
+
+    def _restore_free_app(self) -> None:
+        w, free = self._window, self._free
+        if free is None:
+            return
+        self._free = None
+        c, actions = w.controls, w.actions
+        c.restore(w.settings)  # the prompt and the run settings the lesson began with, compare mode too
+        c.break_cache = free.break_cache
+        for name, on in (("compare", c.compare), ("break_cache", free.break_cache)):
+            with signals_blocked(actions[name]):
+                actions[name].setChecked(on)
+        if free.source != w.session.latest_source:
+            w.load_model(free.source)  # its run starts once it is loaded
+        else:
+            w.session.start_run(c.request(), free.steps)
+
+    def escape(self) -> bool:
+        """Esc: out of the lesson (a question's guess field too); False when there was nothing to leave."""
+        if self.active:
+            self.stop()
+            return True
+        return False
+
+    def _on_placed(self, beside: bool) -> None:
+        if self.active:  # a strip above the views takes the run controls' place (the lesson sets them)
+            self._window.controls.setVisible(beside)
+
+    def _show_active(self, on: bool) -> None:
+        action = self._window.actions["lesson"]
+        with signals_blocked(action):
+            action.setChecked(on)
+
+    # ----- moving -----
+    @property
+    def step(self) -> LessonStep | None:
+        """The current slide's lesson step."""
+        if self.lesson is None:
+            return None
+        return self.lesson.steps[self.lesson.slides()[self.slide][0]]
+
+    @property
+    def revealed(self) -> bool:
+        """Whether the current slide is a question's answer."""
+        return self.lesson is not None and self.lesson.slides()[self.slide][1]
+
+    def next(self) -> None:
+        """Page Down, Right: the answer to the question, else the next step."""
+        if self.active and self.lesson is not None and self.slide + 1 < len(self.lesson.slides()):
+            self.slide += 1
+            self._show_slide(forward=True)
+
+    def back(self) -> None:
+        """Page Up, Left: the slide before, as it was."""
+        if self.active and self.slide > 0:
+            self.slide -= 1
+            self._show_slide(forward=False)
+
+    def _show_slide(self, forward: bool) -> None:
+        step, revealed, w = self.step, self.revealed, self._window
+        self._show_step_text()
+        self.measured = None
+        self._revealing = revealed
+        self._set_controls(step)
+        self._frame_focus(step)
+        w.focus_grid()  # the keys step the lesson and the run, none of them types
+        if step.question and not revealed:
+            self.panel.focus_guess()  # ... but digits go into the guess (GuessEdit passes the other keys on)
+        if step.model is not None and step.model not in (w.session.source, self._model_asked):
+            self._model_asked = step.model
+            w.load_model(step.model)  # the step's run follows once it is loaded (_on_model_loaded)
+            w.session.start_run(w.controls.request(), self._target(step, revealed))  # if the load fails
+            return
+        if forward and revealed and self._at_question(step):
+            w.session.step()  # one generation step: its record holds the answer
+        else:
+            self._start_run()
+
+    def _show_step_text(self) -> None:
+        """The panel shows the current slide, its text saying what the speed sweep measured (or that it is
+        still being measured)."""
+        step, index = self.step, self.lesson.slides()[self.slide][0]
+        if step.needs_speed:
+            result = self._window.speed.result
+            step = replace(step, text=step.text_with(result.headline() if result is not None else None))
+        self.panel.show_step(step, index + 1, len(self.lesson.steps), self.revealed, self._guesses.get(index, ""))
+
+    def _target(self, step: LessonStep, revealed: bool) -> int:
+        return step.advance_to + (1 if revealed else 0)
+
+    def _start_run(self) -> None:
+        w = self._window
+        w.session.start_run(w.controls.request(), self._target(self.step, self.revealed))
+
+    def _at_question(self, step: LessonStep) -> bool:
+        """Whether the current run is the step's, at its `advance_to` (its records there in), and can step."""
+        s = self._window.session
+        if not (self._plan_is(s.plan, step) and s.can_step and s.steps_done == step.advance_to):
+            return False
+        return step.advance_to == 0 or step.advance_to in self._records
+
+    @staticmethod
+    def _plan_is(plan: RunPlan | None, step: LessonStep) -> bool:
+        return (plan is not None and plan.prompt == step.prompt and plan.use_cache == step.use_cache
+                and (plan.twin is not None) == step.compare and plan.max_new_tokens == step.max_new_tokens
+                and plan.sampling == "greedy" and not plan.cache_broken)
+
+    def _set_controls(self, step: LessonStep) -> None:
+        c, actions = self._window.controls, self._window.actions
+        c.prompt_edit.setText(step.prompt)
+        c.break_cache = False  # the teaching switch is the lecturer's to turn on, never a step's
+        c.set_run_settings(use_cache=step.use_cache, max_new_tokens=step.max_new_tokens, temperature=0.0,
+                           compare=step.compare)
+        for name, on in (("compare", step.compare), ("break_cache", False)):
+            with signals_blocked(actions[name]):
+                actions[name].setChecked(on)
+
+    def _frame_focus(self, step: LessonStep) -> None:
+        w = self._window
+        self._show_memory_view(step.focus == "memory")
+        self._show_speed_view(step.focus == "speed")
+        self.memory_frame.frame(w.workspace.memory_view if step.focus == "memory" else None)
+        if step.focus in ("all", "memory", "speed"):
+            target = None
+        elif step.compare:
+            compare = w.workspace.compare_view
+            target = {"grid": compare.grid_splitter, "chart": compare.time_plot, "counter": compare.counts}[step.focus]
+        else:
+            target = {"grid": w.grid, "chart": w.chart, "counter": w.counter}[step.focus]
+        self.frame.frame(target)
+
+    def _show_memory_view(self, on: bool) -> None:
+        """A memory step opens View > Memory; the next step closes it again if the lesson opened it."""
+        action = self._window.actions["memory"]
+        if on and not action.isChecked():
+            action.setChecked(True)
+            self._memory_view_opened = True
+        elif not on and self._memory_view_opened:
+            self._memory_view_opened = False
+            action.setChecked(False)
+
+    def _show_speed_view(self, on: bool) -> None:
+        """A speed step shows View > Speed; the next step closes it again if the lesson opened it."""
+        speed = self._window.speed
+        if on and not speed.isVisible():
+            self._prepare_speed()
+            self._window.show_speed(activate=False)  # the clicker's keys go on driving the lesson
+            self._speed_view_opened = speed.isVisible()
+        elif not on and self._speed_view_opened:
+            self._speed_view_opened = False
+            speed.close()
+
+    def _prepare_speed(self) -> None:
+        """Start the speed sweep of the loaded model in the background, once, when a step of the lesson shows
+        or says the speed: it is measured while the earlier steps play (from SPEED_SWEEP_DELAY_MS after the
+        lesson starts or its model loads, when the first step's run has had the machine)."""
+        info, s = self._window.session.model_info, self._window.session
+        if info is not None and self.lesson is not None and any(step.needs_speed for step in self.lesson.steps):
+            self._window.speed.prepare(s.source or "", info.dtype, info.name)
+
+    def _on_speed_measured(self, _result: object) -> None:
+        if self.active and self.step is not None and self.step.needs_speed:
+            self._show_step_text()
+
+    def set_theme(self, chosen: Theme) -> None:
+        for frame in (self.frame, self.memory_frame):
+            frame.set_theme(chosen)
+
+    def focus_target(self) -> QWidget | None:
+        """The view the current step points at (None: all of them)."""
+        if not self.active:
+            return None
+        return self.memory_frame.target or self.frame.target
+
+    # ----- the session -----
+    def _on_run_started(self, _plan: RunPlan) -> None:
+        self._records = {}
+
+    def _on_record_computed(self, record: StepRecord) -> None:
+        self._records[record.new_tokens] = record
+        step, plan = self.step, self._window.session.plan
+        if not (self.active and self._revealing and step is not None and step.question
+                and record.new_tokens == step.advance_to + 1 and self._plan_is(plan, step)):
+            return
+        if record.token_id is not None and plan.pass_follows_in_step(record):
+            return  # the last token: the pass that fills the cache belongs to the step, and the answer is after it
+        self._revealing = False
+        previous = self._records.get(step.advance_to)  # None at the first step
+        self.measured = measured_answer(step.question, previous, record)
+        self.panel.set_answer(format_answer(step.question, self.measured))
+
+    def _on_model_loaded(self, _info: ModelInfo) -> None:
+        self._model_asked = None
+        if self.active:
+            self._speed_timer.start()
+            self._start_run()  # the step's state on the model just loaded
+
+    def _on_guess_edited(self, text: str) -> None:
+        if self.lesson is not None:
+            self._guesses[self.lesson.slides()[self.slide][0]] = text
+
+    # ----- tests and screenshots -----
+    @property
+    def ready(self) -> bool:
+        """Whether the window shows the current slide's state: its run at its step, its answer measured."""
+        step, s = self.step, self._window.session
+        if not self.active or step is None or not self._plan_is(s.plan, step):
+            return False
+        target = min(self._target(step, self.revealed), s.plan.budget)
+        return s.steps_done == target and (not self.revealed or self.measured is not None)

@@ -1,0 +1,458 @@
+"""Lesson mode's column beside the views (or strip above them): the step's title and text, its question and
+the measured answer, the lecturer's notes; and the frame that points the audience at one view."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from PySide6.QtCore import QEvent, QObject, QRect, QRegularExpression, Qt, Signal
+from PySide6.QtGui import (
+    QAction,
+    QColor,
+    QFont,
+    QKeyEvent,
+    QPainter,
+    QPaintEvent,
+    QPen,
+    QRegularExpressionValidator,
+    QShowEvent,
+)
+from PySide6.QtWidgets import (
+    QBoxLayout,
+    QFrame,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QSizePolicy,
+    QSpacerItem,
+    QToolButton,
+    QWidget,
+)
+
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
+from kvviz.core.lesson import LessonStep
+
+GUESS_PATTERN = r"([0-9][0-9 ,.\x{2009}]{0,15}x?)?"  # empty, 90, 6.8, 6.8x, 36,864
+GUESS_CHARACTERS = "0123456789,.x"  # what typing puts into the guess field; other keys reach the shortcuts
+GUESS_EDIT_KEYS = (Qt.Key.Key_Backspace, Qt.Key.Key_Delete, Qt.Key.Key_Home, Qt.Key.Key_End, Qt.Key.Key_Return,
+                   Qt.Key.Key_Enter)
+WORD_JOINER = "\u2060"  # no line break on either side
+SLASH_IN_A_WORD = re.compile(r"(?<=\S)/(?=\S)")
+FRAME_WIDTH = 3  # pixels
+PANEL_WIDTH = 330  # pixels at zoom 1
+PANEL_SHARE = 0.3  # of the window's width, at most
+VIEWS_MIN_WIDTH = 760  # pixels at zoom 1 the views keep beside the column (the chart's plots and the counter)
+OUTER_MARGINS = 24  # the window's margins and the spacing between the views and the column
+STRIP_FONT = 0.92  # a strip's fonts, relative to a column's: the views below it keep their height
+QWIDGETSIZE_MAX = (1 << 24) - 1
+
+
+def keep_together(text: str) -> str:
+    """`text` with no line break after a slash inside a word: "K/V" never wraps as "K/" and "V", nor
+    "N(N\u22121)/2" after its slash (a word joiner follows the slash; it has no width and draws nothing)."""
+    return SLASH_IN_A_WORD.sub("/" + WORD_JOINER, text)
+
+
+class GuessEdit(QLineEdit):
+    """The guess field: digits, separators and the editing keys go in; every other key (Space, letters, the
+    lesson's arrows, Esc) goes on to the window's shortcuts, so a question's focused field swallows none."""
+
+    def event(self, event: QEvent) -> bool:  # noqa: D102
+        if event.type() == QEvent.Type.ShortcutOverride and not self._takes(event):
+            event.ignore()  # the shortcut, if any, fires
+            return True
+        return super().event(event)
+
+    @staticmethod
+    def _takes(event: QKeyEvent) -> bool:
+        if event.modifiers() & (Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.MetaModifier):
+            return True  # copy, paste, undo, select all: QLineEdit decides
+        text = event.text()
+        return event.key() in GUESS_EDIT_KEYS or (len(text) == 1 and text in GUESS_CHARACTERS)
+
+
+class LessonPanel(QFrame):
+    """The lesson step on screen, big enough for the back row: "step 2 of 5", the title, the text; for a
+    question, the question, a field for the audience's guess and, once measured, a line with the guess and
+    the answer ("you said 80 \u00b7 measured 87") and the key that goes on; the step's notes, for the lecturer:
+    small, and hidden until shown (the "lesson_notes" action, N, or the notes button; presenter mode hides
+    them again). Nothing it shows before the reveal may give the answer away.
+
+    A column beside the views, so that the grid and the chart keep their height on a 720-line screen;
+    its width follows the zoom, at most 30% of the window. A window too narrow to keep the views
+    readable beside it (1024x768) gets a strip above them instead (`placed`), in the place of the run
+    controls, which lesson mode then hides.
+
+    Signals: `guess_entered` (Enter in the guess field), `guess_edited(str)`, `placed(bool)`.
+    """
+
+    guess_entered = Signal()
+    guess_edited = Signal(str)
+    placed = Signal(bool)  # True: a column beside the views; False: a strip above them
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("lessonPanel")
+        self.set_theme(themes.current())
+        self._font_scale = 1.0
+        self._measured: str | None = None
+        self._measuring = False
+        self._has_question = False
+        self._last = False  # the lesson's last slide: no "next" hint
+        self._precision = ""  # shown in a strip, where the run controls (and their precision) are hidden
+        self._step_position = ""
+        self._notes_shown = False
+        self._notes_action: QAction | None = None
+        self._watched_window: QWidget | None = None
+        self._columns_beside = 0  # pixels other columns beside the views take (the memory view)
+        self._above: tuple[QBoxLayout, int] | None = None  # where the strip goes: (layout, index)
+        self._beside: QBoxLayout | None = None  # where the column goes: at its end
+        self._spacer = QSpacerItem(0, 0, QSizePolicy.Policy.Minimum, QSizePolicy.Policy.Expanding)
+        self._strip_top = QHBoxLayout()  # the strip's first line: title, notes, step number
+        self._strip_question = QHBoxLayout()  # and its last: question, guess, answer
+        for row in (self._strip_top, self._strip_question):
+            row.setSpacing(12)
+        self.beside = True
+
+        self.title = QLabel()
+        self.title.setWordWrap(True)
+        self.position = QLabel()
+        self.position.setObjectName("muted")
+        self.notes_button = QToolButton()
+        self.notes_button.setText("notes")
+        self.notes_button.setCheckable(True)
+        self.notes_button.setChecked(False)
+        self.notes_button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.notes_button.setToolTip("Show or hide the lecturer's notes (N; hidden again in presenter mode)")
+        self.notes_button.toggled.connect(self._on_notes_toggled)
+        self.text = QLabel()
+        self.text.setWordWrap(True)
+        self.question = QLabel()
+        self.question.setWordWrap(True)
+        self.guess_label = QLabel("your guess")
+        self.guess_label.setObjectName("muted")
+        self.guess_edit = GuessEdit()
+        self.guess_edit.setPlaceholderText("?")
+        self.guess_edit.setAlignment(Qt.AlignmentFlag.AlignRight)
+        self.guess_edit.setValidator(QRegularExpressionValidator(QRegularExpression(GUESS_PATTERN), self.guess_edit))
+        self.guess_edit.setToolTip("The audience's guess (optional): type it, then Enter or Page Down measures")
+        self.guess_edit.returnPressed.connect(self.guess_entered)
+        self.guess_edit.textEdited.connect(self._on_guess_edited)
+        self.guess_label.setBuddy(self.guess_edit)
+        self.answer = QLabel()
+        self.answer.setObjectName("answer")
+        self.hint = QLabel()  # after the reveal: the key that goes on
+        self.hint.setObjectName("muted")
+        self.notes = QLabel()
+        self.notes.setObjectName("muted")
+        self.notes.setWordWrap(True)
+
+        self.grid = QGridLayout(self)
+        self.grid.setHorizontalSpacing(10)
+        self._arrange(True)
+
+    # ----- what it shows -----
+    def show_step(self, step: LessonStep, number: int, count: int, revealed: bool, guess: str = "") -> None:
+        """Show `step`, number `number` of `count`; its question without the answer yet (set_answer adds it)."""
+        self.title.setText(keep_together(step.title))
+        last = " \u00b7 the last" if number == count else ""
+        self._step_position = f"step {number} of {count}{last}"
+        self._show_position()
+        self.text.setText(keep_together(step.text))
+        self.question.setText(keep_together(step.question_text))
+        self._has_question = bool(step.question)
+        self._last = number == count
+        self.question.setVisible(self._has_question)
+        self.guess_edit.setText(guess)
+        self._measured, self._measuring = None, revealed
+        self._show_answer()
+        self.notes.setText(keep_together(step.notes))
+        self.notes_button.setVisible(bool(step.notes))
+        self._on_notes_toggled(self._notes_shown)
+
+    def set_answer(self, measured: str | None) -> None:
+        """The measured answer (format_answer's text), shown with the guess; None: not measured."""
+        self._measured, self._measuring = measured, False
+        self._show_answer()
+
+    def answer_text(self) -> str:
+        return self.answer.text()
+
+    def guess(self) -> str:
+        return self.guess_edit.text().strip()
+
+    def focus_guess(self) -> None:
+        """Keyboard focus in the guess field (a question before its answer): typed digits go in."""
+        if self.guess_edit.isVisibleTo(self):
+            self.guess_edit.setFocus(Qt.FocusReason.OtherFocusReason)
+            self.guess_edit.end(False)
+
+    def set_precision(self, dtype: str) -> None:
+        """The loaded model's precision, said in the strip's first line (the run controls that say it are
+        hidden while the panel is a strip)."""
+        self._precision = dtype
+        self._show_position()
+
+    def _show_position(self) -> None:
+        precision = f" \u00b7 {self._precision}" if self._precision and not self.beside else ""
+        self.position.setText(self._step_position + precision)
+
+    def _on_guess_edited(self, text: str) -> None:
+        self.guess_edited.emit(text.strip())
+        self._show_answer()
+
+    def _show_answer(self) -> None:
+        measured = self._measured is not None
+        if measured:
+            guess = self.guess()
+            text = f"you said {guess} \u00b7 measured {self._measured}" if guess else f"measured {self._measured}"
+            self.answer.setObjectName("answer")
+        else:
+            text = "measuring\u2026" if self._measuring else "Enter or Page Down: measure"
+            self.answer.setObjectName("muted")
+        self.answer.setText(text)
+        self.answer.setFont(self._font(14.0, bold=True) if measured else self._font(11.0))
+        self.answer.setVisible(self._has_question)
+        asking = self._has_question and not measured
+        had_focus = self.guess_edit.hasFocus()
+        self.guess_label.setVisible(asking)
+        self.guess_edit.setVisible(asking)
+        if had_focus and not asking:
+            self.setFocus(Qt.FocusReason.OtherFocusReason)  # not onto the next widget in the chain: the window's
+        self.hint.setText("Page Down: next" if measured and not self._last else "")
+        self.hint.setVisible(measured and not self._last)
+        self.answer.style().unpolish(self.answer)
+        self.answer.style().polish(self.answer)
+
+    # ----- notes -----
+    @property
+    def notes_shown(self) -> bool:
+        return self._notes_shown
+
+    def set_notes_action(self, action: QAction) -> None:
+        """Let `action` (checkable: Help > Lesson notes, N) show and hide the notes; the notes button
+        becomes its button."""
+        if action is self._notes_action:
+            return
+        self._notes_action = action
+        action.setIconText("notes")
+        action.setToolTip(self.notes_button.toolTip())
+        self.notes_button.toggled.disconnect(self._on_notes_toggled)
+        self.notes_button.setDefaultAction(action)
+        action.toggled.connect(self._on_notes_toggled)
+        self._on_notes_toggled(action.isChecked())
+
+    def set_notes_shown(self, shown: bool) -> None:
+        """Show or hide the notes (presenter mode hides them; N or the notes button shows them again)."""
+        if self._notes_action is not None:
+            self._notes_action.setChecked(shown)
+        else:
+            self.notes_button.setChecked(shown)
+        self._on_notes_toggled(shown)
+
+    def _on_notes_toggled(self, shown: bool) -> None:
+        self._notes_shown = shown
+        self.notes.setVisible(shown and bool(self.notes.text()))
+
+    # ----- where it goes -----
+    def set_places(self, above: QBoxLayout, index: int, beside: QBoxLayout) -> None:
+        """Where the panel may go: a strip in `above` at `index`, or a column at the end of `beside`
+        (where it is now)."""
+        self._above, self._beside = (above, index), beside
+        self._fit()
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802
+        super().showEvent(event)
+        window = self.window()
+        if window is not self and window is not self._watched_window:
+            window.installEventFilter(self)
+            self._watched_window = window
+        self._fit()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
+        if event.type() == QEvent.Type.Resize and self.isVisible():
+            self._fit()
+        return False
+
+    def set_columns_beside(self, width: int) -> None:
+        """Other columns beside the views take `width` pixels (the memory view): the views keep their width
+        beside them and the lesson's column too, or the lesson goes above them."""
+        if width != self._columns_beside:
+            self._columns_beside = width
+            self._fit()
+
+    def _fit(self) -> None:
+        """A column beside the views when they keep the width they need beside it, else a strip above them."""
+        window_width = self.window().width() if self.window() is not self else 0
+        width = round(PANEL_WIDTH * self._font_scale)
+        if window_width:
+            width = min(width, round(PANEL_SHARE * window_width))
+        views = window_width - width - self._columns_beside - OUTER_MARGINS
+        beside = not window_width or views >= VIEWS_MIN_WIDTH * self._font_scale
+        if beside != self.beside and self._above is not None and self._beside is not None:
+            above, index = self._above
+            (above if self.beside is False else self._beside).removeWidget(self)
+            if beside:
+                self._beside.addWidget(self)
+            else:
+                above.insertWidget(index, self)
+            self.beside = beside
+            self._arrange(beside)
+            self._show_position()
+            self.placed.emit(beside)
+        if beside:
+            self.setFixedWidth(max(width, self.grid.minimumSize().width()))  # at a small zoom, its widest row
+        else:
+            self.setMinimumWidth(0)
+            self.setMaximumWidth(QWIDGETSIZE_MAX)
+
+    def _arrange(self, beside: bool) -> None:
+        """A column: step number, title, text, question, guess, answer, and the notes at the bottom; or a
+        strip: title, notes and step number on one line, the text, then the question with the guess and the
+        answer on its right."""
+        grid = self.grid
+        for widget in self._widgets():
+            for layout in (grid, self._strip_top, self._strip_question):
+                layout.removeWidget(widget)
+        for item in (self._spacer, self._strip_top, self._strip_question):
+            grid.removeItem(item)
+        for index in range(9):
+            grid.setRowStretch(index, 0)
+            grid.setColumnStretch(index, 0)
+        if beside:
+            places = {self.position: (0, 0, 1, 2), self.notes_button: (0, 2, 1, 1), self.title: (1, 0, 1, 3),
+                      self.text: (2, 0, 1, 3), self.question: (3, 0, 1, 3), self.guess_label: (4, 0, 1, 1),
+                      self.guess_edit: (4, 1, 1, 1), self.answer: (5, 0, 1, 3), self.hint: (6, 0, 1, 3),
+                      self.notes: (8, 0, 1, 3)}
+            for widget, (row, column, rows, columns) in places.items():
+                grid.addWidget(widget, row, column, rows, columns)
+            grid.addItem(self._spacer, 7, 0, 1, 3)
+            grid.setRowStretch(7, 1)
+            grid.setColumnStretch(2, 1)
+            grid.setContentsMargins(14, 8, 12, 10)
+        else:
+            for widget, stretch in ((self.title, 0), (self.notes, 1), (self.position, 0), (self.notes_button, 0)):
+                self._strip_top.addWidget(widget, stretch)
+            for widget, stretch in ((self.question, 1), (self.guess_label, 0), (self.guess_edit, 0), (self.answer, 0),
+                                    (self.hint, 0)):
+                self._strip_question.addWidget(widget, stretch)
+            grid.addLayout(self._strip_top, 0, 0)
+            grid.addWidget(self.text, 1, 0)
+            grid.addLayout(self._strip_question, 2, 0)
+            grid.setContentsMargins(12, 4, 10, 4)
+        grid.setVerticalSpacing(8 if beside else 3)
+        for label in (self.title, self.position, self.answer):
+            label.setWordWrap(beside or label is not self.position)  # a strip's title and answer wrap at a large zoom
+        self._apply_fonts()
+
+    def _widgets(self) -> tuple[QWidget, ...]:
+        return (self.position, self.notes_button, self.title, self.text, self.question, self.guess_label,
+                self.guess_edit, self.answer, self.hint, self.notes)
+
+    # ----- theme and zoom -----
+    def set_theme(self, theme: Theme) -> None:
+        self.setStyleSheet(
+            f"QFrame#lessonPanel {{ background: {theme.surface}; border: 1px solid {theme.border}; "
+            f"border-left: 4px solid {theme.foreground}; border-radius: 6px; }}"
+            " QFrame#lessonPanel QLabel { background: transparent; border: none; }"
+            f" QFrame#lessonPanel QLabel#muted {{ color: {theme.muted}; }}"
+            f" QFrame#lessonPanel QLabel#answer {{ background: {theme.raised}; border-radius: 4px; padding: 1px 8px; }}"
+            " QFrame#lessonPanel QToolButton { padding: 1px 6px; }")
+
+    def set_font_scale(self, scale: float) -> None:
+        self._font_scale = scale
+        self._apply_fonts()
+        self._fit()
+
+    def _font(self, points: float, bold: bool = False) -> QFont:
+        font = QFont(self.font())
+        font.setPointSizeF(points * self._font_scale * (1.0 if self.beside else STRIP_FONT))
+        font.setBold(bold)
+        return font
+
+    def _apply_fonts(self) -> None:
+        self.title.setFont(self._font(18.0, bold=True))
+        self.text.setFont(self._font(15.0))
+        self.question.setFont(self._font(14.0, bold=True))
+        for widget in (self.guess_label, self.guess_edit):
+            widget.setFont(self._font(14.0))
+        for widget in (self.position, self.notes, self.notes_button):
+            widget.setFont(self._font(9.5))
+        self.hint.setFont(self._font(11.0))
+        self.guess_edit.setFixedWidth(self.guess_edit.fontMetrics().horizontalAdvance("0000000") + 16)
+        self._show_answer()
+
+
+class FocusFrame(QWidget):
+    """A thin outline drawn over one view (or a part of one) to point the audience at it.
+
+    It lies on top of `host` (an ancestor of every view it frames, outside the exported views), lets
+    the mouse through, and follows its target when anything between the two moves or resizes.
+    """
+
+    def __init__(self, host: QWidget) -> None:
+        super().__init__(host)
+        self.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents, True)
+        self.setAttribute(Qt.WidgetAttribute.WA_NoSystemBackground, True)
+        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self._host = host
+        self._target: QWidget | None = None
+        self._part: Callable[[], QRect | None] | None = None
+        self._watched: list[QObject] = []
+        self._colour = themes.current().frame
+        self.hide()
+
+    def set_theme(self, theme: Theme) -> None:
+        self._colour = theme.frame
+        self.update()
+
+    @property
+    def target(self) -> QWidget | None:
+        return self._target
+
+    def frame(self, target: QWidget | None, part: Callable[[], QRect | None] | None = None) -> None:
+        """Outline `target` (None: nothing), or the rectangle `part()` gives in its coordinates."""
+        for watched in self._watched:
+            watched.removeEventFilter(self)
+        self._watched = []
+        self._target, self._part = target, part
+        widget = target
+        while widget is not None and widget is not self._host:
+            widget.installEventFilter(self)
+            self._watched.append(widget)
+            widget = widget.parentWidget()
+        self.follow()
+
+    def follow(self) -> None:
+        """Put the frame over its target again (hidden while the target is)."""
+        target = self._target
+        if target is None or not target.isVisibleTo(self._host):
+            self.hide()
+            return
+        rect = self._part() if self._part is not None else None
+        if rect is None:
+            rect = target.rect()
+        top_left = target.mapTo(self._host, rect.topLeft())
+        self.setGeometry(QRect(top_left, rect.size()))
+        self.raise_()
+        self.show()
+        self.update()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
+        if event.type() in (QEvent.Type.Resize, QEvent.Type.Move, QEvent.Type.Show, QEvent.Type.Hide,
+                            QEvent.Type.LayoutRequest):
+            self.follow()
+        return False
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+        pen = QPen(QColor(self._colour))
+        pen.setWidth(FRAME_WIDTH)
+        painter.setPen(pen)
+        half = FRAME_WIDTH / 2
+        painter.drawRoundedRect(self.rect().toRectF().adjusted(half, half, -half, -half), 6, 6)
+        painter.end()

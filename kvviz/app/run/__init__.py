@@ -1,0 +1,1 @@
+"""The run machinery: the session, the worker thread that owns the engine, coalesced redraws."""

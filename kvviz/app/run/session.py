@@ -1,0 +1,238 @@
+"""The run session: which model is loaded or loading, which run is current, and where it stands."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from PySide6.QtCore import QObject, Signal
+
+from kvviz.app.run.shared_interpreter import worker_thread_guards
+from kvviz.app.run.worker import WorkerController
+from kvviz.core.records import ModelInfo, RunPlan, RunRequest, StepRecord
+
+EMBEDDED = ""  # model source meaning the embedded default
+
+
+class RunSession(QObject):
+    """The only owner of run state: run ids, replay, playing and finished, the loaded model's source.
+
+    It has no widgets. It sends commands to the worker thread and passes on what comes back for
+    the current run only (records of a replaced run are dropped here). Loads are queued in order;
+    `source` is the source of the model really loaded, whatever is still queued. A run asked for
+    while a model loads (a setting changed, Enter in the prompt) starts if the load fails or is
+    cancelled; a load that succeeds starts its own.
+    """
+
+    model_loading = Signal(str)  # source
+    download_progressed = Signal(int, int)  # bytes done, bytes total
+    model_loaded = Signal(object)  # ModelInfo
+    model_load_failed = Signal(str, str)  # source, one sentence
+    model_load_cancelled = Signal(str)  # source
+    run_started = Signal(object)  # RunPlan
+    record_computed = Signal(object)  # StepRecord of the current run
+    run_finished = Signal(object)  # the final StepRecord
+    run_failed = Signal(str)  # one sentence
+    playing_changed = Signal(bool)
+    state_changed = Signal()  # can_step, loading, playing or finished changed
+
+    def __init__(self, parent: QObject | None = None, fall_back_to_embedded: bool = True) -> None:
+        super().__init__(parent)
+        self.fall_back_to_embedded = fall_back_to_embedded
+        self.controller = WorkerController(self)
+        self.model_info: ModelInfo | None = None
+        self.source: str | None = None  # of the loaded model
+        self.dtype = "float32"  # the precision of the last load asked for
+        self.plan: RunPlan | None = None
+        self.last_record: StepRecord | None = None
+        self.playing = False
+        self.finished = False
+        self._pending_loads: list[str] = []
+        self._fallback_tried = False
+        self._run_id = 0
+        self._replay_target = 0
+        self._steps_requested = 0
+        self._deferred_run: tuple[RunRequest, int] | None = None  # asked for while loading
+        self.resume_steps = 0  # the step the run that follows the current load starts at (see `load`)
+        w = self.controller.worker
+        w.model_loading.connect(self.model_loading)
+        w.download_progressed.connect(self.download_progressed)
+        w.model_loaded.connect(self._on_model_loaded)
+        w.model_load_failed.connect(self._on_model_load_failed)
+        w.model_load_cancelled.connect(self._on_model_load_cancelled)
+        w.run_started.connect(self._on_run_started)
+        w.run_failed.connect(self._on_run_failed)
+        w.step_computed.connect(self._on_step_computed)
+        w.run_finished.connect(self._on_run_finished)
+        w.playing_changed.connect(self._on_playing_changed)
+
+    # ----- state -----
+    @property
+    def loading(self) -> bool:
+        return bool(self._pending_loads)
+
+    @property
+    def can_step(self) -> bool:
+        return self.model_info is not None and self.plan is not None and not self.finished and not self.loading
+
+    @property
+    def can_reset(self) -> bool:
+        return self.model_info is not None and not self.loading
+
+    @property
+    def steps_done(self) -> int:
+        """New tokens the current run has generated so far."""
+        return self.last_record.new_tokens if self.last_record is not None else 0
+
+    @property
+    def steps_target(self) -> int:
+        """The token the current run is at or on its way to: its replay's target and every step asked for.
+        A run that replaces it (a setting changed, another precision) replays to this one, so a change made
+        during a replay leaves the new run where the old one was going, not part-way."""
+        pending = self._deferred_run[1] if self._deferred_run is not None else 0
+        return max(self.steps_done, self._steps_requested, self._replay_target, pending)
+
+    # ----- models -----
+    def load(self, source: str, dtype: str | None = None) -> None:
+        """Queue a load of `source` (a --model value; "" = the embedded default) in `dtype` (default: the
+        precision asked for last, `dtype`). Reloading the loaded model (another precision) keeps the run's
+        step for the run that follows (`resume_steps`), as any other change of a run setting does; another
+        model starts at step 0."""
+        self.pause()
+        self.resume_steps = self.steps_target if source == self.source and self.plan is not None else 0
+        self.dtype = dtype or self.dtype
+        self._pending_loads.append(source)
+        self.controller.load(source, self.dtype)
+        self.state_changed.emit()
+
+    @property
+    def latest_source(self) -> str:
+        """The source of the last load asked for: the one loading, else the loaded model's ("" = embedded)."""
+        return self._pending_loads[-1] if self._pending_loads else (self.source or EMBEDDED)
+
+    def cancel_download(self) -> None:
+        self.controller.cancel_download()
+
+    def _take_pending(self, source: str) -> None:
+        if source in self._pending_loads:
+            self._pending_loads.remove(source)
+
+    def _on_model_loaded(self, source: str, info: ModelInfo) -> None:
+        self._take_pending(source)
+        self._deferred_run = None
+        self.source, self.model_info = source, info
+        self.plan, self.last_record = None, None
+        worker_thread_guards.settle()
+        self.model_loaded.emit(info)
+        self.state_changed.emit()
+
+    def _on_model_load_failed(self, source: str, message: str) -> None:
+        self._take_pending(source)
+        if self.model_info is not None and not self.loading:
+            self.dtype = self.model_info.dtype  # the next load keeps the model's precision, not the failed one
+        self.model_load_failed.emit(source, message)
+        if (self.fall_back_to_embedded and self.model_info is None and source != EMBEDDED
+                and not self._fallback_tried and not self.loading):
+            self._fallback_tried = True
+            self.load(EMBEDDED, "float32")  # in the precision every device computes in
+        self.state_changed.emit()
+        self._start_deferred_run()
+
+    def _on_model_load_cancelled(self, source: str) -> None:
+        self._take_pending(source)
+        if self.model_info is not None and not self.loading:
+            self.dtype = self.model_info.dtype
+        self.model_load_cancelled.emit(source)
+        self.state_changed.emit()
+        self._start_deferred_run()
+
+    def _start_deferred_run(self) -> None:
+        if self._deferred_run is not None and not self.loading:
+            (request, replay_to), self._deferred_run = self._deferred_run, None
+            self.start_run(request, replay_to)
+
+    # ----- runs -----
+    def start_run(self, request: RunRequest, replay_to: int = 0) -> None:
+        """Start a fresh run of `request` (its run_id is replaced); with `replay_to`, compute that many
+        tokens. While a model loads, the run waits for the load's end (see the class)."""
+        if self.model_info is None:
+            return
+        if self.loading:
+            self._deferred_run = (request, replay_to)
+            return
+        self._deferred_run = None
+        self.pause()
+        self._run_id += 1
+        self._replay_target = replay_to
+        self._steps_requested = 0
+        self.finished = False
+        self.plan, self.last_record = None, None
+        self.controller.start_run(dataclasses.replace(request, run_id=self._run_id))
+        self.state_changed.emit()
+
+    def step(self) -> None:
+        """One new token; pauses autoplay first."""
+        if not self.can_step:
+            return
+        self.pause()
+        if self._steps_requested < self.plan.budget:
+            self._steps_requested += 1
+            self.controller.step()
+
+    def toggle_play(self, interval_ms: int) -> None:
+        if self.playing:
+            self.controller.pause()
+        elif self.can_step:
+            self.controller.play(interval_ms)
+
+    def pause(self) -> None:
+        if self.playing:
+            self.controller.pause()
+
+    def set_interval(self, interval_ms: int) -> None:
+        self.controller.set_interval(interval_ms)
+
+    def stop(self, timeout_ms: int = 1000) -> bool:
+        """Stop the worker thread (closing); True when it has ended."""
+        return self.controller.stop(timeout_ms)
+
+    def wait(self) -> None:
+        self.controller.wait()
+
+    def _on_run_started(self, plan: RunPlan) -> None:
+        if plan.run_id != self._run_id:
+            return
+        self.plan = plan
+        target, self._replay_target = min(self._replay_target, plan.budget), 0
+        self.run_started.emit(plan)
+        for _ in range(target):
+            self._steps_requested += 1
+            self.controller.step()
+        self.state_changed.emit()
+
+    def _on_run_failed(self, run_id: int, message: str) -> None:
+        if run_id != self._run_id:
+            return
+        self.plan = None
+        self.run_failed.emit(message)
+        self.state_changed.emit()
+
+    def _on_step_computed(self, run_id: int, record: StepRecord) -> None:
+        if run_id != self._run_id:
+            return
+        self.last_record = record
+        if record.token_id is not None:
+            self._steps_requested = max(self._steps_requested, record.new_tokens)
+        self.record_computed.emit(record)
+
+    def _on_run_finished(self, run_id: int, record: StepRecord) -> None:
+        if run_id != self._run_id:
+            return
+        self.finished = True
+        self.run_finished.emit(record)
+        self.state_changed.emit()
+
+    def _on_playing_changed(self, playing: bool) -> None:
+        worker_thread_guards.hold_old_generations(playing)
+        self.playing = playing
+        self.playing_changed.emit(playing)
+        self.state_changed.emit()

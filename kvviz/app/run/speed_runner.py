@@ -1,0 +1,121 @@
+"""The speed sweep in the background: `kvviz bench --sweep` in a child process, its progress and its result
+as signals. A process of its own loads its own copy of the model, so the sweep neither shares the worker's
+model nor takes the GUI thread's interpreter lock; cancelling ends it at once."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
+
+from kvviz.core.errors import KvvizError
+from kvviz.measure.speed import SweepResult
+
+PROGRESS_PREFIX = "progress "
+
+
+def sweep_arguments(source: str, dtype: str, max_length: int | None = None) -> list[str]:
+    """The command line (after the interpreter) that sweeps model `source` ("" = the embedded one)."""
+    arguments = ["-m", "kvviz", "bench", "--sweep", "--json", "--background", "--dtype", dtype]
+    if source:
+        arguments += ["--model", source]
+    if max_length is not None:
+        arguments += ["--max-length", str(max_length)]
+    return arguments
+
+
+class SpeedSweeper(QObject):
+    """Runs one sweep at a time: `start(source, dtype)` (a running one is cancelled first), `cancel()`.
+    `result` keeps the last finished sweep, with the source and dtype it measured."""
+
+    started = Signal(str, str)  # source, dtype
+    progressed = Signal(int, int)  # measurements done, of total
+    finished = Signal(object)  # SweepResult
+    failed = Signal(str)  # one sentence
+    cancelled = Signal()
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.result: SweepResult | None = None
+        self.measured: tuple[str, str] | None = None  # (source, dtype) of `result`
+        self._asked: tuple[str, str] | None = None
+        self._process: QProcess | None = None
+        self._stderr = b""
+        self._errors: list[str] = []
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None
+
+    @property
+    def running_for(self) -> tuple[str, str] | None:
+        """(source, dtype) of the sweep under way, if any."""
+        return self._asked if self._process is not None else None
+
+    def start(self, source: str, dtype: str = "float32", max_length: int | None = None) -> None:
+        self.cancel()
+        process = QProcess(self)
+        environment = QProcessEnvironment.systemEnvironment()
+        environment.insert("PYTHONIOENCODING", "utf-8")
+        process.setProcessEnvironment(environment)
+        process.readyReadStandardError.connect(self._on_stderr)
+        process.finished.connect(self._on_finished)
+        process.errorOccurred.connect(self._on_error)
+        self._process, self._asked, self._stderr, self._errors = process, (source, dtype), b"", []
+        process.start(sys.executable, sweep_arguments(source, dtype, max_length))
+        self.started.emit(source, dtype)
+
+    def cancel(self) -> None:
+        """Stop the sweep under way, if any (its process is killed and reaped)."""
+        process = self._process
+        if process is None:
+            return
+        self._process = None
+        process.blockSignals(True)
+        process.kill()
+        process.waitForFinished(2000)
+        process.deleteLater()
+        self.cancelled.emit()
+
+    def _on_stderr(self) -> None:
+        process = self._process
+        if process is None:
+            return
+        self._stderr += bytes(process.readAllStandardError().data())
+        *lines, self._stderr = self._stderr.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").strip()
+            if line.startswith(PROGRESS_PREFIX):
+                done, _, total = line[len(PROGRESS_PREFIX):].partition("/")
+                if done.isdigit() and total.isdigit():
+                    self.progressed.emit(int(done), int(total))
+            elif line:
+                self._errors.append(line)
+
+    def _on_error(self, error: QProcess.ProcessError) -> None:
+        if error == QProcess.ProcessError.FailedToStart and self._process is not None:
+            self._process.deleteLater()
+            self._process = None
+            self.failed.emit(f"The speed sweep could not start ({sys.executable}).")
+
+    def _on_finished(self, exit_code: int, exit_status: QProcess.ExitStatus) -> None:
+        process = self._process
+        if process is None:
+            return
+        self._on_stderr()
+        self._process = None
+        output = bytes(process.readAllStandardOutput().data()).decode("utf-8", "replace")
+        process.deleteLater()
+        if exit_status != QProcess.ExitStatus.NormalExit or exit_code != 0:
+            last = next((line for line in reversed(self._errors) if line), "")
+            reason = last.removeprefix("kvviz: ") or f"it ended with status {exit_code}"
+            self.failed.emit(f"The speed sweep failed: {reason}")
+            return
+        try:
+            result = SweepResult.from_dict(json.loads(output))
+        except (ValueError, KvvizError) as exc:
+            self.failed.emit(f"The speed sweep printed no result ({exc}).")
+            return
+        self.result, self.measured = result, self._asked
+        self.finished.emit(result)

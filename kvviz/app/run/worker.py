@@ -1,0 +1,382 @@
+"""The one background worker: loads models and runs the engine, one step per command, on a QThread.
+
+The GUI never touches torch: it sends commands through queued signals and receives frozen
+records (ModelInfo, RunPlan, StepRecord from kvviz.core.records) back. torch, the engine and the weights are
+imported inside the worker thread, so the window shows before they load.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+
+from kvviz.app.run.shared_interpreter import worker_thread_guards
+from kvviz.core.errors import DownloadCancelled, as_sentence, first_line, is_out_of_memory
+from kvviz.core.records import ModelInfo, RunPlan, RunRequest, StepRecord
+
+if TYPE_CHECKING:
+    from kvviz.core.engine import Engine
+
+WORKER_NICENESS = 10  # the model runs this far below the GUI's scheduling priority (Linux)
+
+_THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
+
+
+def running_threads() -> list[QThread]:
+    """Worker threads still running (tests fail if any outlives its test)."""
+    return [t for t in list(_THREADS) if t.isRunning()]
+
+
+class StepAborted(Exception):
+    """Raised inside a forward pass when the window is closing."""
+
+
+def lower_thread_priority(niceness: int = WORKER_NICENESS) -> bool:
+    """Run the calling thread (and the compute threads torch starts from it, which inherit it) below
+    the GUI: in Linux's idle scheduling class, which yields a core to the GUI thread the moment it
+    wakes (a niced thread still holds it for milliseconds), and `niceness` steps below the process
+    where that class is refused. Linux only; True if done."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        target = os.getpriority(os.PRIO_PROCESS, os.getpid()) + niceness
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, target))
+    except OSError:
+        return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+    except (OSError, AttributeError):
+        pass
+    return True
+
+
+def describe_load_error(source: str, exc: BaseException) -> str:
+    """One sentence for a model that failed to load."""
+    from kvviz.core.errors import KvvizError
+
+    label = source or "the embedded model"
+    if isinstance(exc, (KvvizError, DtypeUnsupported)):
+        return as_sentence(first_line(exc))
+    if is_out_of_memory(exc):
+        return f"Not enough memory to load {label}; choose a smaller model."
+    return as_sentence(f"Could not load {label}: {first_line(exc)}")
+
+
+class DtypeUnsupported(Exception):
+    """A model loaded in a number type its device cannot compute in."""
+
+
+def check_dtype_runs(model, dtype: str) -> None:
+    """One token through `model` in `dtype`: a DtypeUnsupported sentence if the device cannot compute in it."""
+    if dtype == "float32":
+        return
+    import torch
+
+    try:
+        with torch.inference_mode():
+            model(torch.zeros((1, 1), dtype=torch.long, device=model.transformer.wte.weight.device))
+    except (RuntimeError, TypeError) as exc:
+        if is_out_of_memory(exc):
+            raise
+        device = model.transformer.wte.weight.device.type
+        raise DtypeUnsupported(f"{dtype} cannot run on {device} here ({first_line(exc)}); "
+                               "the previous precision is kept.") from exc
+
+
+def describe_run_error(model_name: str, exc: BaseException) -> str:
+    """One sentence for a generation step that failed."""
+    if is_out_of_memory(exc):
+        return f"Not enough memory to continue with {model_name}; lower max new tokens or choose a smaller model."
+    return as_sentence(f"Generation with {model_name} stopped: {first_line(exc)}")
+
+
+class GenerationWorker(QObject):
+    """Owns the Engine. Slots run in the worker thread; results go out through signals.
+
+    Signals carry the `run_id` of the RunRequest that produced them, so the GUI can drop
+    records of a run it has already replaced.
+    """
+
+    model_loading = Signal(str)  # source being loaded
+    download_progressed = Signal(int, int)  # bytes done, bytes total
+    model_loaded = Signal(str, object)  # source as requested, ModelInfo
+    model_load_failed = Signal(str, str)  # source, one-sentence message
+    model_load_cancelled = Signal(str)  # source
+    run_started = Signal(object)  # RunPlan (its run_id is the request's)
+    run_failed = Signal(int, str)  # run_id, one-sentence message
+    step_computed = Signal(int, object)  # run_id, StepRecord
+    run_finished = Signal(int, object)  # run_id, final StepRecord
+    playing_changed = Signal(bool)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.abort = threading.Event()  # set from the GUI thread when closing: stop mid-pass
+        self.cancel_download = threading.Event()  # set from the GUI thread: stop a hub download
+        self._engine: Engine | None = None
+        self._loaded = None  # kvviz.sources.weights.LoadedModel
+        self._records: Iterator[StepRecord] | None = None
+        self._run: RunPlan | None = None
+        self._interval_ms = 0
+        self._play_timer = QTimer(self)
+        self._play_timer.setSingleShot(True)
+        self._play_timer.timeout.connect(self._on_play_tick)
+        self._playing = False
+        self.native_thread_id: int | None = None  # the worker thread's OS id, once it has started
+        self._compute_threads_set = False
+
+    @Slot()
+    def prepare_thread(self) -> None:
+        """Runs first in the worker thread: below the GUI's priority, before torch starts its threads."""
+        self.native_thread_id = threading.get_native_id()
+        lower_thread_priority()
+
+    @property
+    def loaded_model(self):
+        """The current kvviz.sources.weights.LoadedModel (read it only while the worker is idle)."""
+        return self._loaded
+
+    # ----- model -----
+    @Slot(str, str)
+    def load_model(self, source: str, dtype: str = "float32") -> None:
+        self._set_playing(False)
+        self.model_loading.emit(source)
+        self.cancel_download.clear()
+        try:
+            import torch
+
+            from kvviz.core.engine import Engine
+            from kvviz.core.tokenizer import get_tokenizer
+            from kvviz.sources.weights import load_model
+
+            if not self._compute_threads_set:
+                # a new thread starts with OpenMP/MKL's per-thread defaults: re-applying torch's thread count
+                # makes decoding on this thread as fast as on the main thread (it was ~10% slower)
+                torch.set_num_threads(torch.get_num_threads())
+                self._compute_threads_set = True
+            loaded = load_model(source or None, progress=self._on_download_progress, dtype=getattr(torch, dtype))
+            engine = Engine(loaded.model, get_tokenizer())
+            check_dtype_runs(loaded.model, dtype)
+            engine.warm_up()  # the first step of the first run is timed like every other
+        except Exception as exc:  # any failure keeps the previous model; the GUI says why in one sentence
+            if isinstance(exc, DownloadCancelled):
+                self.model_load_cancelled.emit(source)
+            else:
+                self.model_load_failed.emit(source, describe_load_error(source, exc))
+            return
+        self._release_model()
+        self._engine, self._loaded = engine, loaded
+        self._records, self._run = None, None
+        loaded.model.before_block = self._check_abort
+        config = loaded.config
+        self.model_loaded.emit(source, ModelInfo(
+            name=loaded.name, source=loaded.source, num_parameters=loaded.num_parameters,
+            n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd, n_ctx=config.n_ctx, dtype=dtype,
+        ))
+
+    def _on_download_progress(self, done: int, total: int) -> None:
+        if self.cancel_download.is_set() or self.abort.is_set():
+            raise DownloadCancelled()
+        self.download_progressed.emit(done, total)
+
+    def _check_abort(self, layer: int) -> None:
+        if self.abort.is_set():
+            raise StepAborted()
+
+    def _release_model(self) -> None:
+        """Detach the current model: it stops calling into this worker and drops its inference buffers."""
+        if self._loaded is not None:
+            model = self._loaded.model
+            model.before_block = None
+            release = getattr(model, "release_inference_buffers", None)
+            if release is not None:
+                release()
+
+    # ----- runs -----
+    @Slot(object)
+    def start_run(self, request: RunRequest) -> None:
+        """Prepare a fresh run; no forward pass happens until `step`."""
+        self._set_playing(False)
+        self._records, self._run = None, None
+        if self._engine is None:
+            self.run_failed.emit(request.run_id, "No model is loaded yet.")
+            return
+        from kvviz.core.engine import GenerationError, SamplingSettings
+
+        engine = self._engine
+        try:  # every check runs here, before run_started: a bad request never resets the views
+            sampling = SamplingSettings(request.temperature, request.top_k, request.seed)
+            fault = "late_write" if request.break_cache else ""
+            options = dict(prompt=request.prompt, model_name=self._loaded.name, run_id=request.run_id,
+                           attention=request.attention)
+            prompt_ids = engine.encode_prompt(request.prompt)
+            if request.compare:
+                from kvviz.core.compare import Lockstep, plan_lockstep
+
+                plan = plan_lockstep(engine, prompt_ids, request.max_new_tokens, request.use_cache, sampling,
+                                     cache_fault=fault, **options)
+                records = Lockstep(engine, plan, sampling).records()
+            else:
+                plan = engine.plan(prompt_ids, request.max_new_tokens, request.use_cache, sampling,
+                                   cache_fault=fault if request.use_cache else "", **options)
+                records = engine.run(plan, sampling)
+        except GenerationError as exc:
+            self.run_failed.emit(request.run_id, as_sentence(first_line(exc)))
+            return
+        self._records, self._run = records, plan
+        self.run_started.emit(plan)
+
+    @Slot()
+    def step(self) -> None:
+        """Compute one new token; after the last one, also the pass that fills the cache."""
+        if self._records is None or self._run is None:
+            self._set_playing(False)
+            return
+        run = self._run
+        try:
+            record = next(self._records)
+            self.step_computed.emit(run.run_id, record)
+            if run.pass_follows_in_step(record):
+                record = next(self._records)
+                self.step_computed.emit(run.run_id, record)
+        except StepAborted:
+            self._records = None
+            return
+        except StopIteration:
+            self._records = None
+            self._set_playing(False)
+            return
+        except Exception as exc:  # out of memory mid-run, for instance
+            self._records = None
+            self._set_playing(False)
+            self.run_failed.emit(run.run_id, describe_run_error(run.model_name, exc))
+            return
+        if record.final:
+            self._records = None
+            self._set_playing(False)
+            self.run_finished.emit(run.run_id, record)
+
+    @Slot(int)
+    def play(self, interval_ms: int) -> None:
+        self._interval_ms = max(0, interval_ms)
+        if self._records is None:
+            return
+        self._set_playing(True)
+        self._play_timer.start(0)
+
+    @Slot()
+    def pause(self) -> None:
+        self._set_playing(False)
+
+    @Slot(int)
+    def set_interval(self, interval_ms: int) -> None:
+        self._interval_ms = max(0, interval_ms)
+
+    def _on_play_tick(self) -> None:
+        if not self._playing or self.abort.is_set():
+            return
+        started = time.perf_counter()
+        self.step()
+        if self._playing:
+            spent_ms = (time.perf_counter() - started) * 1000
+            self._play_timer.start(max(0, int(self._interval_ms - spent_ms)))
+
+    def _set_playing(self, playing: bool) -> None:
+        if not playing:
+            self._play_timer.stop()
+        if playing != self._playing:
+            self._playing = playing
+            self.playing_changed.emit(playing)
+
+    @Slot()
+    def shut_down(self) -> None:
+        """Runs in the worker thread as its last job: stop timers, drop the model."""
+        self._set_playing(False)
+        self._release_model()
+        self._records = None
+        self._engine = None
+        self._loaded = None
+
+
+class WorkerController(QObject):
+    """The GUI side: owns the QThread and the worker, and turns method calls into queued commands."""
+
+    load_requested = Signal(str, str)  # source, dtype
+    run_requested = Signal(object)
+    step_requested = Signal()
+    play_requested = Signal(int)
+    pause_requested = Signal()
+    interval_changed = Signal(int)
+    shutdown_requested = Signal()
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        worker_thread_guards.acquire()
+        self._holds_guards = True
+        self.thread = QThread()
+        self.thread.setObjectName("kvviz-worker")
+        self.worker = GenerationWorker()
+        self.worker.moveToThread(self.thread)
+        self.load_requested.connect(self.worker.load_model)
+        self.run_requested.connect(self.worker.start_run)
+        self.step_requested.connect(self.worker.step)
+        self.play_requested.connect(self.worker.play)
+        self.pause_requested.connect(self.worker.pause)
+        self.interval_changed.connect(self.worker.set_interval)
+        self.shutdown_requested.connect(self.worker.shut_down)
+        self.thread.started.connect(self.worker.prepare_thread)
+        self.thread.finished.connect(self.worker.deleteLater)
+        _THREADS.add(self.thread)
+        self.thread.start()
+
+    def load(self, source: str, dtype: str = "float32") -> None:
+        self.load_requested.emit(source, dtype)
+
+    def start_run(self, request: RunRequest) -> None:
+        self.worker.abort.clear()
+        self.run_requested.emit(request)
+
+    def step(self) -> None:
+        self.step_requested.emit()
+
+    def play(self, interval_ms: int) -> None:
+        self.play_requested.emit(interval_ms)
+
+    def pause(self) -> None:
+        self.pause_requested.emit()
+
+    def set_interval(self, interval_ms: int) -> None:
+        self.interval_changed.emit(interval_ms)
+
+    def cancel_download(self) -> None:
+        self.worker.cancel_download.set()
+
+    def stop(self, timeout_ms: int = 1000) -> bool:
+        """Abort the current pass, finish the thread and wait for it; True when it has ended."""
+        if not self.thread.isRunning():
+            self._release_guards()
+            return True
+        self.worker.abort.set()
+        self.worker.cancel_download.set()
+        self.shutdown_requested.emit()
+        self.thread.quit()
+        ended = self.thread.wait(timeout_ms)
+        if ended:
+            self._release_guards()
+        return ended
+
+    def wait(self) -> None:
+        """Block until the thread has ended (after `stop` ran out of time during an uninterruptible load)."""
+        self.thread.wait()
+        self._release_guards()
+
+    def _release_guards(self) -> None:
+        if self._holds_guards:
+            self._holds_guards = False
+            worker_thread_guards.release()

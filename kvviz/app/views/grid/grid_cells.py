@@ -1,0 +1,148 @@
+"""The K/V grid's cells: their states, colours and the pixels of one cell (patterns in colour-blind mode, softer
+separators between the heads of an expanded layer), and the legend of the states."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from PySide6.QtGui import QFont, QImage, QPixmap
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
+
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
+from kvviz.app.views.flow_layout import FlowLayout
+
+if TYPE_CHECKING:
+    from kvviz.app.views.grid.grid_rows import GridRows
+
+# Cell states, the values of `KVGridView.cell_states()`.
+EMPTY = 0  # the position does not exist yet
+PENDING = 1  # the token exists, its K/V has not been computed yet
+COMPUTED = 2  # K/V computed in this pass (amber)
+REUSED = 3  # K/V read from the cache in this pass (teal)
+STALE = 4  # read in this pass but never written by it: its K/V went one slot late (a cache broken on purpose)
+
+STATE_NAMES = {
+    EMPTY: "not generated yet",
+    PENDING: "token without K/V yet",
+    COMPUTED: "K/V computed this step",
+    REUSED: "K/V reused from the cache",
+    STALE: "stale slot: this token's K/V went one slot late",
+}
+
+# What a row of the grid shows, for its cells' separators.
+LAYER_ROW = 0  # a layer: the usual gap below it
+HEAD_ROW = 1  # an expanded layer's row or one of its heads: a soft 1 px line below it, so they read as one band
+LAST_HEAD_ROW = 2  # the last head of an expanded layer, or the row above one: a wide gap parts the layers
+ROW_KINDS = (LAYER_ROW, HEAD_ROW, LAST_HEAD_ROW)
+MAX_IMAGE_PIXELS = 1800  # the grid's image size limit per axis, so a redraw stays cheap
+
+
+def state_colours(theme: Theme) -> dict[int, str]:
+    """Each cell state's colour in `theme`."""
+    return {EMPTY: theme.empty, PENDING: theme.pending, COMPUTED: theme.amber, REUSED: theme.teal, STALE: theme.alert}
+
+
+def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int = LAYER_ROW) -> np.ndarray:
+    """(size, size, 4) RGBA pixels of one cell; a 1 px gap when cells are big, patterns for colour-blind mode.
+    `row` (a ROW_KINDS value) chooses the separator below the cell."""
+    tile = np.empty((size, size, 4), dtype=np.uint8)
+    colour = np.array(themes.rgba(state_colours(theme)[state]), dtype=np.uint8)
+    tile[:] = colour
+    dark = np.array(themes.rgba(theme.grid_line), dtype=np.uint8)
+    if colour_blind and size >= 5:
+        yy, xx = np.mgrid[0:size, 0:size]
+        if state == COMPUTED:  # diagonal stripes
+            tile[(xx + yy) % 4 == 0] = dark
+        elif state == REUSED:  # a centred dot
+            c = (size - 1) / 2
+            tile[(xx - c) ** 2 + (yy - c) ** 2 <= max(1.0, (size / 5) ** 2)] = dark
+        elif state == PENDING:  # a horizontal bar
+            tile[size // 2, :] = dark
+        elif state == STALE:  # a cross
+            tile[(xx == yy) | (xx + yy == size - 1)] = dark
+    if size >= 4:
+        gap = max(1, round(size * theme.cell_gap))
+        if row == LAYER_ROW:
+            tile[-gap:, :] = dark
+        elif row == LAST_HEAD_ROW:
+            tile[-min(max(2 * gap, size // 4), max(gap, size // 3)):, :] = dark  # twice a layer's, or a quarter
+        elif size >= 6:  # halfway between the cell and the gap: heads of one layer, one band
+            tile[-1, :] = (colour.astype(np.uint16) + dark) // 2
+        tile[:, -gap:] = dark
+    return tile
+
+
+def state_swatch(state: int, colour_blind: bool, theme: Theme, size: int = 14) -> QPixmap:
+    """A legend swatch drawn with the same tile as the grid."""
+    tile = np.ascontiguousarray(cell_tile(state, size, colour_blind, theme)[:-1, :-1] if size >= 4
+                                else cell_tile(state, size, False, theme))
+    h, w = tile.shape[:2]
+    image = QImage(tile.data, w, h, 4 * w, QImage.Format.Format_RGBA8888)
+    return QPixmap.fromImage(image.copy())
+
+
+class GridLegend(FlowLayout):
+    """Each cell state's swatch and name, in a row that wraps on a narrow screen (a swatch stays with its
+    words). `shown=False` hides every entry: a hidden legend takes no room. The stale slot's entry shows only
+    for a run on a cache broken on purpose (`show_stale`)."""
+
+    def __init__(self, shown: bool = True) -> None:
+        super().__init__(spacing=14)
+        self._shown = shown
+        self._entries: list[tuple[QLabel, QLabel, int]] = []
+        self._stale_entry: QWidget | None = None
+        for state in (COMPUTED, STALE, REUSED, PENDING, EMPTY):
+            swatch, text = QLabel(), QLabel(STATE_NAMES[state])
+            text.setObjectName("muted")
+            entry = QWidget()
+            entry_row = QHBoxLayout(entry)
+            entry_row.setContentsMargins(0, 0, 0, 0)
+            entry_row.addWidget(swatch)
+            entry_row.addWidget(text)
+            if not shown or state == STALE:  # (a parentless widget told to show would open as a window of its own)
+                entry.hide()
+            if state == STALE:
+                self._stale_entry = entry
+            self.addWidget(entry)
+            self._entries.append((swatch, text, state))
+
+    def show_stale(self, on: bool) -> None:
+        """Show the stale slot's entry (a run on a cache broken on purpose), or hide it."""
+        if self._stale_entry is not None and self._stale_entry.parentWidget() is not None:
+            self._stale_entry.setVisible(on and self._shown)
+
+    def show_look(self, colour_blind: bool, theme: Theme) -> None:
+        """Draw the swatches as the grid draws its cells."""
+        for swatch, _text, state in self._entries:
+            swatch.setPixmap(state_swatch(state, colour_blind, theme))
+
+    def set_text_font(self, font: QFont) -> None:
+        for _swatch, text, _state in self._entries:
+            text.setFont(font)
+
+
+class CellTiles:
+    """The grid's image: each cell drawn as its tile, the tiles made once per size, pattern and theme."""
+
+    def __init__(self) -> None:
+        self._tiles: dict[tuple[int, bool, Theme], np.ndarray] = {}
+
+    def image(self, states: np.ndarray, rows: GridRows, colour_blind: bool, theme: Theme) -> np.ndarray:
+        """(rows × s, width × s, 4) RGBA pixels of (n_layer, width) `states` shown as `rows`."""
+        n_rows, width = len(rows), states.shape[1]
+        size = max(1, min(16, MAX_IMAGE_PIXELS // width, (MAX_IMAGE_PIXELS // 2) // n_rows))
+        if colour_blind:
+            size = max(size, 6 if width <= 512 else size)
+        key = (size, colour_blind, theme)
+        if key not in self._tiles:
+            states_all = range(len(STATE_NAMES))
+            self._tiles[key] = np.stack([np.stack([cell_tile(s, size, colour_blind, theme, row) for s in states_all])
+                                         for row in ROW_KINDS])  # (row kinds, states, s, s, 4)
+        tiles = self._tiles[key]
+        display = states[rows.layers]  # (R, W): each head row repeats its layer's
+        if size == 1:
+            return tiles[rows.kinds, display, 0, 0]  # (R, W, 4)
+        cells = tiles[rows.kinds, display]  # (R, W, s, s, 4)
+        return cells.transpose(0, 2, 1, 3, 4).reshape(n_rows * size, width * size, 4)

@@ -1,0 +1,118 @@
+"""What the K/V grid knows about each cell of a run, taken from its records (no Qt): the cell states, when
+each key and value was last computed, how often it was computed and reused, which position's K/V a slot holds
+(a cache broken on purpose writes one slot late), and the tooltip that says so."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.app.views.base import chip_text
+from kvviz.app.views.grid.grid_cells import COMPUTED, EMPTY, PENDING, REUSED, STALE, STATE_NAMES
+from kvviz.core.records import RunPlan, StepRecord
+
+
+class GridState:
+    """The cells of one run, (n_layer, width) arrays filled from its records, in order.
+
+    `states` holds EMPTY, PENDING, COMPUTED, REUSED or STALE (grid_cells); `computed_at` the pass (1-based) of
+    each cell's latest computation, -1 for none; `times_computed` how often it was computed; `times_reused` how
+    often it was read from the cache since. `labels` are the tokens, position by position.
+
+    A cell is a position and, with the cache, the cache slot of that position. The records say which slots
+    each pass wrote (`written_positions`): on a cache broken on purpose they are one later than the positions
+    it fed, so the amber cell is the slot written, one column right of its token, and the fed token's own
+    slot, read but not written, is STALE. `holds` is the position whose K/V each slot holds (-1: none yet).
+    """
+
+    def __init__(self, plan: RunPlan | None = None) -> None:
+        self.plan = plan
+        shape = (plan.n_layer, max(1, plan.width)) if plan is not None else (1, 1)
+        self.labels: list[str] = list(plan.prompt_labels) if plan is not None else []
+        self.states = np.zeros(shape, dtype=np.uint8)
+        if plan is not None:
+            self.states[:, : plan.prompt_tokens] = PENDING
+        self.computed_at = np.full(shape, -1, dtype=np.int32)
+        self.times_computed = np.zeros(shape, dtype=np.int32)
+        self.times_reused = np.zeros(shape, dtype=np.int32)
+        self.holds = np.full(shape, -1, dtype=np.int32)
+        self.fed = np.zeros(shape, dtype=bool)  # the position's K/V has been computed (wherever it was written)
+        self.last: StepRecord | None = None
+
+    @property
+    def n_layer(self) -> int:
+        return self.states.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.states.shape[1]
+
+    def apply(self, record: StepRecord) -> None:
+        """One forward pass: the positions it computed and reused, and the token it added."""
+        width = self.width
+        fed = record.computed_positions(width)
+        written = record.written_positions(width) if record.kv_written is not None else fed
+        computed = np.s_[:, written]  # every layer, the slots this pass wrote
+        reused = np.s_[:, record.reused_positions(width)]
+        states = self.states
+        states[states != EMPTY] = PENDING
+        states[reused] = REUSED
+        if written != fed:  # a slot the pass read as its own token's, but did not write
+            states[:, fed] = STALE
+        states[computed] = COMPUTED
+        self.fed[:, fed] = True
+        self.holds[computed] = np.arange(fed.start, fed.start + (written.stop - written.start))
+        self.computed_at[computed] = record.step + 1
+        self.times_computed[computed] += 1
+        self.times_reused[computed] = 0
+        self.times_reused[reused] += 1
+        if record.token_id is not None:
+            self.labels.append(record.token_text)
+            new_position = record.sequence_length - 1
+            if new_position < width and states[0, new_position] == EMPTY:  # (a late write may have filled it)
+                states[:, new_position] = PENDING
+        self.last = record
+
+    def label(self, position: int) -> str:
+        """The token at `position` as a chip shows it, or "" past the tokens so far."""
+        return chip_text(self.labels[position]) if position < len(self.labels) else ""
+
+    def cell_info(self, layer: int, position: int, head: int | None = None) -> str:
+        """What the hover tooltip says about one cell: of `layer`, or of one of its heads."""
+        plan = self.plan
+        if plan is None or not (0 <= layer < self.n_layer and 0 <= position < self.width):
+            return ""
+        if head is not None and not 0 <= head < plan.n_head:
+            return ""
+        token = self.label(position) if position < len(self.labels) else "(not generated yet)"
+        where = f"layer {layer}" if head is None else f"layer {layer}, head {head}"
+        lines = [f"{where}, position {position}", f"token: {token}"]
+        state = int(self.states[layer, position])
+        at = int(self.computed_at[layer, position])
+        holds, broken = int(self.holds[layer, position]), bool(plan.cache_fault)
+        if at < 0 and self.fed[layer, position]:
+            lines.append("its K/V was computed but written one slot late: this slot was never written")
+        elif at < 0:
+            lines.append("K/V not computed yet" if state == PENDING else "position does not exist yet")
+        else:
+            lines.append(f"K/V computed at step {at}")
+            if broken and holds != position:
+                lines.append(f"this slot holds position {holds}'s K/V: written one slot late (broken cache)")
+            if plan.use_cache:
+                n = int(self.times_reused[layer, position])
+                lines.append(f"reused {n} time{'s' if n != 1 else ''} since")
+            else:
+                n = int(self.times_computed[layer, position])
+                lines.append(f"no cache: computed {n} time{'s' if n != 1 else ''} so far, reused never")
+        if state != EMPTY:
+            lines.append(STATE_NAMES[state])
+        kv = "K and V" if head is None else f"K and V of head {head}"
+        if plan.use_cache and state in (COMPUTED, REUSED, STALE) and plan.n_head > 0:  # in the cache: their bytes
+            b, d = plan.dtype_bytes, plan.head_dim
+            if head is None:
+                total = 2 * plan.n_head * d * b
+                lines.append(f"{kv}: 2 \u00d7 {plan.n_head} heads \u00d7 {d} \u00d7 {b} bytes = {total:,} bytes")
+            else:
+                lines.append(f"{kv}: 2 \u00d7 {d} \u00d7 {b} bytes = {2 * d * b:,} bytes")
+        elif not plan.use_cache and at >= 0:
+            lines.append(f"{kv}: recomputed each pass, not kept (no cache)")
+        return "\n".join(lines)

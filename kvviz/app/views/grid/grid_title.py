@@ -1,0 +1,44 @@
+"""The K/V grid's two-line caption: what the grid shows, and what the latest pass computed and reused."""
+
+from __future__ import annotations
+
+from kvviz.app.theme import Theme
+from kvviz.core.records import RunPlan, StepRecord
+
+BROKEN_NOTE = "BROKEN on purpose (teaching switch)"
+CACHE_FILL = "cache fill, no new token"
+
+
+def mode_name(use_cache: bool) -> str:
+    return "with cache" if use_cache else "without cache"
+
+
+def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, theme: Theme) -> tuple[str, str]:
+    """The caption for `plan` after `record` (None: before the first pass), and, before the first pass,
+    the widest caption the run will show (its last pass's numbers), else ""."""
+    mode = mode_name(plan.use_cache)
+    if plan.cache_fault:
+        mode = f"<span style='color:{theme.alert}'>{mode} \u2014 {BROKEN_NOTE}</span>"
+    size = f"{plan.n_layer} layers \u00d7 {plan.width} positions"
+    if lockstep is None:
+        head = f"<b>K/V per layer and position</b> &nbsp; {size}, {mode}"
+    else:
+        colour = theme.teal if plan.use_cache else theme.amber
+        head = f"<b><span style='color:{colour}'>{mode}</span></b> &nbsp; K/V per layer and position, {size}"
+
+    def caption(detail: str) -> str:
+        return f"{head}<br><span style='color:{theme.muted}'>{detail}</span>"
+
+    if record is None:
+        # what the grid shows, never a key to press: the caption goes into exported images too
+        ready = f"prompt of {plan.prompt_tokens} tokens ready; step 1 computes their keys and values"
+        return caption(ready), caption(_step(theme, plan.passes, CACHE_FILL, plan.width, plan.n_layer, plan.width))
+    what = CACHE_FILL if record.token_id is None else f"token {record.new_tokens}"
+    computed = record.fed_stop - record.fed_start
+    return caption(_step(theme, record.step + 1, what, computed, record.n_layer, record.fed_start)), ""
+
+
+def _step(theme: Theme, step: int, what: str, computed: int, n_layer: int, reused: int) -> str:
+    amber = f"<span style='color:{theme.amber}'>computed {computed} position{'s' if computed != 1 else ''}</span>"
+    teal = f"<span style='color:{theme.teal}'>reused {reused}</span>"
+    return f"step {step} ({what}): {amber} \u00d7 {n_layer} layers, {teal}"

@@ -1,0 +1,384 @@
+"""The per-layer K/V grid: rows are layers (each expandable into its heads), columns are token positions, one
+ImageItem for all cells."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, QSize, Qt, Signal
+from PySide6.QtGui import QAction, QColor, QFont, QFontMetrics, QMouseEvent, QPen, QResizeEvent
+from PySide6.QtWidgets import QGraphicsRectItem, QVBoxLayout, QWidget
+
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
+from kvviz.app.views.base import CellTooltips, cache_axes, cell_plot, cell_under, style_plot
+from kvviz.app.views.grid.grid_cells import CellTiles, GridLegend
+from kvviz.app.views.grid.grid_rows import GridAxes, GridRows
+from kvviz.app.views.grid.grid_state import GridState
+from kvviz.app.views.grid.grid_title import grid_title, mode_name
+from kvviz.app.views.live_label import LiveLabel
+from kvviz.core.records import RunPlan, StepRecord
+
+PLOT_MIN_HEIGHT = 80  # pixels at zoom 1: the grid never collapses into a strip
+MIN_ROW_HEIGHT = 14  # pixels: no row of cells is drawn smaller, nor smaller than a line of its labels' font
+LOCKSTEP_RUNS = ("cached", "uncached")  # which run of a compare-mode lockstep a grid can show
+
+
+def least_row_height(font: QFont) -> int:
+    """The least height of a row of cells labelled in `font`: MIN_ROW_HEIGHT, or a line of the font if taller."""
+    return max(MIN_ROW_HEIGHT, QFontMetrics(font).lineSpacing())
+
+
+def least_plot_height(plot_item: object, rows: int, row_height: int) -> int:
+    """The least height of a cell plot (the grid, the attention strip): `rows` rows of `row_height` pixels,
+    its bottom axis (tick labels and title) and the plot's margins."""
+    return rows * row_height + math.ceil(plot_item.getAxis("bottom").minimumHeight()) + 3
+
+
+class KVGridView(QWidget):
+    """Which K/V exist, per layer and position, and what this forward pass did with them.
+
+    A view (views.base.RunViewProtocol): `reset(plan)`, `apply(records)`, `refresh()`.
+    Everything drawn comes from the plan's width and the records'
+    `computed_positions` / `reused_positions`; nothing is re-derived here.
+
+    By default it shows the records it is given (the primary run). With `lockstep="cached"` or
+    `"uncached"` it shows that run of a compare-mode lockstep: the plan's `cached_plan` or
+    `uncached_plan`, and each record's `lockstep_passes()` of that run; a plan without a twin
+    leaves it empty. `legend=False` leaves out the legend (a grid stacked over another one).
+
+    The cache's true shape is layers x heads x positions x head dim: double-clicking a row (or
+    `expand_layer`) shows that layer's heads as rows under it, each with its layer's cells (every head of
+    a layer computes and reuses exactly the positions its layer does). A click on a row emits
+    `layer_clicked`; `set_selected_layer` outlines a layer's rows.
+    """
+
+    export_requested = Signal()
+    layer_clicked = Signal(int)  # a click on a row: its layer (a head row's too)
+
+    def __init__(self, parent: QWidget | None = None, lockstep: str | None = None, legend: bool = True) -> None:
+        super().__init__(parent)
+        if lockstep is not None and lockstep not in LOCKSTEP_RUNS:
+            raise ValueError(f"lockstep must be one of {LOCKSTEP_RUNS} or None, got {lockstep!r}")
+        self.lockstep = lockstep
+        self._was_reset = False
+        self._plan: RunPlan | None = None
+        self._framed_shape: tuple[int, int] | None = None  # (rows, width) the view box was last framed to
+        self._colour_blind = False
+        self._font_scale = 1.0
+        self._theme = themes.current()
+        self._cells = GridState()  # the cells of the run shown, from its records
+        self._dirty = False
+        self._expanded: set[int] = set()  # layers shown with their heads
+        self._selected: int | None = None  # the outlined layer
+        self._tick_font = QFont(self.font())
+        self._least_height = 0  # the height minimumSizeHint gave, for the width it was asked at
+        self._set_rows()
+
+        self.plot_widget, self.plot_item, self.image_item = cell_plot(PLOT_MIN_HEIGHT)
+        self._axes = GridAxes(self.plot_widget, self.plot_item)  # the layer and position labels
+        self._tiles = CellTiles()
+        vb = self.plot_item.getViewBox()
+        self._outline = QGraphicsRectItem()  # the selected layer's rows
+        self._outline.setZValue(self.image_item.zValue() + 1)
+        self._outline.setVisible(False)
+        self.plot_item.addItem(self._outline, ignoreBounds=True)
+        vb.sigTransformChanged.connect(self._update_outline)  # its inset is a pixel: a new range or size moves it
+        self.plot_item.getAxis("bottom").geometryChanged.connect(self._fit_height)  # its height follows its font
+        self.plot_item.setLabel("left", "layer")
+        self.plot_item.setLabel("bottom", "token position")
+        self.plot_item.showGrid(False, False)
+        cache_axes(self.plot_item)
+        self._export_action = QAction("Export view\u2026", self)
+        self._export_action.triggered.connect(self.export_requested.emit)
+        self.plot_widget.scene().contextMenu = [self._export_action]
+        self.tooltips = CellTooltips(self.plot_widget, self.plot_item, self._tooltip_text)
+        self.plot_widget.viewport().installEventFilter(self)  # clicks on rows
+
+        # wrapped: a narrow screen wraps it instead of widening the window
+        own_mode = mode_name(lockstep != "uncached")
+        waiting = "K/V cache: no run yet" if lockstep is None else f"{own_mode}: no compare run"
+        self.title = LiveLabel(waiting, wrap=True)
+        self.legend_row = GridLegend(shown=legend)
+
+        self.setObjectName("kvGrid")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.setSpacing(4)
+        layout.addWidget(self.title)
+        layout.addWidget(self.plot_widget, 1)
+        layout.addLayout(self.legend_row)
+        self._apply_theme()
+        self._apply_fonts()
+
+    # ----- public interface -----
+    def reset(self, plan: RunPlan) -> None:
+        """Start showing `plan`'s run: prompt positions pending, the rest empty. Expanded layers stay expanded
+        when the run has them (and heads)."""
+        self._was_reset = True
+        shown = self._shown_plan(plan)
+        self._expanded = {layer for layer in self._expanded if layer < plan.n_layer} if plan.n_head > 0 else set()
+        if shown is None:
+            self._show_nothing()
+            return
+        self._plan = shown
+        self._cells = GridState(shown)
+        self.legend_row.show_stale(plan.cache_broken)  # compare mode: the legend under both grids
+        self._set_rows()
+        self._axes.reserve_width(self._plan)
+        self._update_outline()
+        self._dirty = True
+        self.refresh()
+
+    def apply(self, records: Sequence[StepRecord]) -> None:
+        """Take these forward passes into the grid, in order; `refresh()` draws them."""
+        if not self._was_reset:
+            raise RuntimeError("KVGridView.apply before reset(plan)")
+        if self._plan is None:  # a lockstep grid outside compare mode: nothing to show
+            return
+        for record in records:
+            if self.lockstep is None:
+                self._cells.apply(record)
+            else:
+                for run_pass in record.lockstep_passes()[LOCKSTEP_RUNS.index(self.lockstep)]:
+                    self._cells.apply(run_pass)
+            self._dirty = True
+
+    def _shown_plan(self, plan: RunPlan) -> RunPlan | None:
+        if self.lockstep is None:
+            return plan
+        if plan.twin is None:
+            return None
+        return plan.cached_plan if self.lockstep == "cached" else plan.uncached_plan
+
+    def _show_nothing(self) -> None:
+        """An empty grid and a title that says why (a lockstep grid given a plan without a twin)."""
+        self._plan = None
+        self._cells = GridState()
+        self._dirty = False
+        self._set_rows()
+        self._update_outline()
+        self._draw_image()
+        self._axes.update(self._cells, self._rows)
+        own_mode = mode_name(self.lockstep != "uncached")
+        self.title.setText(f"<b>{own_mode}</b> &nbsp; <span style='color:{self._theme.muted}'>"
+                           "no compare run: this grid shows one run of compare mode</span>")
+
+    def refresh(self) -> None:
+        """Draw the current state if it changed since the last draw."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        self._draw_image()
+        self._axes.update(self._cells, self._rows)
+        self._update_title()
+        self.tooltips.refresh()
+
+    def set_colour_blind(self, enabled: bool) -> None:
+        """Add patterns to the cells (stripes = computed, dot = reused, bar = pending)."""
+        if enabled == self._colour_blind:
+            return
+        self._colour_blind = enabled
+        self.legend_row.show_look(self._colour_blind, self._theme)
+        self._dirty = True
+        self.refresh()
+
+    def set_theme(self, theme: Theme) -> None:
+        """Draw the cells, axes, labels and background in `theme`'s colours."""
+        if theme == self._theme:
+            return
+        self._theme = theme
+        self._apply_theme()
+        if self._plan is not None:
+            self._dirty = True
+            self.refresh()
+        elif self._was_reset:
+            self._show_nothing()  # an empty lockstep grid: its title's colours
+
+    def _apply_theme(self) -> None:
+        theme = self._theme
+        self.plot_widget.setBackground(theme.background)
+        pen = QPen(QColor(theme.frame))
+        pen.setWidthF(2.0)
+        pen.setCosmetic(True)  # 2 pixels at any zoom
+        self._outline.setPen(pen)
+        style_plot(self.plot_item, theme)
+        self.setStyleSheet(f"QWidget#kvGrid {{ background: {theme.background}; }} "
+                           f"QWidget#kvGrid QLabel {{ color: {theme.foreground}; background: transparent; }} "
+                           f"QWidget#kvGrid QLabel#muted {{ color: {theme.muted}; }}")
+        self.legend_row.show_look(self._colour_blind, self._theme)
+
+    def set_font_scale(self, scale: float) -> None:
+        self._font_scale = scale
+        self._apply_fonts()
+        self._fit_height()
+        self._dirty = True
+        self.refresh()
+
+    def cell_states(self) -> np.ndarray:
+        """(n_layer, width) cell states: EMPTY, PENDING, COMPUTED or REUSED (a copy)."""
+        return self._cells.states.copy()
+
+    def display_states(self) -> np.ndarray:
+        """(rows, width) states as drawn, one row per `display_rows()` entry (a copy)."""
+        return self._cells.states[self._rows.layers]
+
+    def display_rows(self) -> list[tuple[int, int | None]]:
+        """The rows drawn, top to bottom: (layer, None) for a layer, (layer, head) for one of its heads."""
+        if self._plan is None:
+            return []
+        return [(int(layer), None if head < 0 else int(head))
+                for layer, head in zip(self._rows.layers, self._rows.heads, strict=True)]
+
+    def expand_layer(self, layer: int, expanded: bool = True) -> None:
+        """Show `layer`'s heads as rows under it (or hide them). A run without heads (n_head 0) shows none."""
+        if self._plan is None or self._plan.n_head == 0:
+            return
+        if not 0 <= layer < self._plan.n_layer:
+            raise ValueError(f"layer {layer} is outside the run's {self._plan.n_layer} layers")
+        if (layer in self._expanded) == expanded:
+            return
+        if expanded:
+            self._expanded.add(layer)
+        else:
+            self._expanded.discard(layer)
+        self._set_rows()
+        self.tooltips.forget()  # the rows under the mouse moved
+        self._update_outline()
+        self._dirty = True
+        self.refresh()
+
+    def toggle_heads(self) -> None:
+        """Show or hide the heads of the selected layer (layer 0 when none is): View > Heads, key H."""
+        layer = self._selected if self._selected is not None else 0
+        if self._plan is not None and 0 <= layer < self._plan.n_layer:
+            self.expand_layer(layer, layer not in self._expanded)
+
+    def expanded_layers(self) -> tuple[int, ...]:
+        """The layers shown with their heads, in order."""
+        return tuple(sorted(self._expanded))
+
+    def set_selected_layer(self, layer: int | None) -> None:
+        """Outline `layer`'s rows (its heads' too), or none; a layer the run does not have outlines none."""
+        self._selected = layer
+        self._update_outline()
+
+    def selected_layer(self) -> int | None:
+        """The layer `set_selected_layer` chose, or None."""
+        return self._selected
+
+    def cell_info(self, layer: int, position: int, head: int | None = None) -> str:
+        """What the hover tooltip says about one cell: of `layer`, or of one of its heads."""
+        return self._cells.cell_info(layer, position, head)
+
+    # ----- drawing -----
+    def _set_rows(self) -> None:
+        """The display rows: each layer, followed by its heads when it is expanded."""
+        n_head = self._plan.n_head if self._plan is not None else 0
+        self._rows = GridRows(self._cells.n_layer, n_head, self._expanded)
+        if hasattr(self, "plot_widget"):
+            self._fit_height()
+
+    def _fit_height(self) -> None:
+        """The plot's least height: every row of cells at least `least_row_height` tall, and the bottom axis.
+        A screen too short for every panel then scrolls them instead of squeezing the rows."""
+        rows = len(self._rows) if self._plan is not None else 0
+        least = max(int(PLOT_MIN_HEIGHT * self._font_scale),
+                    least_plot_height(self.plot_item, rows, least_row_height(self._tick_font)))
+        if least != self.plot_widget.minimumHeight():
+            self.plot_widget.setMinimumHeight(least)
+            self.updateGeometry()
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        """At least the title's and the legend's heights at this width (QSplitter, which lays the grids out, asks
+        no height for width) over the plot's least height: the splitter never squeezes one over another."""
+        hint = super().minimumSizeHint()
+        self._least_height = self._height_at(self.width())
+        return QSize(hint.width(), max(hint.height(), self._least_height))
+
+    def _height_at(self, width: int) -> int:
+        layout = self.layout()
+        margins = layout.contentsMargins()
+        inner = max(1, width - margins.left() - margins.right())
+        parts = [self.title.heightForWidth(inner), self.plot_widget.minimumHeight(),
+                 self.legend_row.heightForWidth(inner)]
+        parts = [part for part in parts if part > 0]
+        return margins.top() + margins.bottom() + sum(parts) + layout.spacing() * (len(parts) - 1)
+
+    def _update_outline(self) -> None:
+        layer = self._selected
+        if self._plan is None or layer is None or not 0 <= layer < self._cells.n_layer:
+            self._outline.setVisible(False)
+            return
+        rows = 1 + (self._plan.n_head if layer in self._expanded else 0)
+        px, py = self.plot_item.getViewBox().viewPixelSize()  # one pixel, in cells: the pen inside the plot's edge
+        rect = QRectF(0, int(self._rows.layer_rows[layer]), self._cells.width, rows)
+        self._outline.setRect(rect.adjusted(px, py, -px, -py))
+        self._outline.setVisible(True)
+
+    def _draw_image(self) -> None:
+        rows, width = len(self._rows), self._cells.width
+        image = self._tiles.image(self._cells.states, self._rows, self._colour_blind, self._theme)
+        self.image_item.setImage(image, autoLevels=False, levels=(0, 255))
+        if self._framed_shape != (rows, width):  # a new frame repaints the axes: only when the shape changes
+            self._framed_shape = (rows, width)
+            self.image_item.setRect(QRectF(0, 0, width, rows))
+            self.plot_item.getViewBox().setRange(xRange=(0, width), yRange=(0, rows), padding=0)
+
+    def _update_title(self) -> None:
+        if self._plan is not None:
+            text, widest = grid_title(self._plan, self._cells.last, self.lockstep, self._theme)
+            if widest:  # room for the run's longest caption: its numbers grow without moving the grid
+                self.title.reserve(widest)
+            self.title.setText(text)
+
+    def _apply_fonts(self) -> None:
+        font = QFont(self.font())
+        font.setPointSizeF(max(6.0, 9.0 * self._font_scale))
+        self._axes.set_font(font, self._plan)
+        self._tick_font = font
+        title_font = QFont(self.font())
+        title_font.setPointSizeF(10.0 * self._font_scale)
+        self.title.setFont(title_font)
+        self.legend_row.set_text_font(font)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width() and self._height_at(self.width()) != self._least_height:
+            self.updateGeometry()  # the title or the legend wraps onto more (or fewer) lines at this width
+        if self._plan is not None:
+            self._axes.update(self._cells, self._rows)  # how many layer labels fit depends on the height
+
+    # ----- hover and clicks -----
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if (watched is self.plot_widget.viewport() and isinstance(event, QMouseEvent)
+                and event.type() in (QEvent.Type.MouseButtonPress, QEvent.Type.MouseButtonDblClick)
+                and event.button() == Qt.MouseButton.LeftButton):
+            cell = self._cell_at(self.plot_widget.mapToScene(event.position().toPoint()))
+            if cell is not None:
+                layer = int(self._rows.layers[cell[0]])
+                if event.type() == QEvent.Type.MouseButtonDblClick:
+                    self.expand_layer(layer, layer not in self._expanded)
+                else:
+                    self.set_selected_layer(layer)
+                    self.layer_clicked.emit(layer)
+        return super().eventFilter(watched, event)
+
+    def _cell_at(self, scene_pos: QPointF) -> tuple[int, int] | None:
+        """(display row, position) of the cell at `scene_pos`, or None off the cells."""
+        cell = cell_under(self.plot_item, scene_pos) if self._plan is not None else None
+        if cell is None:
+            return None
+        row, position = cell
+        if not (0 <= row < len(self._rows) and 0 <= position < self._cells.width):
+            return None
+        return row, position
+
+    def _tooltip_text(self, row: int, position: int) -> str:
+        if self._plan is None or not 0 <= row < len(self._rows):
+            return ""
+        head = int(self._rows.heads[row])
+        return self.cell_info(int(self._rows.layers[row]), position, None if head < 0 else head)

@@ -1,0 +1,1 @@
+"""The window: its parts, actions, controls and presentation."""

@@ -1,0 +1,158 @@
+"""The window's actions and menus, written once as a table (name, menu, text, keys), and what each does
+(`window_slots`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+from PySide6.QtWidgets import QMainWindow
+
+from kvviz.app.window.dialogs import AboutDialog, ShortcutsDialog
+
+if TYPE_CHECKING:
+    from kvviz.app.window.main_window import MainWindow
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One action: `name` keys its slot; `menu` None keeps it out of the menus (it still has its keys), and
+    "&View/&Theme" puts it in a submenu (`separator_before` on a submenu's first action goes before the
+    submenu). Checkable actions of one `group` exclude each other."""
+
+    name: str
+    menu: str | None
+    text: str
+    keys: tuple[str, ...] = ()
+    checkable: bool = False
+    application_wide: bool = False
+    separator_before: bool = False
+    group: str | None = None
+
+
+ACTIONS = (
+    ActionSpec("open_file", "&File", "&Open checkpoint file\u2026", ("Ctrl+O",)),
+    ActionSpec("open_folder", "&File", "Open checkpoint &folder\u2026", ("Ctrl+Shift+O",)),
+    ActionSpec("choose_model", "&File", "Choose &model", ("Ctrl+M",)),
+    ActionSpec("export", "&File", "&Export\u2026", ("Ctrl+E",), separator_before=True),
+    ActionSpec("copy_image", "&File", "&Copy chart image", ("Ctrl+Shift+C",)),
+    ActionSpec("quit", "&File", "&Quit", ("Ctrl+Q",), application_wide=True, separator_before=True),
+    ActionSpec("step", "&Run", "&Step (one new token)", ("Space", "Right", "PgDown")),
+    ActionSpec("play", "&Run", "&Play / pause", ("P",)),
+    ActionSpec("faster", "&Run", "Play &faster", ("]",)),
+    ActionSpec("slower", "&Run", "Play &slower", ("[",)),
+    ActionSpec("reset", "&Run", "&Reset run", ("R",)),
+    ActionSpec("toggle_cache", "&Run", "Toggle KV &cache", ("C",), separator_before=True),
+    ActionSpec("break_cache", "&Run", "&Break the cache (teaching switch: plants an indexing bug)", ("Ctrl+B",),
+               checkable=True),
+    ActionSpec("dtype_float32", "&Run/Prec&ision", "&float32 (4 bytes a number)", checkable=True, group="dtype",
+               separator_before=True),
+    ActionSpec("dtype_bfloat16", "&Run/Prec&ision", "&bfloat16 (2 bytes, float32's range)", checkable=True,
+               group="dtype"),
+    ActionSpec("dtype_float16", "&Run/Prec&ision", "f&loat16 (2 bytes, finer, smaller range)", checkable=True,
+               group="dtype"),
+    ActionSpec("edit_prompt", "&Run", "Edit &prompt", ("Ctrl+L",), separator_before=True),
+    ActionSpec("escape", None, "Leave prompt field / presenter mode", ("Esc",)),
+    ActionSpec("compare", "&View", "Compare &with and without cache", ("T",), checkable=True),
+    ActionSpec("memory", "&View", "&Memory of the KV cache", ("M",), checkable=True),
+    ActionSpec("attention", "&View", "&Attention of the newest token", ("A",), checkable=True),
+    ActionSpec("heads", "&View", "&Heads of the selected layer (or double-click a grid row)", ("H",)),
+    ActionSpec("speed", "&View", "&Speed of a token step, measured against the length", ("S",)),
+    ActionSpec("presenter", "&View", "&Presenter mode", ("F11",), checkable=True, separator_before=True),
+    ActionSpec("colour_blind", "&View", "&Colour-blind patterns", ("B",), checkable=True),
+    ActionSpec("theme_dark", "&View/&Theme", "&Dark", checkable=True, group="theme"),
+    ActionSpec("theme_light", "&View/&Theme", "&Light", checkable=True, group="theme"),
+    ActionSpec("zoom_in", "&View", "Zoom &in", ("Ctrl+=", "Ctrl++"), separator_before=True),
+    ActionSpec("zoom_out", "&View", "Zoom &out", ("Ctrl+-",)),
+    ActionSpec("zoom_reset", "&View", "&Actual size", ("Ctrl+0",)),
+    ActionSpec("lesson", "&Help", "&Lesson (Page Down: next, Page Up: back, Esc: leave)", ("L",), checkable=True),
+    ActionSpec("lesson_notes", "&Help", "Lesson &notes (the lecturer's; hidden until shown)", ("N",), checkable=True),
+    ActionSpec("lesson_next", None, "Next lesson step"),  # keys only in lesson mode: LESSON_KEYS
+    ActionSpec("lesson_back", None, "Previous lesson step"),
+    ActionSpec("shortcuts", "&Help", "&Keyboard shortcuts", ("F1", "Ctrl+/")),
+    ActionSpec("about", "&Help", "&About kvviz"),
+)
+# In lesson mode a presenter's clicker (Page Down / Page Up) and the arrows drive the lesson; Space still steps.
+LESSON_KEYS = {"step": ("Space",), "lesson_next": ("PgDown", "Right"), "lesson_back": ("PgUp", "Left")}
+
+
+def build_actions(window: QMainWindow, slots: Mapping[str, Callable]) -> dict[str, QAction]:
+    """Create every action of ACTIONS on `window` (so its keys work with the menu bar hidden too),
+    connect it to `slots[name]` (checkable ones get the new state; an action with no slot is left to the
+    object that owns it), and fill the menu bar."""
+    actions: dict[str, QAction] = {}
+    menus: dict[str, object] = {}
+    groups: dict[str, QActionGroup] = {}
+    for spec in ACTIONS:
+        action = QAction(spec.text, window)
+        _set_keys(action, spec.keys)
+        action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut if spec.application_wide
+                                  else Qt.ShortcutContext.WindowShortcut)
+        action.setCheckable(spec.checkable)
+        slot = slots.get(spec.name)
+        if slot is None:
+            pass
+        elif spec.checkable:
+            action.toggled.connect(slot)
+        else:
+            action.triggered.connect(lambda _checked=False, slot=slot: slot())
+        window.addAction(action)
+        actions[spec.name] = action
+        if spec.group is not None:
+            groups.setdefault(spec.group, QActionGroup(window)).addAction(action)  # exclusive
+        if spec.menu is not None:
+            new_menu = spec.menu not in menus
+            parent, _, title = spec.menu.rpartition("/")
+            if new_menu and parent:
+                if parent not in menus:
+                    menus[parent] = window.menuBar().addMenu(parent)
+                if spec.separator_before:
+                    menus[parent].addSeparator()
+                menus[spec.menu] = menus[parent].addMenu(title)
+            elif new_menu:
+                menus[spec.menu] = window.menuBar().addMenu(spec.menu)
+            if spec.separator_before and not (new_menu and parent):
+                menus[spec.menu].addSeparator()
+            menus[spec.menu].addAction(action)
+    return actions
+
+
+def set_lesson_keys(actions: Mapping[str, QAction], on: bool) -> None:
+    """Give LESSON_KEYS to the lesson's actions (`on`), or every action its keys of ACTIONS again."""
+    specs = {spec.name: spec for spec in ACTIONS}
+    for name, keys in LESSON_KEYS.items():
+        _set_keys(actions[name], keys if on else specs[name].keys)
+
+
+def _set_keys(action: QAction, keys: tuple[str, ...]) -> None:
+    action.setShortcuts([QKeySequence(k) for k in keys])
+
+
+def window_slots(window: MainWindow) -> dict[str, Callable]:
+    """What each action of ACTIONS does in `window`."""
+    s, c, p = window.session, window.controls, window.presentation
+    return {
+        "open_file": lambda: window.picker.open_checkpoint(False),
+        "open_folder": lambda: window.picker.open_checkpoint(True),
+        "choose_model": window.picker.pop_up, "export": window.export, "quit": window.close,
+        "copy_image": window.copier.copy_chart,
+        "step": s.step, "play": window.toggle_play, "faster": lambda: c.change_speed(+1),
+        "slower": lambda: c.change_speed(-1), "reset": window.reset_run, "toggle_cache": c.cache_check.toggle,
+        "edit_prompt": c.focus_prompt, "escape": window.escape, "presenter": p.set_presenter,
+        "lesson": window.lesson.set_active, "lesson_next": window.lesson.next, "lesson_back": window.lesson.back,
+        "colour_blind": window.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
+        "memory": lambda on: (window.workspace.show_memory(on), window.redraw()),
+        "attention": lambda on: (window.run_view.show_attention(on), c.set_attention(on)),
+        "heads": lambda: window.grid.toggle_heads(),
+        "speed": lambda: window.show_speed(),
+        "theme_dark": lambda on: on and window.set_theme("dark"),
+        "theme_light": lambda on: on and window.set_theme("light"),
+        "zoom_in": lambda: p.step_zoom(+1),
+        "zoom_out": lambda: p.step_zoom(-1), "zoom_reset": lambda: p.set_zoom(1.0),
+        "shortcuts": lambda: ShortcutsDialog(window.actions.values(), window).exec(),
+        "about": lambda: AboutDialog(window.session.model_info, window).exec(),
+    }
+

@@ -1,0 +1,265 @@
+"""The main window: assembles the session, the controls, the views and the actions, and wires them."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings, QTimer, Signal
+from PySide6.QtGui import QCloseEvent, QShowEvent
+from PySide6.QtWidgets import QMainWindow, QWidget
+
+from kvviz.app import theme
+from kvviz.app.lesson.mode import LessonMode
+from kvviz.app.lesson.panel import LessonPanel
+from kvviz.app.run.loading import LoadingIndicator
+from kvviz.app.run.precision import PrecisionMenu
+from kvviz.app.run.redraw import Painter, RedrawScheduler
+from kvviz.app.run.session import RunSession
+from kvviz.app.settings import AppSettings, app_settings
+from kvviz.app.views.grid.kv_grid import KVGridView
+from kvviz.app.views.status import StatusLine
+from kvviz.app.window.actions import build_actions, window_slots
+from kvviz.app.window.banner import Banner
+from kvviz.app.window.clipboard import ImageCopier
+from kvviz.app.window.controls import RunControls
+from kvviz.app.window.dialogs import show_error
+from kvviz.app.window.model_picker import ModelPicker
+from kvviz.app.window.presentation import Presentation, fit_to_screen
+from kvviz.app.window.speed_panel import SpeedPanel
+from kvviz.app.window.window_state import restore_window, save_window
+from kvviz.app.window.workspace import Workspace
+from kvviz.core.records import ModelInfo, RunPlan, StepRecord
+
+INITIAL_LOAD_DELAY_MS = 100  # after the window is first shown, so it paints before torch is imported
+INITIAL_LOAD_FALLBACK_MS = 1000  # a window never shown (headless use) still loads its model
+
+
+class MainWindow(QMainWindow):
+    """The kvviz desktop window. It only assembles parts and connects them: run state lives in
+    `session`, drawing in `scheduler` and the views, zoom and presenter mode in `presentation`.
+
+    `model` is a `--model` value (None: the one remembered, else the embedded default); `prompt`
+    the starting prompt (None: the one remembered); `lesson` a lesson file to start in lesson mode with
+    ("" or "builtin": the built-in lesson; None: the free app); `theme_name` "dark" or "light" (None: the one
+    remembered). `unattended` (the GUI benchmark) sends errors to the banner, never to a dialog nobody can
+    close, and never falls back to the embedded model.
+    """
+
+    run_prepared = Signal(object)  # RunPlan: a fresh run is ready (after a model load, Reset, Enter...)
+    run_done = Signal(object)  # the final StepRecord of a run
+
+    def __init__(self, model: str | None = None, prompt: str | None = None,
+                 settings: QSettings | None = None, unattended: bool = False, lesson: str | None = None,
+                 theme_name: str | None = None) -> None:
+        super().__init__()
+        self.setWindowTitle("KV cache visualiser")  # Qt adds " \u2014 kvviz", the application's display name
+        self.unattended = unattended
+        self.store = settings if settings is not None else app_settings()
+        self.settings = AppSettings.load(self.store)
+        theme.set_current(theme_name or self.settings.theme)  # the views are made in it
+        self.session = RunSession(self, fall_back_to_embedded=not unattended)
+        self.picker = ModelPicker()
+        self.controls = RunControls(self.picker)
+        self.banner = Banner()
+        self.lesson_panel = LessonPanel()  # lesson mode's step, beside the views
+        self.lesson_panel.hide()
+        self.workspace = Workspace(self.controls, self.banner, self.lesson_panel)
+        self.run_view = self.workspace.run_view
+        self.token_strip, self.grid, self.chart, self.counter = self.run_view.views()
+        self.setCentralWidget(self.workspace)
+        self.status = StatusLine()
+        self.statusBar().addWidget(self.status, 1)
+        self.loading = LoadingIndicator(self.session, self.statusBar(), self.status, self.banner, self.picker)
+        views = (*self.workspace.views(), self.status)
+        self.painter = Painter(self)
+        self.scheduler = RedrawScheduler(views, self.painter, self)
+        chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
+        self.speed = SpeedPanel(self)  # View > Speed: the sweep runs in a process of its own
+        self.presentation = Presentation(self, (*views, self.lesson_panel, self.speed.view), chrome)
+        self.lesson = LessonMode(self, self.lesson_panel, lesson)
+        self.records: list[StepRecord] = []  # the current run's, for an animated export
+        self.copier = ImageCopier(self)  # Ctrl+Shift+C, and "Copy image" on the plots
+        self.actions = build_actions(self, window_slots(self))
+        self.session.dtype = self.settings.dtype
+        self.precision = PrecisionMenu(self.session, self.actions,  # Run > Precision, shown where the run is
+                                       (self.status.set_precision, self.controls.show_precision,
+                                        self.lesson_panel.set_precision))
+        self._wire()
+        restore_window(self, prompt)
+        if lesson is not None:
+            self.lesson.open(lesson)
+        source = self.settings.model_source if model is None else model
+        self._initial_source: str | None = source
+        self.grid.plot_widget.setFocus()
+        # Start loading once the window is on screen: importing torch holds the GIL for seconds.
+        QTimer.singleShot(INITIAL_LOAD_FALLBACK_MS, self, self._start_initial_load)  # never after the window
+
+    def _wire(self) -> None:
+        s, c = self.session, self.controls
+        s.model_loaded.connect(self._on_model_loaded)
+        s.model_load_failed.connect(self._on_model_load_failed)
+        s.run_started.connect(self._on_run_started)
+        s.record_computed.connect(self.scheduler.add)
+        s.run_started.connect(lambda _plan: self.records.clear())
+        s.record_computed.connect(self.records.append)
+        s.run_finished.connect(self._on_run_finished)
+        s.run_failed.connect(lambda message: self.banner.say(message, alert=True))
+        s.playing_changed.connect(self._on_playing_changed)
+        s.state_changed.connect(lambda: c.set_state(s.can_step, s.playing, s.can_reset))
+        c.step_clicked.connect(s.step)
+        c.play_clicked.connect(self.toggle_play)
+        c.reset_clicked.connect(self.reset_run)
+        c.prompt_entered.connect(self._on_prompt_entered)
+        c.request_changed.connect(lambda: self.reset_run(replay_to=s.steps_target))
+        c.speed_changed.connect(self._on_speed_changed)
+        self.picker.model_chosen.connect(self.load_model)
+        for view in (self.chart, *self.workspace.grids()):
+            view.export_requested.connect(self.export)
+        self.workspace.panel_built.connect(self._on_panel_built)
+        self.presentation.presenter_changed.connect(self.actions["presenter"].setChecked)
+        self.presentation.presenter_changed.connect(lambda on: on and self.lesson_panel.set_notes_shown(False))
+        c.set_state(False, False, False)
+
+    def _on_panel_built(self, panel: QWidget) -> None:
+        self.painter.find_plots()
+        for grid in panel.findChildren(KVGridView):  # compare mode's two
+            grid.export_requested.connect(self.export)
+            grid.set_colour_blind(self.actions["colour_blind"].isChecked())
+
+    # ----- settings -----
+    def save_settings(self) -> None:
+        """Remember the run, the view and the window for the next launch (see window_state)."""
+        save_window(self)
+
+    # ----- models -----
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        QTimer.singleShot(250, self, lambda: fit_to_screen(self))  # once the window manager has framed it
+        if self._initial_source is not None:
+            QTimer.singleShot(INITIAL_LOAD_DELAY_MS, self, self._start_initial_load)
+
+    def _start_initial_load(self) -> None:
+        if self._initial_source is not None:
+            source, self._initial_source = self._initial_source, None
+            self.load_model(source)
+
+    def load_model(self, source: str) -> None:
+        """Load `source` (a --model value; "" = the embedded default) on the worker thread."""
+        self.session.load(source)
+
+    def _on_model_loaded(self, info: ModelInfo) -> None:
+        self._show_title(info.name, broken=False)
+        if not self.lesson.active:  # else the lesson puts the new model at its step
+            self.reset_run(replay_to=self.session.resume_steps)  # another precision keeps the step
+
+    def _show_title(self, model_name: str, broken: bool) -> None:
+        warning = " \u2014 CACHE BROKEN ON PURPOSE (Run > Break the cache)" if broken else ""
+        self.setWindowTitle(f"{model_name}{warning}")
+
+    def _on_model_load_failed(self, source: str, message: str) -> None:
+        if self.unattended:
+            self.banner.say(message, alert=True)
+            return
+        show_error(self, "Model not loaded", message)
+        if self.session.model_info is None and not self.session.loading:
+            self.banner.say("No model is loaded: choose one in the Model list (Ctrl+M).", alert=True)
+
+    # ----- runs -----
+    def reset_run(self, replay_to: int = 0) -> None:
+        """Start a fresh run from the prompt; with `replay_to`, recompute up to that many tokens."""
+        self.session.start_run(self.controls.request(), replay_to)
+
+    def toggle_play(self) -> None:
+        self.session.toggle_play(self.controls.interval_ms())
+
+    def _on_run_started(self, plan: RunPlan) -> None:
+        self.banner.say("")
+        self._show_title(plan.model_name, plan.cache_broken)
+        self.workspace.show_compare(plan.twin is not None)
+        self.scheduler.reset(plan)
+        self.run_prepared.emit(plan)
+
+    def _on_run_finished(self, record: StepRecord) -> None:
+        plan = self.session.plan
+        if record.stop_reason == "context_full" and plan is not None:
+            self.banner.say(f"Context full: the model holds {plan.n_ctx} positions, so the run stopped after "
+                             f"{record.new_tokens} new tokens. Shorten the prompt or lower max new tokens.",
+                             alert=True)
+        # the final state now, not after a full-speed redraw interval; in slices, so no pass of the
+        # event loop blocks for a whole redraw
+        self.scheduler.redraw_soon(then=lambda: self.run_done.emit(record))
+
+    def _on_playing_changed(self, playing: bool) -> None:
+        self.scheduler.full_speed = playing and self.controls.interval_ms() == 0
+        if not playing:
+            self.scheduler.catch_up()
+
+    def _on_speed_changed(self, interval_ms: int) -> None:
+        self.session.set_interval(interval_ms)
+        self.scheduler.full_speed = self.session.playing and interval_ms == 0
+
+    def _on_prompt_entered(self) -> None:
+        self.reset_run()
+        self.focus_grid()
+
+    def show_speed(self, activate: bool = True) -> None:
+        """View > Speed: the speed of a token step against the length, for the loaded model (measured once);
+        without `activate` the keys stay with this window."""
+        info = self.session.model_info
+        if info is None:
+            self.banner.say("No model is loaded yet: the speed is measured on the loaded model.", alert=True)
+            return
+        if self.speed.isVisible():
+            self.speed.close()
+            return
+        self.speed.show_for(self.session.source or "", info.dtype, info.name, activate)
+
+    def focus_grid(self) -> None:
+        """Keyboard focus on the shown K/V grid (keys step the run, none of them types)."""
+        self.workspace.focus_grid()
+
+    def set_colour_blind(self, on: bool) -> None:
+        """Patterns on the amber and teal cells of every grid (View > Colour-blind patterns)."""
+        for grid in self.workspace.grids():
+            grid.set_colour_blind(on)
+
+    def set_theme(self, name: str) -> None:
+        """Show the window and every view in the theme called `name` ("dark" or "light"); exports follow."""
+        chosen = theme.set_current(name)
+        self.actions[f"theme_{chosen.name}"].setChecked(True)
+        if chosen != self.presentation.theme:
+            self.presentation.set_theme(chosen)
+            self.lesson.set_theme(chosen)
+
+    def escape(self) -> None:
+        """Esc: the lesson's, else leave presenter mode, else the keyboard focus back on the grid."""
+        if self.lesson.escape():
+            return
+        if self.presentation.presenter:
+            self.presentation.set_presenter(False)
+        else:
+            self.focus_grid()
+
+    def redraw(self) -> None:
+        """Draw every view's latest state now (tests, exports)."""
+        self.scheduler.flush()
+
+    # ----- export and closing -----
+    def export_targets(self) -> dict[str, QWidget]:
+        """What File > Export... can render now (see Workspace.export_targets)."""
+        return self.workspace.export_targets()
+
+    def export(self) -> None:
+        from kvviz.app.export import export_from_window
+
+        export_from_window(self)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self._initial_source = None  # a window closed before its first load never starts one
+        self.save_settings()
+        self.scheduler.stop()
+        self.speed.shut_down()
+        if not self.session.stop(1000):
+            # Only an uninterruptible load (reading weights) can outlast the second: hide and let it end.
+            self.hide()
+            self.session.wait()
+        event.accept()
+

@@ -1,0 +1,145 @@
+"""The main window's central widget: the controls and the banner on top, the run's views below, and the
+memory and lesson columns beside them."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
+
+from kvviz.app.lesson.panel import LessonPanel
+from kvviz.app.views.compare.compare_view import CompareView
+from kvviz.app.views.grid.kv_grid import KVGridView
+from kvviz.app.views.memory_view import MemoryView
+from kvviz.app.views.on_demand import OnDemandView
+from kvviz.app.views.run_view import RunView
+from kvviz.app.window.banner import Banner
+from kvviz.app.window.controls import RunControls
+
+
+class Workspace(QWidget):
+    """Lays out what the window shows and switches between the single run and compare mode.
+
+    `run_view` (exported as "view") and `compare_view` take turns in one scrolled place, so that on a
+    screen too small for every panel's useful size the panels scroll; `memory_view` (View > Memory) and
+    the lesson's panel are columns beside them, or the lesson a strip above when a column does not fit.
+    Compare mode's view and the memory view are built the first time they are asked for (`panel_built`
+    then says so): the window opens without them.
+    """
+
+    panel_built = Signal(QWidget)  # compare_view or memory_view, just built and laid out (hidden)
+
+    def __init__(self, controls: RunControls, banner: Banner, lesson_panel: LessonPanel) -> None:
+        super().__init__()
+        self.setObjectName("central")
+        self.run_view = RunView()
+        self._compare = OnDemandView(lambda: self._lay_out(CompareView(), self._panels_layout, 1))
+        self._memory = OnDemandView(self._build_memory)
+        self._memory_scroll: QScrollArea | None = None
+        self._lesson_panel = lesson_panel
+        for panel in (self._compare, self._memory):
+            panel.on_built(self.panel_built.emit)
+        panels = QWidget()
+        self._panels_layout = QVBoxLayout(panels)  # the hidden panel takes no room, and sets no minimum size
+        self._panels_layout.setContentsMargins(0, 0, 0, 0)
+        self._panels_layout.addWidget(self.run_view)  # compare_view goes below it, in its place when shown
+        scroll = _scrolled(panels, "runScroll")
+        self._beside = QHBoxLayout()  # the lesson's column beside the views, so that they keep their height
+        self._beside.setSpacing(8)
+        self._beside.addWidget(scroll, 1)  # the memory view goes after it
+        self._beside.addWidget(lesson_panel)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 6, 8, 4)
+        layout.setSpacing(6)
+        layout.addWidget(controls)
+        layout.addWidget(banner)
+        layout.addLayout(self._beside, 1)
+        lesson_panel.set_places(layout, 2, self._beside)
+
+    def _lay_out(self, panel: QWidget, layout: QVBoxLayout | QHBoxLayout, index: int) -> QWidget:
+        panel.hide()
+        layout.insertWidget(index, panel)
+        return panel
+
+    def _build_memory(self) -> MemoryView:
+        """The memory view, in a scrolled column of its own (at a large zoom it may need more than the screen)
+        at its preferred width: the run's views take the rest."""
+        view = MemoryView()
+        self._memory_scroll = scroll = _scrolled(view, "memoryScroll")
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        scroll.hide()
+        self._beside.insertWidget(1, scroll)
+        return view
+
+    @property
+    def compare_view(self) -> CompareView:
+        """Compare mode's view, in place of run_view when shown; fed the same records (built on first use)."""
+        return self._compare.get()
+
+    @property
+    def memory_view(self) -> MemoryView:
+        """View > Memory, a column beside the views (built on first use)."""
+        return self._memory.get()
+
+    def views(self) -> tuple:
+        """Every view the redraw scheduler feeds: the run's, its attention strip, compare mode's, memory.
+        A new view joins here (and in the layout above; as an OnDemandView if it starts hidden)."""
+        return (*self.run_view.views(), self.run_view.attention, self._compare, self._memory)
+
+    def grids(self) -> tuple[KVGridView, ...]:
+        """The K/V grids built so far: the run's, and compare mode's two once it has been used."""
+        compare = self._compare.view
+        return (self.run_view.grid,) if compare is None else (self.run_view.grid, compare.cached_grid,
+                                                              compare.uncached_grid)
+
+    @property
+    def comparing(self) -> bool:
+        """Compare mode is the one shown."""
+        return self._compare.view is not None and self._compare.view.isVisibleTo(self)
+
+    def show_memory(self, on: bool) -> None:
+        """Show or hide the memory view: a column at its preferred width, the run's views taking the rest; where
+        the lesson's column would leave them too little beside it, the lesson goes above them."""
+        if on or self._memory.built:
+            memory = self.memory_view
+            scroll = self._memory_scroll
+            bar = scroll.verticalScrollBar().sizeHint().width()
+            scroll.setMinimumWidth(max(memory.minimumWidth(), memory.minimumSizeHint().width()) + bar)
+            scroll.setVisible(on)
+            self._lesson_panel.set_columns_beside(scroll.minimumWidth() + self._beside.spacing() if on else 0)
+
+    def show_compare(self, comparing: bool) -> None:
+        """Show compare mode's view, or the single run's; the keyboard focus follows if it was in the other."""
+        if comparing == self.comparing:
+            return
+        leaving = self.run_view if comparing else self.compare_view
+        focus = QApplication.focusWidget()
+        focus_was_there = leaving.isAncestorOf(focus) if focus is not None else True
+        self.run_view.setVisible(not comparing)
+        self.compare_view.setVisible(comparing)
+        if focus_was_there:  # else Qt hands the focus to the prompt field, and Space types into it
+            self.focus_grid()
+
+    def focus_grid(self) -> None:
+        """Keyboard focus on the shown K/V grid (keys step the run, none of them types)."""
+        grid = self.compare_view.cached_grid if self.comparing else self.run_view.grid
+        grid.plot_widget.setFocus()
+
+    def export_targets(self) -> dict[str, QWidget]:
+        """What File > Export... can render: the chart, the grid, the whole view and, with View > Attention
+        open, the attention strip; in compare mode the compare view and its two grids."""
+        if self.comparing:
+            compare = self.compare_view
+            return {"compare": compare, "cached_grid": compare.cached_grid, "uncached_grid": compare.uncached_grid}
+        run = self.run_view
+        attention = {"attention": run.attention} if run.attention.isVisibleTo(self) else {}
+        return {"chart": run.chart, "grid": run.grid, "view": run, **attention}
+
+
+def _scrolled(widget: QWidget, name: str) -> QScrollArea:
+    """`widget` in a frameless scroll area that sizes it to the area, or to its least size when that is larger."""
+    scroll = QScrollArea()
+    scroll.setWidget(widget)
+    scroll.setWidgetResizable(True)
+    scroll.setFrameShape(QFrame.Shape.NoFrame)
+    scroll.setObjectName(name)
+    return scroll

@@ -1,0 +1,225 @@
+"""`kvviz compare`: the cached and the uncached run in lockstep, as a table or JSON (kvviz.core.compare)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+
+from kvviz.cli import json_output as cli_json
+from kvviz.cli.parser import BROKEN_CACHE_FAULT, UsageError
+from kvviz.core.errors import first_line, is_out_of_memory
+
+
+def broken_cache_note(fault: str) -> str:
+    """One line that says the cache is broken on purpose, and how."""
+    from kvviz.core.records import CACHE_FAULTS
+
+    return f"The KV cache is broken on purpose ({fault}): {CACHE_FAULTS[fault]}."
+
+
+DTYPE_UNSUPPORTED = ("not implemented for", "not supported", "does not support", "only supported")
+
+
+@contextlib.contextmanager
+def dtype_honoured(dtype_name: str, device: str) -> Iterator[None]:
+    """A number type the device (or this torch) cannot compute in becomes one line, status 2."""
+    try:
+        yield
+    except (RuntimeError, TypeError) as exc:
+        message = str(exc)
+        if dtype_name == "float32" or is_out_of_memory(exc) or not any(w in message for w in DTYPE_UNSUPPORTED):
+            raise
+        raise UsageError(f"--dtype {dtype_name}: cannot run on {device} here ({first_line(exc)})") from exc
+
+
+def _token_steps(records: Iterator, plan) -> Iterator[list]:
+    """A lockstep run's records grouped by token step: the token pass, and the cached run's filling pass
+    after the last token."""
+    for record in records:
+        passes = [record]
+        if plan.pass_follows_in_step(record):
+            passes.append(next(records))
+        yield passes
+
+
+def _compare_step(passes: list) -> tuple[dict, str, str]:
+    """One token step of a lockstep run as `kvviz compare --json` shows it, and the two tokens' texts."""
+    token_pass = passes[0]
+    cached: list = []
+    uncached: list = []
+    for record in passes:
+        with_cache, without_cache = record.lockstep_passes()
+        cached.extend(with_cache)
+        uncached.extend(without_cache)
+    cached_token = next(r for r in cached if r.token_id is not None)
+    uncached_token = next(r for r in uncached if r.token_id is not None)
+    return {
+        "step": token_pass.new_tokens,
+        "cached_token_id": cached_token.token_id,
+        "uncached_token_id": uncached_token.token_id,
+        "same": cached_token.token_id == uncached_token.token_id,
+        "max_abs_logit_diff": token_pass.max_abs_logit_diff,
+        "logit_tolerance": token_pass.logit_tolerance,
+        "logits_agree": token_pass.logits_agree,
+        "cached_seconds": round(sum(r.seconds for r in cached), 6),
+        "uncached_seconds": round(sum(r.seconds for r in uncached), 6),
+        "cached_kv_computed": sum(r.kv_computed[0] for r in cached),
+        "uncached_kv_computed": sum(r.kv_computed[0] for r in uncached),
+    }, cached_token.token_text, uncached_token.token_text
+
+
+COMPARE_COLUMNS = ("step", "cached token", "uncached token", "same", "max |Δlogit|", "cached ms", "uncached ms",
+                   "K/V cached", "K/V uncached")
+COMPARE_WIDTHS = (5, 16, 16, 4, 12, 10, 11, 10, 12)  # the tokens' columns left-aligned, the rest right
+
+
+def _table_line(cells: tuple) -> str:
+    parts = []
+    for index, (cell, width) in enumerate(zip(cells, COMPARE_WIDTHS, strict=True)):
+        parts.append(f"{cell:<{width}}" if index in (1, 2, 3) else f"{cell:>{width}}")
+    return "  ".join(parts).rstrip()
+
+
+def _same_mark(step: dict) -> str:
+    """✓ the same token and logits within float noise, ≠ the same token but logits beyond it, ✗ other tokens."""
+    if not step["same"]:
+        return "✗"
+    return "≠" if step["logits_agree"] is False else "✓"
+
+
+def _token_cell(token_id: int, text: str) -> str:
+    cell = f"{token_id} {text!r}"
+    return cell if len(cell) <= COMPARE_WIDTHS[1] else cell[: COMPARE_WIDTHS[1] - 3] + "..."
+
+
+def _compare_row(step: dict, cached_text: str, uncached_text: str) -> str:
+    return _table_line((
+        step["step"],
+        _token_cell(step["cached_token_id"], cached_text),
+        _token_cell(step["uncached_token_id"], uncached_text),
+        _same_mark(step),
+        f"{step['max_abs_logit_diff']:.2e}",
+        f"{step['cached_seconds'] * 1000:.2f}",
+        f"{step['uncached_seconds'] * 1000:.2f}",
+        step["cached_kv_computed"],
+        step["uncached_kv_computed"],
+    ))
+
+
+def _time_verdict(summary) -> str:
+    estimate = summary.time_estimate
+    if estimate is None:
+        return "no step timed"
+    return f"{estimate.sentence()} (median of the {estimate.steps} steps' ratios)"
+
+
+def _compare_summary_lines(summary, steps: list[dict], parted_texts: tuple[str, str], dtype_name: str) -> list[str]:
+    from kvviz.core.counting import plural
+
+    if summary.identical:
+        verdict = (f"identical: yes, the same {plural(len(steps), 'token')} with and without the cache, "
+                   f"the logits within float noise at every step")
+    elif summary.first_divergence is None:
+        step = steps[summary.first_logit_divergence - 1]
+        verdict = (f"identical: no, the logits part at step {summary.first_logit_divergence} (max |Δlogit| "
+                   f"{step['max_abs_logit_diff']:.2e} > float noise {step['logit_tolerance']:.1e}), "
+                   f"though the {plural(len(steps), 'token')} still agree")
+    else:
+        parted = steps[summary.first_divergence - 1]
+        verdict = (f"identical: no, the runs part at step {summary.first_divergence} (cached "
+                   f"{_token_cell(parted['cached_token_id'], parted_texts[0])}, uncached "
+                   f"{_token_cell(parted['uncached_token_id'], parted_texts[1])})")
+        if summary.first_logit_divergence is not None and summary.first_logit_divergence < summary.first_divergence:
+            verdict += f"; their logits part earlier, at step {summary.first_logit_divergence}"
+    avoided = summary.kv_without_cache - summary.kv_with_cache
+    return [
+        verdict,
+        f"max |Δlogit|: {summary.max_abs_logit_diff:.2e} (float noise for {dtype_name}: up to "
+        f"{summary.logit_tolerance:.1e} here)",
+        f"time: {summary.cached_seconds_total:.3f} s with cache, {summary.uncached_seconds_total:.3f} s without: "
+        f"{_time_verdict(summary)}",
+        f"K/V per layer, measured: {summary.kv_with_cache:,} with cache, {summary.kv_without_cache:,} without"
+        + (f" ({avoided:,} avoided)" if avoided > 0 else ""),
+    ]
+
+
+def _interval(estimate) -> list[float] | None:
+    if estimate is None or estimate.low is None:
+        return None
+    return [round(estimate.low, 3), round(estimate.high, 3)]
+
+
+def run_compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
+    """`kvviz compare`: `load(model, device, dtype)` loads the model, `say` prints a one-line note."""
+    with dtype_honoured(args.dtype, args.device):
+        return _compare(args, load, say)
+
+
+def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
+    from kvviz.core.compare import Lockstep, plan_lockstep, summarize
+    from kvviz.core.counting import plural
+    from kvviz.core.engine import Engine, SamplingSettings
+    from kvviz.core.records import describe_sampling
+
+    sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    fault = BROKEN_CACHE_FAULT if args.break_cache else ""
+    loaded = load(args.model, args.device, args.dtype)
+    engine = Engine(loaded.model, device=args.device)
+    prompt_ids = engine.encode_prompt(args.prompt)
+    plan = plan_lockstep(engine, prompt_ids, args.new_tokens, True, sampling, cache_fault=fault,
+                         prompt=args.prompt, model_name=loaded.name)
+    lockstep = Lockstep(engine, plan, sampling, top_candidates=1)
+    records: list = []
+    steps: list[dict] = []
+    parted_texts: tuple[str, str] | None = None  # the two tokens' texts where the runs first part
+    for passes in _token_steps(lockstep.records(), plan):
+        records.extend(passes)
+        step, cached_text, uncached_text = _compare_step(passes)
+        steps.append(step)
+        if not step["same"] and parted_texts is None:
+            parted_texts = (cached_text, uncached_text)
+        if args.json:
+            continue
+        if len(steps) == 1:  # after the first pass: a model that cannot run prints nothing
+            shown = lockstep.sampling
+            print(f"kvviz compare: {loaded.name}, {plural(len(prompt_ids), 'prompt token')}, "
+                  f"{plural(plan.budget, 'new token')}, "
+                  f"{describe_sampling(shown.temperature, shown.top_k, shown.seed)}, {args.dtype}")
+            if fault:
+                print(broken_cache_note(fault))
+            print(_table_line(COMPARE_COLUMNS))
+        print(_compare_row(step, cached_text, uncached_text))
+        sys.stdout.flush()
+    summary = summarize(records)
+    if args.json:
+        print(cli_json.dumps({
+            "model": loaded.name,
+            "prompt_ids": prompt_ids,
+            "dtype": args.dtype,
+            "break_cache": bool(fault),
+            "steps": steps,
+            "summary": {
+                "identical": summary.identical,
+                "first_divergence": summary.first_divergence,
+                "first_logit_divergence": summary.first_logit_divergence,
+                "max_abs_logit_diff": summary.max_abs_logit_diff,
+                "logit_tolerance": summary.logit_tolerance,
+                "cached_seconds_total": round(summary.cached_seconds_total, 6),
+                "uncached_seconds_total": round(summary.uncached_seconds_total, 6),
+                "time_ratio": round(summary.time_ratio, 3),
+                "time_ratio_interval": _interval(summary.time_estimate),
+                "time_ratio_clear": bool(summary.time_estimate and summary.time_estimate.clear),
+                "time_verdict": _time_verdict(summary),
+                "kv_with_cache": summary.kv_with_cache,
+                "kv_without_cache": summary.kv_without_cache,
+            },
+        }))
+    else:
+        for line in _compare_summary_lines(summary, steps, parted_texts or ("", ""), args.dtype):
+            print(line)
+    sys.stdout.flush()  # the table ends before the note below
+    if plan.stop_reason == "context_full":
+        say(f"stopped after {plural(len(steps), 'new token')}: the model's context holds {engine.n_ctx} tokens")
+    return 0

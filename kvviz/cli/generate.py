@@ -1,0 +1,94 @@
+"""`kvviz generate`: a run of the engine, its text printed as it comes, or one JSON object (with `--attention`,
+the newest query's attention weights for every generated token)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+from kvviz.cli import json_output as cli_json
+from kvviz.cli.parser import BROKEN_CACHE_FAULT, UsageError
+from kvviz.core.errors import visible
+
+
+def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
+    """Generate from `args` (loading the model with `load`, notes on stderr through `say`): the text as it
+    comes, or one JSON object."""
+    import codecs
+
+    from kvviz.cli.compare import broken_cache_note
+    from kvviz.core.counting import plural
+    from kvviz.core.engine import Engine, SamplingSettings
+
+    if args.break_cache and args.no_cache:
+        raise UsageError("--break-cache breaks the KV cache, so it needs one: leave out --no-cache")
+    if args.attention and not args.json:
+        raise UsageError("--attention goes with --json")
+    sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    loaded = load(args.model, args.device, args.dtype)
+    engine = Engine(loaded.model, device=args.device)
+    prompt_ids = engine.encode_prompt(args.prompt)
+    use_cache = not args.no_cache
+    fault = BROKEN_CACHE_FAULT if args.break_cache else ""
+    # The whole request is checked before the prompt is echoed: an error is never glued to it.
+    plan = engine.plan(prompt_ids, args.max_new_tokens, use_cache, sampling, prompt=args.prompt,
+                       model_name=loaded.name, cache_fault=fault, attention=args.attention)
+    ids: list[int] = []
+    attention = []  # per generated token, its pass's AttentionWeights (with --attention)
+    last = None
+    text_stream = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split a character
+    started = time.perf_counter()
+    # on a terminal, a control character the model writes (ESC, BEL) is shown as an escape, never obeyed
+    shown = (lambda text: visible(text, keep="\n\t")) if sys.stdout.isatty() else (lambda text: text)
+    if not args.json:
+        if fault:
+            print(broken_cache_note(fault))
+        sys.stdout.write(shown(args.prompt))
+        sys.stdout.flush()
+    for record in engine.run(plan, sampling, top_candidates=1):
+        last = record
+        if record.token_id is not None:
+            ids.append(record.token_id)
+            if record.attention is not None:
+                attention.append(record.attention)
+            if not args.json:
+                sys.stdout.write(shown(text_stream.decode(engine.tokenizer.token_bytes(record.token_id))))
+                sys.stdout.flush()
+    seconds = time.perf_counter() - started
+    assert last is not None
+    text = engine.tokenizer.decode(ids)
+    if args.json:
+        # per generated token: a list per layer, of a list per head, of a weight per position (outside the timing)
+        extra = {"attention": [weights.as_lists() for weights in attention]} if args.attention else {}
+        print(cli_json.dumps({
+            "model": loaded.name,
+            "prompt": args.prompt,
+            "prompt_ids": prompt_ids,
+            "output_ids": ids,
+            "text": text,
+            "cache": use_cache,
+            "dtype": args.dtype,
+            "break_cache": bool(fault),
+            "kv_computed_per_layer": last.kv_computed_total,
+            "kv_without_cache_per_layer": last.without_cache_total,
+            "kv_with_cache_per_layer": last.with_cache_total,
+            "layers": last.n_layer,
+            "forward_passes": last.step + 1,
+            "stop_reason": last.stop_reason,
+            "cache_bytes": last.cache_bytes,
+            "seconds": round(seconds, 4),
+            "tokens_per_second": round(len(ids) / seconds, 3) if seconds > 0 else None,
+            "temperature": args.temperature,
+            "top_k": args.top_k,
+            "seed": args.seed,
+            "device": args.device,
+            **extra,
+        }))
+    else:
+        print(shown(text_stream.decode(b"", final=True)))
+    sys.stdout.flush()  # the text ends its line before the note below
+    if last.stop_reason == "context_full":
+        say(f"stopped after {plural(len(ids), 'new token')}: the model's context holds {engine.n_ctx} tokens")
+    return 0

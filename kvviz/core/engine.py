@@ -1,0 +1,347 @@
+"""Generation as a stream of frozen step records, one per forward pass, with and without a KV cache."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from kvviz.core.counting import kv_with_cache, kv_without_cache
+from kvviz.core.errors import KvvizError
+from kvviz.core.kv_cache import KVCache
+from kvviz.core.records import CACHE_FAULTS, AttentionWeights, Candidate, RunPlan, StepRecord, describe_sampling
+from kvviz.core.tokenizer import Tokenizer, get_tokenizer
+from kvviz.models.gpt2 import GPT
+
+__all__ = ["Candidate", "Engine", "GenerationError", "RunPlan", "SamplingSettings", "StepRecord", "generate_ids"]
+
+
+class GenerationError(KvvizError):
+    """A generation request that cannot run (empty budget, prompt too long for the context)."""
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Greedy when `temperature` is 0; otherwise softmax sampling, optionally from the top `top_k`."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise GenerationError(f"temperature must be 0 (greedy) or positive, got {self.temperature}")
+        if self.top_k is not None and self.top_k <= 0:
+            raise GenerationError(f"top-k must be a positive integer, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Engine:
+    """Runs a GPT and owns its KV cache; `generate` yields a StepRecord per forward pass."""
+
+    def __init__(self, model: GPT, tokenizer: Tokenizer | None = None, device: str | torch.device = "cpu") -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer or get_tokenizer()
+        self.device = torch.device(device)
+        self.kv_cache: KVCache | None = None
+        self._warm = False
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.config.n_ctx
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The number type of the weights and the cache."""
+        return self.model.transformer.wte.weight.dtype
+
+    def warm_up(self, tokens: int = 4) -> None:
+        """Run each kind of pass once, untimed, so that no timed pass pays a one-time cost (kernel set-up,
+        weight packing, first allocations): a prefill, cached one-token steps, and uncached passes. Only the
+        first call on an engine does anything."""
+        if self._warm:
+            return
+        prompt_tokens = max(1, min(tokens, self.n_ctx // 2))
+        new_tokens = max(1, min(tokens, self.n_ctx - prompt_tokens))
+        for use_cache in (True, False):
+            for _ in self.run(self.plan([0] * prompt_tokens, new_tokens, use_cache), top_candidates=1):
+                pass
+        self._warm = True
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Prompt ids; an empty prompt starts from <|endoftext|>."""
+        ids = self.tokenizer.encode(prompt) if prompt else [self.tokenizer.eot_id]
+        if len(ids) > self.n_ctx:
+            raise GenerationError(f"the prompt has {len(ids)} tokens but the model's context holds {self.n_ctx}")
+        if len(ids) == self.n_ctx:
+            raise GenerationError(f"the prompt fills the model's whole context ({self.n_ctx} tokens); shorten it")
+        return ids
+
+    def _new_cache(self, capacity: int, fault: str = "") -> KVCache:
+        cfg = self.model.config
+        dtype = self.model.transformer.wte.weight.dtype
+        return KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, capacity, dtype=dtype, device=self.device, fault=fault)
+
+    def _choose(
+        self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
+    ) -> tuple[int, tuple[Candidate, ...]]:
+        logits = logits.float()  # (V,)
+        if not bool(torch.isfinite(logits).all()):
+            raise GenerationError(f"{self.model.config.name}: the model's logits hold NaN or infinite values in "
+                                  f"{str(self.dtype).removeprefix('torch.')}; its output means nothing")
+        if logits.shape[-1] > self.tokenizer.vocab_size:
+            # Vocabularies padded past the tokenizer's (50304 in nanoGPT) hold ids with no text: never pick them.
+            logits = logits[: self.tokenizer.vocab_size]
+        if sampling.greedy:
+            # The first maximum, as argmax picks it; probabilities only for the candidates shown.
+            best, index = torch.max(logits, dim=-1)
+            token = int(index)
+            log_total = torch.logsumexp(logits, dim=-1)
+            if top == 1:
+                values, ids = torch.exp(best - log_total).reshape(1), index.reshape(1)
+            else:
+                values, ids = torch.topk(logits, min(top, logits.shape[-1]))
+                values = torch.exp(values - log_total)
+        else:
+            scaled = logits / sampling.temperature
+            if sampling.top_k is not None and sampling.top_k < scaled.shape[-1]:
+                kth = torch.topk(scaled, sampling.top_k).values[-1]
+                scaled = torch.where(scaled < kth, torch.full_like(scaled, float("-inf")), scaled)
+            probs = torch.softmax(scaled, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=generator))
+            if top == 1:
+                value, index = torch.max(probs, dim=-1)  # one candidate: a max is cheaper than a top-k
+                values, ids = value.reshape(1), index.reshape(1)
+            else:
+                values, ids = torch.topk(probs, min(top, probs.shape[-1]))
+        candidates = tuple(
+            Candidate(int(i), self.tokenizer.token_label(int(i)), float(p))
+            for p, i in zip(values.tolist(), ids.tolist(), strict=True)
+        )
+        return token, candidates
+
+    def plan(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        use_cache: bool = True,
+        sampling: SamplingSettings | None = None,
+        prompt: str | None = None,
+        model_name: str = "",
+        run_id: int = 0,
+        cache_fault: str = "",
+        attention: bool = False,
+    ) -> RunPlan:
+        """Check a generation request now (GenerationError) and plan it: budget, passes, frames.
+        `cache_fault` (a key of CACHE_FAULTS) breaks a cached run's cache on purpose; with `attention`,
+        every record of the run carries its newest query's AttentionWeights."""
+        sampling = sampling or SamplingSettings()
+        if cache_fault and cache_fault not in CACHE_FAULTS:
+            raise GenerationError(f"unknown cache fault {cache_fault!r}; known: {', '.join(CACHE_FAULTS)}")
+        if max_new_tokens <= 0:
+            raise GenerationError(f"max new tokens must be a positive integer, got {max_new_tokens}")
+        P = len(prompt_ids)
+        if P == 0:
+            raise GenerationError("the prompt has no tokens")
+        if P >= self.n_ctx:
+            raise GenerationError(f"the prompt has {P} tokens but the model's context holds {self.n_ctx}")
+        vocab_size = self.model.config.vocab_size
+        outside = [i for i in prompt_ids if not 0 <= i < vocab_size]
+        if outside:
+            raise GenerationError(
+                f"prompt token {outside[0]} is outside the model's vocabulary of {vocab_size} tokens"
+            )
+        budget = min(max_new_tokens, self.n_ctx - P)
+        cfg = self.model.config
+        return RunPlan(
+            prompt=self.tokenizer.decode(list(prompt_ids)) if prompt is None else prompt,
+            prompt_ids=tuple(prompt_ids),
+            prompt_labels=tuple(self.tokenizer.token_label(i) for i in prompt_ids),
+            model_name=model_name or self.model.config.name,
+            n_layer=self.model.config.n_layer,
+            n_ctx=self.n_ctx,
+            use_cache=use_cache,
+            max_new_tokens=max_new_tokens,
+            budget=budget,
+            passes=budget + 1 if use_cache else budget,
+            width=P + budget,
+            final_with_cache=kv_with_cache(P, budget),
+            final_without_cache=kv_without_cache(P, budget),
+            cache_bytes_per_position=KVCache.bytes_per_position(
+                cfg.n_layer, cfg.n_head, cfg.head_dim, self.model.transformer.wte.weight.dtype) if use_cache else 0,
+            stop_reason="max_new_tokens" if budget == max_new_tokens else "context_full",
+            sampling=describe_sampling(sampling.temperature, sampling.top_k, sampling.seed),
+            run_id=run_id,
+            cache_fault=cache_fault if use_cache else "",
+            attention=attention,
+            n_head=cfg.n_head,
+            head_dim=cfg.head_dim,
+            dtype_bytes=self.model.transformer.wte.weight.element_size(),
+        )
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        use_cache: bool = True,
+        sampling: SamplingSettings | None = None,
+        top_candidates: int = 5,
+    ) -> Iterator[StepRecord]:
+        """Check the request now (GenerationError), then return its records, one per forward pass."""
+        plan = self.plan(prompt_ids, max_new_tokens, use_cache, sampling)
+        return self.run(plan, sampling, top_candidates)
+
+    def run(
+        self,
+        plan: RunPlan,
+        sampling: SamplingSettings | None = None,
+        top_candidates: int = 5,
+        watch_logits: Callable[[torch.Tensor], None] | None = None,
+    ) -> Iterator[StepRecord]:
+        """Yield one StepRecord per forward pass of `plan` (from `plan`), generating `plan.budget` tokens.
+
+        Stops cleanly at the context length: the final record says so in `stop_reason`. A cached
+        run's KV cache lives in `self.kv_cache` while the run goes on, and is released when it ends.
+        `watch_logits` sees the logits (V,) of every pass that chooses a token, before the choice;
+        it must not keep them (they may be a buffer the next pass overwrites).
+        """
+        cache = self._new_cache(plan.width, plan.cache_fault) if plan.use_cache else None
+        if cache is not None:
+            self.kv_cache = cache
+        try:
+            yield from self._passes(plan, cache, sampling or SamplingSettings(), top_candidates, watch_logits)
+        finally:
+            if self.kv_cache is cache:  # a later run may own the engine's cache by now
+                self.kv_cache = None
+
+    @torch.inference_mode()  # around each pass only: the caller is back in its own mode between records
+    def _passes(
+        self,
+        plan: RunPlan,
+        cache: KVCache | None,
+        sampling: SamplingSettings,
+        top_candidates: int,
+        watch_logits: Callable[[torch.Tensor], None] | None,
+    ) -> Iterator[StepRecord]:
+        P, budget, use_cache, stop_reason = plan.prompt_tokens, plan.budget, plan.use_cache, plan.stop_reason
+        record_attention = plan.attention
+        generator = None
+        if not sampling.greedy:
+            generator = torch.Generator(device=self.device)
+            if sampling.seed is None:
+                generator.seed()  # fresh entropy for this run only; torch's global generator is left alone
+            else:
+                generator.manual_seed(sampling.seed)
+
+        model = self.model
+        n_layer = model.config.n_layer
+        tokens = list(plan.prompt_ids)
+        model.reset_kv_counters()
+        decode_weights = model.decode_weights() if use_cache else None
+        computed_total = reused_total = without_total = 0
+        step = 0
+        while True:
+            generated = len(tokens) - P
+            flush = use_cache and generated == budget
+            if generated == budget and not use_cache:
+                return
+            if use_cache:
+                fed_start = cache.length
+            else:
+                fed_start = 0
+            fed_stop = len(tokens)
+            fed = tokens[fed_start:fed_stop]
+            reused = fed_start if use_cache else 0
+            before = model.kv_rows_projected()
+            attention = None
+            started = time.perf_counter()
+            if record_attention:
+                model.attention_rows = []  # the layers append their newest query's weights (nh, S)
+            try:
+                if use_cache and len(fed) == 1:
+                    logits = model.decode_one(fed[0], fed_start, cache, decode_weights)[0]  # (V,)
+                else:
+                    idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
+                    positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
+                    logits = model(idx, positions, cache, last_only=True)[0, -1]  # (V,)
+                if record_attention:
+                    attention = _attention_weights(model.attention_rows, fed_stop)
+            finally:
+                if record_attention:
+                    model.attention_rows = None  # a lockstep twin's passes run on the same model
+            if flush:
+                token, candidates = None, ()
+            else:
+                token, candidates = self._choose(logits, sampling, generator, top_candidates)
+            seconds = time.perf_counter() - started
+            if watch_logits is not None and not flush:
+                watch_logits(logits)  # outside the timed span
+            after = model.kv_rows_projected()
+            computed = tuple(a - b for a, b in zip(after, before, strict=True))
+            if any(c != fed_stop - fed_start for c in computed):
+                raise RuntimeError(f"layers projected {computed} K/V rows for {fed_stop - fed_start} fed positions")
+            computed_total += computed[0]
+            reused_total += reused
+            if token is not None:
+                tokens.append(token)
+                without_total += fed_stop
+            new_tokens = len(tokens) - P
+            final = flush or (not use_cache and new_tokens == budget)
+            yield StepRecord(
+                step=step,
+                use_cache=use_cache,
+                prompt_tokens=P,
+                fed_start=fed_start,
+                fed_stop=fed_stop,
+                fed_token_ids=tuple(fed),
+                kv_computed=computed,
+                kv_reused=(reused,) * n_layer,
+                token_id=token,
+                token_text="" if token is None else self.tokenizer.token_label(token),
+                candidates=candidates,
+                new_tokens=new_tokens,
+                sequence_length=len(tokens),
+                seconds=seconds,
+                kv_computed_total=computed_total,
+                kv_reused_total=reused_total,
+                with_cache_total=computed_total if use_cache else len(tokens) - (0 if final else 1),
+                without_cache_total=without_total if use_cache else computed_total,
+                cache_bytes=cache.bytes_used if cache is not None else 0,
+                n_layer=n_layer,
+                final=final,
+                stop_reason=stop_reason if final else "",
+                kv_written=cache.last_written if cache is not None else None,
+                attention=attention,
+            )
+            step += 1
+            if final:
+                return
+
+
+def _attention_weights(rows: list[torch.Tensor] | None, positions: int) -> AttentionWeights:
+    """The layers' rows, (nh, S) each with S == `positions`, as one AttentionWeights."""
+    if not rows:
+        raise RuntimeError("the model recorded no attention weights")
+    weights = torch.stack(rows).to(device="cpu", dtype=torch.float32).contiguous()  # (L, nh, S)
+    layers, heads, recorded = weights.shape
+    if recorded != positions:
+        raise RuntimeError(f"the model recorded attention over {recorded} positions, not {positions}")
+    return AttentionWeights(layers, heads, positions, weights.numpy().tobytes())
+
+
+def generate_ids(
+    engine: Engine,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    use_cache: bool = True,
+    sampling: SamplingSettings | None = None,
+) -> tuple[list[int], list[StepRecord]]:
+    """Run a whole generation; return the new token ids and every record."""
+    records = list(engine.generate(prompt_ids, max_new_tokens, use_cache, sampling, top_candidates=1))
+    ids = [r.token_id for r in records if r.token_id is not None]
+    return ids, records

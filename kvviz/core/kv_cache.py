@@ -1,0 +1,103 @@
+"""The KV cache: preallocated per-layer key and value buffers with an explicit length."""
+
+from __future__ import annotations
+
+import torch
+
+from kvviz.core.memory import kv_bytes_per_token
+
+
+class KVCache:
+    """Keys and values of every layer for positions `0 .. length-1`.
+
+    Buffers are allocated once, shaped (layers, 2, batch, heads, capacity, head_dim) with
+    keys at index 0 and values at 1 of the second axis, so the memory a run needs is visible
+    up front and one copy stores a position's key and value; `bytes_used` counts only the
+    filled part. Positions are explicit: `update` and `append` write rows at the positions
+    they are given, which must continue the cache without gaps. A cache made with
+    `fault="late_write"` is broken on purpose, for teaching: `append` writes one slot late.
+    """
+
+    def __init__(
+        self,
+        n_layer: int,
+        n_head: int,
+        head_dim: int,
+        capacity: int,
+        batch_size: int = 1,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        fault: str = "",
+    ) -> None:
+        shape = (n_layer, 2, batch_size, n_head, capacity, head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)  # (L, 2, B, nh, S, hs)
+        self.keys = self.kv[:, 0]  # (L, B, nh, S, hs)
+        self.values = self.kv[:, 1]  # (L, B, nh, S, hs)
+        self._layer_kv = list(self.kv.unbind(0))  # per-layer views, (2, B, nh, S, hs) each
+        self.capacity = capacity
+        self.n_layer = n_layer
+        self.length = 0
+        self._layer_lengths = [0] * n_layer
+        self.last_written = (0, 0)  # the slots [start, stop) the latest update or append wrote to
+        if fault not in ("", "late_write"):
+            raise ValueError(f"unknown cache fault {fault!r}")
+        self.fault = fault  # "late_write": the teaching bug of kvviz.core.records.CACHE_FAULTS, else none
+
+    def reset(self) -> None:
+        """Forget every cached position; the buffers stay allocated."""
+        self.length = 0
+        self._layer_lengths = [0] * self.n_layer
+
+    def _claim(self, layer: int, position: int, count: int) -> int:
+        """Check that `count` rows at `position` continue `layer` and fit; return the new length."""
+        start = self._layer_lengths[layer]
+        end = start + count
+        if end > self.capacity:
+            raise ValueError(f"KV cache is full: {self.capacity} positions, asked for {end}")
+        if position != start:
+            raise ValueError(f"layer {layer}: positions start at {position} but the cache holds {start}")
+        self._layer_lengths[layer] = end
+        if layer == self.n_layer - 1:
+            self.length = end
+        return end
+
+    def update(
+        self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store `k`, `v` (B, nh, T, hs) at `positions` (T,) of `layer`; return all cached K, V."""
+        T = k.shape[2]
+        start = int(positions[0])
+        end = self._claim(layer, start, T)
+        keys, values = self._layer_kv[layer].unbind(0)  # (B, nh, S, hs) each
+        keys.narrow(2, start, T).copy_(k)
+        values.narrow(2, start, T).copy_(v)
+        self.last_written = (start, end)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)  # (B, nh, end, hs)
+
+    def append(self, layer: int, position: int, kv: torch.Tensor) -> torch.Tensor:
+        """Store one position's key and value `kv` (2, B, nh, 1, hs) of `layer`; return all cached (2, B, nh, S, hs)."""
+        end = self._claim(layer, position, 1)
+        cached = self._layer_kv[layer].narrow(3, 0, end)  # (2, B, nh, end, hs)
+        if self.fault == "late_write":  # the bug: one slot late, so row `position` keeps what it held
+            if position + 1 < self.capacity:
+                self._layer_kv[layer].narrow(3, position + 1, 1).copy_(kv)
+            self.last_written = (position + 1, min(position + 2, self.capacity))
+        else:
+            cached.narrow(3, position, 1).copy_(kv)
+            self.last_written = (position, end)
+        return cached
+
+    @staticmethod
+    def bytes_per_position(n_layer: int, n_head: int, head_dim: int, dtype: torch.dtype, batch_size: int = 1) -> int:
+        """Bytes one position's keys and values take over all layers: 2 * L * nh * hs * element size * B."""
+        return kv_bytes_per_token(n_layer, n_head, head_dim, torch.empty((), dtype=dtype).element_size(), batch_size)
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes of the K and V rows actually filled, over all layers."""
+        per_position = 2 * self.keys[:, :, :, 0].numel() * self.keys.element_size()
+        return per_position * self.length
+
+    @property
+    def bytes_allocated(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()

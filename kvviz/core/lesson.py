@@ -1,0 +1,242 @@
+"""Lessons: a TOML file of steps that put the app into a state, with predict-then-reveal questions.
+
+A step names a prompt, a cache mode (`true`, `false` or `"compare"`), the token budget and how many
+generation steps the run has taken when the step is shown (`advance_to`). A question names one live
+quantity; its answer is measured from the record of the next generation step, never written in the file.
+A step's text may say `{measured_speed}`: the app puts there what its speed sweep measured on this machine
+(a "speed" focus shows the sweep itself), so no number in a lesson can be contradicted by the screen.
+Torch-free and Qt-free: the CLI lists lessons without loading a model, and the app reads them as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from kvviz.core.errors import KvvizError, control_characters, visible
+from kvviz.core.files import user_path
+from kvviz.core.records import StepRecord
+
+QUESTIONS = {
+    "next_kv_with_cache": "How many K/V computations per layer will the next step make with the cache?",
+    "next_kv_without_cache": "How many K/V computations per layer will the next step make without the cache?",
+    "avoided_after_next": "After the next step, how many K/V computations per layer will the cache have avoided?",
+    "ratio_after_next": "After the next step, how many times less K/V work will the cache have done?",
+    "cache_bytes_after_next": "After the next step, how many bytes will the KV cache hold?",
+}
+FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all")
+MEASURED_SPEED = "{measured_speed}"  # in a step's text: what the speed sweep measured on this machine, in words
+SPEED_PENDING = "(being measured on this machine\u2026)"  # what the placeholder says until the sweep is done
+CACHE_MODES = (True, False, "compare")
+MAX_LESSON_TOKENS = 4096
+LESSON_KEYS = {"title": str, "step": list}
+STEP_KEYS = {"title": str, "text": str, "notes": str, "prompt": str, "cache": (bool, str), "advance_to": int,
+             "max_new_tokens": int, "model": str, "focus": str, "question": str}
+REQUIRED_STEP_KEYS = ("title", "text", "prompt", "cache", "advance_to", "max_new_tokens")
+MAX_LESSON_BYTES = 32 * 1024  # ten times the built-in lesson; anything larger is refused unread
+MULTILINE_KEYS = ("text", "notes", "prompt")  # may hold tabs and line breaks; no other control character anywhere
+
+
+class LessonError(KvvizError):
+    """A lesson file that cannot be used; the message names the file, the step and the key."""
+
+
+@dataclass(frozen=True)
+class LessonStep:
+    """One step of a lesson: what the screen says and the state the app is put into."""
+
+    title: str
+    text: str
+    prompt: str
+    cache: bool | str  # True, False or "compare"
+    advance_to: int  # generation steps taken when the step is shown
+    max_new_tokens: int
+    notes: str = ""  # for the lecturer only: never exported
+    model: str | None = None  # a --model value; None keeps the model loaded
+    focus: str = "all"
+    question: str | None = None  # a key of QUESTIONS
+
+    @property
+    def use_cache(self) -> bool:
+        """The cache mode of the run the single views show (compare mode's primary run is cached)."""
+        return self.cache is not False
+
+    @property
+    def compare(self) -> bool:
+        return self.cache == "compare"
+
+    @property
+    def question_text(self) -> str:
+        return QUESTIONS[self.question] if self.question else ""
+
+    @property
+    def needs_speed(self) -> bool:
+        """The step shows the speed sweep (its focus) or says what it measured (its text)."""
+        return self.focus == "speed" or MEASURED_SPEED in self.text
+
+    def text_with(self, measured_speed: str | None) -> str:
+        """The text with MEASURED_SPEED replaced by the sweep's sentence (SPEED_PENDING while there is none)."""
+        return self.text.replace(MEASURED_SPEED, measured_speed or SPEED_PENDING)
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """A titled list of steps, read from `source` (a path, or "built-in")."""
+
+    title: str
+    steps: tuple[LessonStep, ...]
+    source: str
+
+    def slides(self) -> list[tuple[int, bool]]:
+        """(step index, revealed) per slide: a step with a question makes two, the question and the answer."""
+        out: list[tuple[int, bool]] = []
+        for index, step in enumerate(self.steps):
+            out.append((index, False))
+            if step.question:
+                out.append((index, True))
+        return out
+
+
+def builtin_lesson_path() -> Path:
+    from kvviz.core.resources import resource_path
+
+    return resource_path("lessons", "kv-cache.toml")
+
+
+def load_lesson(path: Path | str | None = None) -> Lesson:
+    """The lesson in `path`, or the built-in one; LessonError (one line) for anything wrong with it."""
+    file = builtin_lesson_path() if path is None else user_path(path)
+    if file.exists() and not file.is_file() and not file.is_dir():  # a FIFO or a device: reading could wait forever
+        raise LessonError(f"{file}: not a regular file")
+    try:
+        with file.open("rb") as handle:
+            data = handle.read(MAX_LESSON_BYTES + 1)
+        if len(data) > MAX_LESSON_BYTES:
+            raise LessonError(f"{file}: larger than {MAX_LESSON_BYTES // 1024} KB; a lesson file is at most that")
+        text = data.decode("utf-8")
+    except FileNotFoundError as exc:
+        raise LessonError(f"{file}: no such lesson file") from exc
+    except IsADirectoryError as exc:
+        raise LessonError(f"{file}: is a folder, not a lesson file") from exc
+    except OSError as exc:
+        raise LessonError(f"{file}: cannot be read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise LessonError(f"{file}: not UTF-8 text") from exc
+    return parse_lesson(text, str(file))
+
+
+def parse_lesson(text: str, source: str) -> Lesson:
+    """A Lesson from TOML text; `source` names the file in errors."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_LESSON_BYTES:
+        raise LessonError(f"{source}: larger than {MAX_LESSON_BYTES // 1024} KB; a lesson file is at most that")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise LessonError(f"{source}: not valid TOML ({visible(str(exc))})") from exc
+    except RecursionError as exc:
+        raise LessonError(f"{source}: arrays or tables nested too deeply to be a lesson") from exc
+    _check_keys(raw, LESSON_KEYS, source, "")
+    title = raw.get("title")
+    if not isinstance(title, str) or not title.strip():
+        raise LessonError(f"{source}: title: a lesson needs a title (text)")
+    _check_plain(title, source, "", "title")
+    raw_steps = raw.get("step")
+    if not raw_steps:
+        raise LessonError(f"{source}: step: a lesson needs at least one [[step]]")
+    steps = tuple(_parse_step(item, source, number) for number, item in enumerate(raw_steps, start=1))
+    return Lesson(title=title.strip(), steps=steps, source=source)
+
+
+def _check_keys(table: dict, allowed: dict, source: str, where: str) -> None:
+    for key, value in table.items():
+        if key not in allowed:
+            raise LessonError(f"{source}: {where}{visible(key)[:80]}: unknown key; known: {', '.join(allowed)}")
+        kind = allowed[key]
+        if isinstance(value, bool) and kind is int or not isinstance(value, kind):
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise LessonError(f"{source}: {where}{key}: expected {_kind_words(names)}, got {value!r}"[:300])
+
+
+def _check_plain(value: str, source: str, where: str, key: str) -> None:
+    control = control_characters(value, "\t\n\r" if key in MULTILINE_KEYS else "")
+    if control is not None:
+        raise LessonError(f"{source}: {where}{key}: holds the control character {control}; a lesson is plain text")
+
+
+def _kind_words(names: str) -> str:
+    return (names.replace("str", "text").replace("int", "a whole number").replace("bool", "true/false")
+            .replace("list", "a list of [[step]] tables"))
+
+
+def _parse_step(item: object, source: str, number: int) -> LessonStep:
+    where = f"step {number}: "
+    if not isinstance(item, dict):
+        raise LessonError(f"{source}: step {number}: expected a [[step]] table")
+    _check_keys(item, STEP_KEYS, source, where)
+    for key in REQUIRED_STEP_KEYS:
+        if key not in item:
+            raise LessonError(f"{source}: {where}{key}: missing")
+    for key, value in item.items():
+        if isinstance(value, str):
+            _check_plain(value, source, where, key)
+    cache = item["cache"]
+    if cache not in CACHE_MODES or (isinstance(cache, str) and cache != "compare"):
+        raise LessonError(f"{source}: {where}cache: expected true, false or \"compare\", got {cache!r}")
+    budget, advance = item["max_new_tokens"], item["advance_to"]
+    if not 1 <= budget <= MAX_LESSON_TOKENS:
+        raise LessonError(f"{source}: {where}max_new_tokens: {budget} is not from 1 to {MAX_LESSON_TOKENS}")
+    if advance < 0:
+        raise LessonError(f"{source}: {where}advance_to: {advance} is negative")
+    if advance > budget:
+        raise LessonError(f"{source}: {where}advance_to: {advance} is more than max_new_tokens ({budget})")
+    question = item.get("question")
+    if question is not None:
+        if question not in QUESTIONS:
+            raise LessonError(f"{source}: {where}question: unknown quantity {question!r}; "
+                              f"known: {', '.join(QUESTIONS)}"[:400])
+        if advance >= budget:
+            raise LessonError(f"{source}: {where}question: the run has no next step to reveal it "
+                              f"(advance_to {advance} = max_new_tokens)")
+    focus = item.get("focus", "all")
+    if focus not in FOCUSES:
+        raise LessonError(f"{source}: {where}focus: expected one of {', '.join(FOCUSES)}, got {focus!r}"[:300])
+    for key in ("title", "text"):
+        if not item[key].strip():
+            raise LessonError(f"{source}: {where}{key}: is empty")
+    for key in ("title", "notes"):
+        if MEASURED_SPEED in item.get(key, ""):
+            raise LessonError(f"{source}: {where}{key}: {MEASURED_SPEED} belongs in a step's text")
+    return LessonStep(title=item["title"].strip(), text=" ".join(item["text"].split()), prompt=item["prompt"],
+                      cache=cache, advance_to=advance, max_new_tokens=budget, notes=item.get("notes", "").strip(),
+                      model=item.get("model"), focus=focus, question=question)
+
+
+def measured_answer(question: str, previous: StepRecord | None, record: StepRecord) -> float:
+    """The answer to `question`, from the last record of the next generation step (`record`: its token pass,
+    or the cache-filling pass that follows the last token, as the counter shows it) and the last record
+    before that step (None when it is the first): what the engine measured, per layer."""
+    if question == "next_kv_with_cache":
+        return record.with_cache_total - (previous.with_cache_total if previous else 0)
+    if question == "next_kv_without_cache":
+        return record.without_cache_total - (previous.without_cache_total if previous else 0)
+    if question == "avoided_after_next":
+        return record.avoided_total
+    if question == "ratio_after_next":
+        return record.without_cache_total / record.with_cache_total if record.with_cache_total else 0.0
+    if question == "cache_bytes_after_next":
+        return record.cache_bytes
+    raise ValueError(f"unknown question {question!r}")
+
+
+def format_answer(question: str, value: float) -> str:
+    """The answer as the app and the slides show it: 87, 6.8x, 36,864 bytes."""
+    if question == "ratio_after_next":
+        return f"{value:.1f}x"
+    if question == "cache_bytes_after_next":
+        return f"{int(value):,} bytes"
+    return f"{int(value):,}"

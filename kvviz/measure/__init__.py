@@ -1,0 +1,1 @@
+"""Measured speed: the headless benchmark against the transformers peer, and the speed sweep."""

@@ -1,0 +1,197 @@
+"""Benchmarks: cached vs uncached generation, and kvviz vs transformers on the same weights."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, NamedTuple
+
+from kvviz.core.errors import KvvizError
+
+if TYPE_CHECKING:  # torch loads with the first benchmark, not with this module (the CLI reads its defaults)
+    from transformers import GPT2LMHeadModel
+
+    from kvviz.core.engine import Engine
+    from kvviz.models.gpt2 import GPT
+
+WARMUP_TOKENS = 8
+MAX_REPEAT = 100  # turns per configuration: more would only wait longer for the same fastest run
+
+
+def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bool) -> tuple[list[int], float, int]:
+    from kvviz.core.engine import generate_ids
+
+    started = time.perf_counter()
+    ids, records = generate_ids(engine, prompt_ids, new_tokens, use_cache)
+    seconds = time.perf_counter() - started
+    return ids, seconds, records[-1].cache_bytes
+
+
+def to_transformers(model: GPT):
+    """transformers' GPT2LMHeadModel holding exactly `model`'s weights, in the same dtype."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = model.config
+    hf_config = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.n_ctx, n_embd=cfg.n_embd,
+                           n_layer=cfg.n_layer, n_head=cfg.n_head, layer_norm_epsilon=cfg.layer_norm_epsilon,
+                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=50256, eos_token_id=50256)
+    peer = GPT2LMHeadModel(hf_config)
+    missing, unexpected = peer.load_state_dict(
+        {k: v.float() for k, v in model.state_dict().items()}, strict=False
+    )
+    missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"weights do not map onto GPT2LMHeadModel: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    peer.tie_weights()
+    wte = model.transformer.wte.weight
+    return peer.eval().to(device=wte.device, dtype=wte.dtype)
+
+
+def _time_peer(peer, prompt_ids: list[int], new_tokens: int, use_cache: bool) -> tuple[list[int], float]:
+    import torch
+
+    device = next(peer.parameters()).device
+    idx = torch.tensor([prompt_ids], device=device)
+    kwargs = dict(do_sample=False, use_cache=use_cache, pad_token_id=50256, eos_token_id=None,
+                  min_new_tokens=new_tokens, max_new_tokens=new_tokens)
+    with torch.inference_mode():
+        peer.generate(idx, **{**kwargs, "min_new_tokens": WARMUP_TOKENS, "max_new_tokens": WARMUP_TOKENS})
+        started = time.perf_counter()
+        out = peer.generate(idx, **kwargs)
+        seconds = time.perf_counter() - started
+    return out[0, len(prompt_ids):].tolist(), seconds
+
+
+class Timing(NamedTuple):
+    """The fastest of a configuration's runs: its tokens, seconds and final cache size."""
+
+    ids: list[int]
+    seconds: float
+    cache_bytes: int = 0
+
+
+def best_of(
+    repeat: int, engine: Engine, peer: GPT2LMHeadModel | None, prompt_ids: list[int], new_tokens: int,
+    use_cache: bool, float32_engine: Engine | None = None,
+) -> dict[str, Timing]:
+    """Time kvviz `repeat` times, and right after each run the peer and kvviz in float32 (where given);
+    keep the fastest run of each, under the keys "kvviz", "peer" and "float32"."""
+    if not 1 <= repeat <= MAX_REPEAT:
+        raise KvvizError(f"repeat must be a whole number from 1 to {MAX_REPEAT}, got {repeat}")
+    runners = {"kvviz": lambda: Timing(*_timed(engine, prompt_ids, new_tokens, use_cache))}
+    if peer is not None:
+        runners["peer"] = lambda: Timing(*_time_peer(peer, prompt_ids, new_tokens, use_cache))
+    if float32_engine is not None:
+        runners["float32"] = lambda: Timing(*_timed(float32_engine, prompt_ids, new_tokens, use_cache))
+    fastest: dict[str, Timing] = {}
+    for _ in range(repeat):
+        for name, runner in runners.items():
+            run = runner()
+            if name not in fastest or run.seconds < fastest[name].seconds:
+                fastest[name] = run
+    return fastest
+
+
+CACHED_REPEAT = 3  # cached runs take seconds: by default, three turns each
+UNCACHED_REPEAT = 1  # uncached runs take ~10 times longer: one each
+
+
+def memory_read_rate(device: str = "cpu", megabytes: int = 512, repeat: int = 10) -> float:
+    """Bytes per second this machine reads from memory, measured: the best of `repeat` sums over a buffer
+    far larger than any cache."""
+    import torch
+
+    buffer = torch.ones(megabytes * 1024 * 1024 // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        float(buffer.sum())
+        best = min(best, time.perf_counter() - started)
+    return buffer.numel() * buffer.element_size() / best
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the model's parameters (a tied embedding once): what a decode step reads at least."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def run_bench(
+    model: str | None, prompt: str, new_tokens: int, device: str = "cpu", peer: bool = False,
+    repeat: int | None = None, dtype: str = "float32",
+) -> dict:
+    """Cached and uncached tokens/s of kvviz (and, with `peer`, of transformers) in one process.
+
+    Each configuration runs `repeat` times (by default CACHED_REPEAT for cached runs and
+    UNCACHED_REPEAT for uncached ones), kvviz and the peer taking turns right after each other,
+    and the fastest run of each counts (the usual rule for timings disturbed by other work on the
+    machine): the two cached runs that are compared are always seconds apart.
+    """
+    import torch
+
+    from kvviz.core.engine import Engine, generate_ids
+    from kvviz.sources.weights import load_model
+
+    loaded = load_model(model, device=device, dtype=getattr(torch, dtype))
+    engine = Engine(loaded.model, device=device)
+    prompt_ids = engine.encode_prompt(prompt)
+    for use_cache in (True, False):
+        generate_ids(engine, prompt_ids, WARMUP_TOKENS, use_cache)
+    reference = None
+    if peer:
+        try:
+            reference = to_transformers(loaded.model)
+        except ImportError as exc:
+            raise KvvizError(f"--peer needs transformers: pip install transformers ({exc})") from exc
+    float32_engine = None
+    if dtype != "float32":  # the figure a half-precision run is compared with, timed in turns with it
+        float32_engine = Engine(load_model(model, device=device, dtype=torch.float32).model, device=device)
+        generate_ids(float32_engine, prompt_ids, WARMUP_TOKENS, True)
+    cached_repeat = repeat or CACHED_REPEAT
+    uncached_repeat = repeat or UNCACHED_REPEAT
+    fastest_cached = best_of(cached_repeat, engine, reference, prompt_ids, new_tokens, True, float32_engine)
+    fastest_uncached = best_of(uncached_repeat, engine, reference, prompt_ids, new_tokens, False)
+    cached, uncached = fastest_cached["kvviz"], fastest_uncached["kvviz"]
+    peer_cached, peer_uncached = fastest_cached.get("peer"), fastest_uncached.get("peer")
+    n = len(cached.ids)
+    read_rate = memory_read_rate(device)
+    weights = weight_bytes(loaded.model)
+    bound = read_rate / weights  # tokens/s if a decode step cost nothing but reading the weights once
+    result: dict = {
+        "model": loaded.name,
+        "dtype": dtype,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "prompt_tokens": len(prompt_ids),
+        "new_tokens": n,
+        "cached_tokens_per_second": n / cached.seconds,
+        "uncached_tokens_per_second": len(uncached.ids) / uncached.seconds,
+        "speedup": uncached.seconds / cached.seconds * n / max(1, len(uncached.ids)),
+        "identical": cached.ids == uncached.ids,
+        "cache_bytes": cached.cache_bytes,
+        "weight_bytes": weights,
+        "memory_read_bytes_per_second": read_rate,
+        "bandwidth_bound_tokens_per_second": bound,
+        "fraction_of_bound": (n / cached.seconds) / bound,
+        "cached_runs": cached_repeat,
+        "uncached_runs": uncached_repeat,
+    }
+    if float32_engine is not None:
+        float32 = fastest_cached["float32"]
+        float32_rate = len(float32.ids) / float32.seconds
+        result.update({
+            "float32_cached_tokens_per_second": float32_rate,
+            "cached_vs_float32": (n / cached.seconds) / float32_rate,
+            "float32_identical": float32.ids == cached.ids,
+        })
+    if peer_cached is not None and peer_uncached is not None:
+        peer_cached_rate = len(peer_cached.ids) / peer_cached.seconds
+        peer_uncached_rate = len(peer_uncached.ids) / peer_uncached.seconds
+        result.update({
+            "peer_cached_tokens_per_second": peer_cached_rate,
+            "peer_uncached_tokens_per_second": peer_uncached_rate,
+            "cached_vs_peer_cached": (n / cached.seconds) / peer_cached_rate,
+            "uncached_vs_peer_uncached": (len(uncached.ids) / uncached.seconds) / peer_uncached_rate,
+            "peer_identical": peer_cached.ids == cached.ids and peer_uncached.ids == cached.ids,
+        })
+    return result

@@ -1,0 +1,400 @@
+"""Model sources: the embedded default, checkpoint folders and files, the hub, random weights."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvviz.core.errors import DownloadCancelled, ModelLoadError, first_line
+from kvviz.core.files import user_path, write_atomically
+from kvviz.core.resources import DEFAULT_MODEL_NAME, default_model_dir
+from kvviz.models.gpt2 import GPT, PRESETS, GPTConfig, column_major
+from kvviz.sources.hub import HUB_MODELS, ProgressCallback, cached_hub_model, download_hub_model
+
+__all__ = [  # the hub's and the errors' names are re-exported: loading a model is one import
+    "HUB_MODELS", "DownloadCancelled", "LoadedModel", "ModelLoadError", "ProgressCallback", "cached_hub_model",
+    "check_device", "download_hub_model", "load_checkpoint", "load_model", "random_model", "save_checkpoint",
+]
+RANDOM_SEED = 123
+# Buffers some checkpoints carry that are not weights (causal masks).
+IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+HEADS_BY_WIDTH = {768: 12, 1024: 16, 1280: 20, 1600: 25}
+
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A ready model and where it came from."""
+
+    model: GPT
+    name: str  # short name for display: "gpt2", "random:gpt2", a folder's name
+    source: str  # where the weights came from, for Help > About
+    config: GPTConfig
+
+    @property
+    def num_parameters(self) -> int:
+        return self.model.num_parameters()
+
+
+def describe_sources() -> str:
+    return (f"the embedded default ({DEFAULT_MODEL_NAME}), {', '.join(HUB_MODELS)} (downloaded once), "
+            f"random:<{'|'.join(PRESETS)}>, or a path to a checkpoint folder or .safetensors file")
+
+
+def config_from_json(path: Path) -> GPTConfig:
+    """A GPTConfig from a transformers GPT-2 `config.json`."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ModelLoadError(f"{path}: not a readable JSON config ({exc.__class__.__name__})") from exc
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path}: the config is not a JSON object")
+    model_type = raw.get("model_type")
+    if model_type != "gpt2":
+        raise ModelLoadError(f"{path}: model_type is {_shown(model_type)}, but kvviz runs GPT-2 checkpoints only")
+    activation = raw.get("activation_function", "gelu_new")
+    if activation not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ModelLoadError(f"{path}: activation_function {_shown(activation)} is not GPT-2's tanh GELU")
+    n_embd = _positive_whole(raw, path, 768, "n_embd")
+    if raw.get("n_inner") is not None and raw.get("n_inner") != 4 * n_embd:
+        raise ModelLoadError(f"{path}: n_inner={_shown(raw['n_inner'])} is not 4 * n_embd, which kvviz requires")
+    try:
+        return GPTConfig(
+            vocab_size=_positive_whole(raw, path, 50257, "vocab_size"),
+            n_ctx=_positive_whole(raw, path, 1024, "n_positions", "n_ctx"),
+            n_layer=_positive_whole(raw, path, 12, "n_layer"),
+            n_head=_positive_whole(raw, path, 12, "n_head"),
+            n_embd=n_embd,
+            layer_norm_epsilon=_layer_norm_epsilon(raw, path),
+            name=path.parent.name,
+        )
+    except ValueError as exc:  # GPTConfig's own checks (heads that do not divide the width)
+        raise ModelLoadError(f"{path}: {exc}") from exc
+
+
+def _positive_whole(raw: dict, path: Path, default: int, *keys: str) -> int:
+    """The first of `keys` in a config as a positive whole number (1e3 and 1000.0 count as 1000)."""
+    key = next((k for k in keys if k in raw), keys[0])
+    value = raw.get(key, default)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelLoadError(f"{path}: {key}={_shown(value)} is not a positive whole number")
+    return value
+
+
+def _layer_norm_epsilon(raw: dict, path: Path) -> float:
+    value = raw.get("layer_norm_epsilon", 1e-5)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ModelLoadError(f"{path}: layer_norm_epsilon={_shown(value)} is not a number between 0 and 1")
+    return float(value)
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, (int, float, str, bool)) or value is None else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def config_to_json(config: GPTConfig) -> dict:
+    """The transformers `config.json` for `config`, loadable by GPT2LMHeadModel."""
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": config.vocab_size,
+        "n_positions": config.n_ctx,
+        "n_ctx": config.n_ctx,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "layer_norm_epsilon": config.layer_norm_epsilon,
+        "initializer_range": 0.02,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+
+
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix not in (".safetensors", ".pth", ".pt", ".bin"):
+        raise ModelLoadError(f"{path}: unsupported file type {suffix!r}; use .safetensors (or a .pth state dict)")
+    try:
+        with path.open("rb"):  # safetensors reports an unreadable file as "No such file or directory"
+            pass
+        if suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except PermissionError as exc:
+        raise ModelLoadError(f"{path}: cannot be read ({exc.strerror})") from exc
+    except Exception as exc:  # safetensors and torch raise several types for corrupt files
+        if "weights only load failed" in str(exc).lower():
+            raise ModelLoadError(
+                f"{path}: refused: the file holds Python objects besides tensors, and kvviz loads .pth files "
+                "with weights_only=True (save a plain state dict, or convert it to .safetensors)"
+            ) from exc
+        raise ModelLoadError(f"{path}: corrupt or truncated checkpoint ({first_line(exc)})") from exc
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelLoadError(f"{path}: not a state dict (a dict of tensor names to tensors)")
+    return state
+
+
+def normalize_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Keys as kvviz names them: `transformer.` prefix added (hub layout), masks and lm_head dropped."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        if key.endswith(IGNORED_SUFFIXES) or key == "lm_head.weight":
+            continue
+        out[key if key.startswith("transformer.") else f"transformer.{key}"] = tensor
+    return out
+
+
+def infer_config(state: dict[str, torch.Tensor], name: str, origin: str | None = None) -> GPTConfig:
+    """A config from tensor shapes alone, for a bare checkpoint without `config.json`.
+
+    The head count is not in the tensors: GPT-2's own widths map to their head counts, and other
+    widths get heads of 64 dimensions, as in every GPT-2. `origin` (the file) is named in errors.
+    """
+    origin = origin or name
+    vocab_size, n_embd, n_ctx, n_layer = _tensor_dims(state, origin)
+    if n_embd in HEADS_BY_WIDTH:
+        n_head = HEADS_BY_WIDTH[n_embd]
+    elif n_embd % 64 == 0:
+        n_head = n_embd // 64
+    else:
+        raise ModelLoadError(
+            f"{origin}: width {n_embd} does not tell the number of attention heads; put the checkpoint's "
+            "config.json beside it"
+        )
+    try:
+        return GPTConfig(vocab_size=vocab_size, n_ctx=n_ctx, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                         name=name)
+    except ValueError as exc:
+        raise ModelLoadError(f"{origin}: {exc}") from exc
+
+
+def _tensor_dims(state: dict[str, torch.Tensor], origin: str) -> tuple[int, int, int, int]:
+    """(vocab_size, n_embd, n_ctx, n_layer) as the checkpoint's tensors have them."""
+    try:
+        vocab_size, n_embd = (int(n) for n in state["transformer.wte.weight"].shape)
+        n_ctx = int(state["transformer.wpe.weight"].shape[0])
+    except KeyError as exc:
+        raise ModelLoadError(f"{origin}: tensor {exc.args[0]} is missing; this is not a GPT-2 checkpoint") from exc
+    except (ValueError, IndexError) as exc:
+        raise ModelLoadError(f"{origin}: tensor transformer.wte.weight is not a matrix; not GPT-2") from exc
+    layers = {k.split(".")[2] for k in state if k.startswith("transformer.h.")}
+    if not all(layer.isdigit() for layer in layers):
+        raise ModelLoadError(f"{origin}: unexpected tensor names under transformer.h; not a GPT-2 checkpoint")
+    return vocab_size, n_embd, n_ctx, len(layers)
+
+
+def check_config_fits(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, config_path: Path) -> None:
+    """A config.json may not describe a model larger than the tensors beside it: checked before anything of
+    its size is built (a smaller one fails `build_model`'s tensor checks, which name the tensor)."""
+    vocab_size, n_embd, n_ctx, n_layer = _tensor_dims(state, origin)
+    for key, said, found in (("vocab_size", config.vocab_size, vocab_size), ("n_embd", config.n_embd, n_embd),
+                             ("n_positions", config.n_ctx, n_ctx), ("n_layer", config.n_layer, n_layer)):
+        if said > found:
+            raise ModelLoadError(f"{config_path}: {key}={_shown(said)}, more than the weights in "
+                                 f"{Path(origin).name} have ({found})")
+
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype called `name` (one of DTYPE_NAMES), or a one-line ModelLoadError."""
+    if name not in DTYPE_NAMES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {name!r}")
+    return getattr(torch, name)
+
+
+def column_major_keys(state: dict[str, torch.Tensor]) -> list[str]:
+    """The tensors GPT keeps column-major (see `kvviz.models.gpt2.column_major`): the embedding and every Conv1D
+    weight."""
+    return [k for k in state if k == "transformer.wte.weight" or (k.startswith("transformer.h.") and k.endswith(
+        ("c_attn.weight", "c_proj.weight", "c_fc.weight")))]
+
+
+def _check_finite(state: dict[str, torch.Tensor], origin: str, where: str) -> None:
+    """ModelLoadError naming the first tensor that holds NaN or an infinity (`where`: after a conversion)."""
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            problem = "NaN" if bool(torch.isnan(tensor).any()) else "infinite values"
+            raise ModelLoadError(f"{origin}: tensor {key} holds {problem}{where}; these weights cannot be run "
+                                 f"(train, save or download them again)")
+
+
+def build_model(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, dtype: torch.dtype) -> GPT:
+    """A GPT with `state` loaded, after checking every tensor's presence and shape."""
+    with torch.device("meta"):
+        model = GPT(config)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    for key, shape in expected.items():
+        if key not in state:
+            raise ModelLoadError(f"{origin}: tensor {key} is missing")
+        if tuple(state[key].shape) != tuple(shape):
+            raise ModelLoadError(f"{origin}: tensor {key} has shape {tuple(state[key].shape)}, expected {tuple(shape)}")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise ModelLoadError(f"{origin}: unexpected tensor {unexpected[0]} ({len(unexpected)} in all)")
+    _check_finite(state, origin, "")
+    state = {k: v.to(dtype) for k, v in state.items()}
+    _check_finite(state, origin, f" once in {str(dtype).removeprefix('torch.')}")
+    for key in column_major_keys(state):
+        state[key] = column_major(state[key])  # the head shares wte; Conv1D multiplies by row blocks
+    model.load_state_dict(state, assign=True)
+    return model.eval()
+
+
+def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32) -> GPT:
+    """A checkpoint folder (config.json + model.safetensors) or a single weights file."""
+    if path.is_dir():
+        weights = path / "model.safetensors"
+        if not weights.is_file():
+            raise ModelLoadError(f"{path}: folder has no model.safetensors")
+        config_path = path / "config.json"
+        state = normalize_keys(_read_state_dict(weights))
+        if config_path.is_file():
+            config = config_from_json(config_path)
+            check_config_fits(config, state, str(weights), config_path)
+        else:
+            config = infer_config(state, path.name, str(weights))
+        return build_model(config.with_name(path.name), state, str(weights), dtype)
+    state = normalize_keys(_read_state_dict(path))
+    sibling = path.parent / "config.json"
+    if sibling.is_file():
+        config = config_from_json(sibling)
+        check_config_fits(config, state, str(path), sibling)
+    else:
+        config = infer_config(state, path.stem, str(path))
+    name = path.parent.name if path.stem == "model" else path.stem
+    return build_model(config.with_name(name), state, str(path), dtype)
+
+
+CHECKPOINT_FILES = ("model.safetensors", "config.json")
+
+
+def save_checkpoint(model: GPT, out_dir: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """Write `config.json` and `model.safetensors` as transformers' save_pretrained does: both or neither.
+
+    Both files are written whole (and synced) into a temporary folder inside `out_dir` before
+    either is put in place, by two renames in a row; should the second rename fail, the first is
+    undone. A failed save (a full disk, an interrupt) leaves `out_dir` as it was, with no temporary
+    file behind. Other files in `out_dir` are left alone. Returns the weights' path.
+    """
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    staging = Path(tempfile.mkdtemp(prefix=".kvviz-save-", suffix=".tmp", dir=out_dir))
+    try:
+        weights = staging / "model.safetensors"
+        save_file(state, str(weights), metadata={"format": "pt"})
+        with open(weights, "rb") as handle:
+            os.fsync(handle.fileno())
+        write_atomically(staging / "config.json", (json.dumps(config_to_json(model.config), indent=2) + "\n").encode())
+        _move_in_together(staging, out_dir, CHECKPOINT_FILES)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir / "model.safetensors"
+
+
+def _move_in_together(staging: Path, out_dir: Path, names: tuple[str, ...]) -> None:
+    """Rename `staging/name` onto `out_dir/name` for each name; if one rename fails, undo the earlier ones."""
+    done: list[tuple[Path, Path | None]] = []  # (target, its previous content kept in staging, or None)
+    try:
+        for name in names:
+            target, previous = out_dir / name, staging / f"previous-{name}"
+            if target.is_file():
+                try:
+                    os.link(target, previous)  # the old file stays where it is until the rename replaces it
+                except OSError:
+                    shutil.copy2(target, previous)  # file systems without hard links
+            os.replace(staging / name, target)
+            done.append((target, previous if previous.exists() else None))
+    except BaseException:
+        for target, previous in reversed(done):
+            with contextlib.suppress(OSError):
+                if previous is None:
+                    target.unlink()
+                else:
+                    os.replace(previous, target)
+        raise
+
+
+def random_model(preset: str, dtype: torch.dtype = torch.float32) -> GPT:
+    """Untrained weights from a fixed seed, GPT-2's initialisation (the book's benchmark setup)."""
+    if preset not in PRESETS:
+        raise ModelLoadError(f"random:{preset}: unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    config = PRESETS[preset].with_name(f"random:{preset}")
+    model = GPT(config)
+    model.init_weights(torch.Generator().manual_seed(RANDOM_SEED))
+    return model.to(dtype).eval()
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """`device` as a torch.device, or a ModelLoadError saying why it cannot be used here."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{device}: unknown device; use cpu, cuda or mps") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"{device}: device not available here (no CUDA GPU, or torch built without CUDA)")
+    if resolved.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ModelLoadError(f"{device}: device not available here (it needs Apple silicon)")
+    if resolved.type not in ("cpu", "cuda", "mps"):
+        raise ModelLoadError(f"{device}: unknown device; use cpu, cuda or mps")
+    return resolved
+
+
+def load_model(
+    source: str | None = None,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    progress: ProgressCallback | None = None,
+) -> LoadedModel:
+    """Resolve a `--model` value to a ready model. `None` means the embedded default."""
+    check_device(device)
+    if source is None or source == "" or source == DEFAULT_MODEL_NAME:
+        folder = default_model_dir()
+        if not (folder / "model.safetensors").is_file():
+            raise ModelLoadError(f"{DEFAULT_MODEL_NAME}: the embedded model is missing from {folder}; reinstall kvviz")
+        model = load_checkpoint(folder, dtype)
+        name, origin = DEFAULT_MODEL_NAME, f"embedded in kvviz ({folder})"
+    elif source.startswith("random:"):
+        preset = source.split(":", 1)[1]
+        model = random_model(preset, dtype)
+        name, origin = source, f"untrained GPT-2 {preset} weights, seed {RANDOM_SEED}"
+    elif source in HUB_MODELS:
+        folder = download_hub_model(source, progress)
+        model = load_checkpoint(folder, dtype)
+        model.config = model.config.with_name(source)  # not the cache folder's commit hash
+        name, origin = source, f"Hugging Face hub {HUB_MODELS[source]} (cached in {folder})"
+    else:
+        path = user_path(source)
+        if not path.exists():
+            raise ModelLoadError(f"{source}: unknown model, and no such file or folder; use {describe_sources()}")
+        model = load_checkpoint(path, dtype)
+        name, origin = model.config.name, str(path.resolve())
+    model = model.to(device)
+    return LoadedModel(model=model, name=name, source=origin, config=model.config)

@@ -1,0 +1,1 @@
+"""Training the embedded model, and its corpus."""
