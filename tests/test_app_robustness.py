@@ -271,12 +271,15 @@ from PySide6.QtWidgets import QApplication
 app = QApplication(sys.argv[:1])
 play = sys.argv.pop(1) == "play"
 
+started = []
+
 def probe():
     for window in app.topLevelWidgets():
         session = getattr(window, "session", None)
         if session is None or session.plan is None:
             continue
-        if play and not session.playing:
+        if play and not started:  # once: a second toggle before the first took effect would pause it again
+            started.append(True)
             window.controls.max_new_spin.setValue(60)
             window.controls.speed_slider.setValue(window.controls.speed_slider.maximum())
             QTimer.singleShot(200, window.toggle_play)

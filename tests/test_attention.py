@@ -15,6 +15,8 @@ from kvviz.cli.commands import main
 from kvviz.core.compare import Lockstep, plan_lockstep
 from kvviz.core.engine import Engine, SamplingSettings
 from kvviz.core.kv_cache import KVCache
+from kvviz.models import gpt2_fast
+from kvviz.models.probe import PassProbe
 from kvviz.sources.weights import load_model
 
 TOLERANCE = 1e-5
@@ -94,7 +96,6 @@ def test_records_carry_no_attention_unless_asked():
     for use_cache in (True, False):
         records, _ = _run(engine, HELLO_IDS, 3, use_cache, attention=False)
         assert all(r.attention is None for r in records)
-    assert engine.model.attention_rows is None
 
 
 @pytest.mark.parametrize("sampling", [None, SamplingSettings(temperature=0.9, top_k=50, seed=4)],
@@ -108,7 +109,6 @@ def test_recording_changes_no_logit_and_no_token(use_cache, sampling):
     assert len(recorded_logits) == len(plain_logits) == 10
     for got, expected in zip(recorded_logits, plain_logits, strict=True):
         assert torch.equal(got, expected)
-    assert engine.model.attention_rows is None  # the engine leaves the model as it found it
 
 
 def test_decode_one_and_forward_logits_are_bit_equal_with_recording_on_and_off():
@@ -117,29 +117,26 @@ def test_decode_one_and_forward_logits_are_bit_equal_with_recording_on_and_off()
     caches = [KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS)) for _ in range(2)]
     prefill = 4
     with torch.inference_mode():
-        for cache, rows in zip(caches, (None, []), strict=True):
-            model.attention_rows = rows
-            logits = model(torch.tensor([PROMPT_IDS[:prefill]]), torch.arange(prefill), cache)  # cached prefill
-            if rows is None:
+        for cache, record in zip(caches, (False, True), strict=True):
+            probe = PassProbe(cfg.n_layer, record_attention=record)
+            logits = model(torch.tensor([PROMPT_IDS[:prefill]]), torch.arange(prefill), cache, probe=probe)
+            if not record:
                 expected_prefill = logits
             else:
                 assert torch.equal(logits, expected_prefill)
-                assert [tuple(r.shape) for r in rows] == [(4, prefill)] * 3
+                assert [tuple(r.shape) for r in probe.attention] == [(4, prefill)] * 3
         for pos in range(prefill, len(PROMPT_IDS)):
-            model.attention_rows = None
-            expected = model.decode_one(PROMPT_IDS[pos], pos, caches[0])
-            rows = model.attention_rows = []
-            got = model.decode_one(PROMPT_IDS[pos], pos, caches[1])
+            expected = gpt2_fast.decode_one(model, PROMPT_IDS[pos], pos, caches[0], probe=PassProbe(cfg.n_layer))
+            probe = PassProbe(cfg.n_layer, record_attention=True)
+            got = gpt2_fast.decode_one(model, PROMPT_IDS[pos], pos, caches[1], probe=probe)
             assert torch.equal(got, expected)
-            assert [tuple(r.shape) for r in rows] == [(4, pos + 1)] * 3
-            assert all(r.dtype == torch.float32 for r in rows)
+            assert [tuple(r.shape) for r in probe.attention] == [(4, pos + 1)] * 3
+            assert all(r.dtype == torch.float32 for r in probe.attention)
         ids = torch.tensor([PROMPT_IDS])
-        model.attention_rows = None
         expected = model(ids)  # uncached, every position
-        rows = model.attention_rows = []
-        assert torch.equal(model(ids), expected)
-        assert [tuple(r.shape) for r in rows] == [(4, len(PROMPT_IDS))] * 3
-        model.attention_rows = None
+        probe = PassProbe(cfg.n_layer, record_attention=True)
+        assert torch.equal(model(ids, probe=probe), expected)
+        assert [tuple(r.shape) for r in probe.attention] == [(4, len(PROMPT_IDS))] * 3
     assert torch.equal(caches[0].kv, caches[1].kv)
 
 
@@ -150,25 +147,6 @@ def test_the_plan_fills_the_head_shape_and_the_element_size():
     assert engine.plan(HELLO_IDS, 3, use_cache=False, attention=True).attention is True
     bf16 = Engine(load_model("random:kvviz-shakespeare", dtype=torch.bfloat16).model).plan(HELLO_IDS, 3)
     assert (bf16.n_head, bf16.head_dim, bf16.dtype_bytes) == (6, 32, 2)
-
-
-def test_a_pass_stopped_midway_leaves_no_recording_behind():
-    model = tiny_kvviz_model()
-    engine = Engine(model)
-
-    class Stopped(Exception):
-        pass
-
-    def stop(layer: int) -> None:
-        if layer == 1:
-            raise Stopped  # as the app's worker stops a pass when the window closes
-
-    model.before_block = stop
-    with pytest.raises(Stopped):
-        list(engine.run(engine.plan(HELLO_IDS, 3, attention=True)))
-    model.before_block = None
-    assert model.attention_rows is None
-    assert all(block.attn.attention_rows is None for block in model.blocks)
 
 
 # ----- compare mode -----
@@ -189,7 +167,6 @@ def test_both_runs_in_lockstep_record_the_same_weights():
         assert diff <= TOLERANCE, f"step {record.new_tokens}: cached and uncached weights differ by {diff:.3g}"
         steps += 1
     assert steps == 8
-    assert engine.model.attention_rows is None
     plain = plan_lockstep(engine, PROMPT_IDS, 8, True)
     assert not plain.attention and not plain.twin.attention
 

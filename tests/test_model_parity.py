@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import weakref
 
 import pytest
@@ -12,6 +11,8 @@ from helpers_checkpoints import HELLO_IDS, gpt2_config, save_hub_file, save_tran
 
 from kvviz.core.engine import Engine, generate_ids
 from kvviz.core.kv_cache import KVCache
+from kvviz.models import gpt2_fast
+from kvviz.models.probe import PassProbe
 from kvviz.sources.weights import load_model
 
 pytest.importorskip("transformers")
@@ -106,16 +107,17 @@ def test_decode_one_equals_forward_and_transformers(tmp_path):
     with torch.inference_mode():
         for cache in (through_forward, through_decode):
             model(torch.tensor([PROMPT_IDS[:prefill]]), torch.arange(prefill), cache)
-        model.reset_kv_counters()
+        forward_probe, decode_probe = PassProbe(cfg.n_layer), PassProbe(cfg.n_layer)
         for pos in range(prefill, len(PROMPT_IDS)):
-            reference = model(torch.tensor([[PROMPT_IDS[pos]]]), torch.tensor([pos]), through_forward)[0]  # (1, V)
-            got = model.decode_one(PROMPT_IDS[pos], pos, through_decode)  # (1, V)
+            reference = model(torch.tensor([[PROMPT_IDS[pos]]]), torch.tensor([pos]), through_forward,
+                              probe=forward_probe)[0]  # (1, V)
+            got = gpt2_fast.decode_one(model, PROMPT_IDS[pos], pos, through_decode, probe=decode_probe)  # (1, V)
             assert torch.equal(got, reference)
             assert (got - expected[:, pos]).abs().max().item() <= TOLERANCE
     assert torch.equal(through_decode.kv, through_forward.kv)
     assert through_decode.length == len(PROMPT_IDS)
     # Each decode step projected one K/V row per layer; so did each forward step.
-    assert model.kv_rows_projected() == [2 * (len(PROMPT_IDS) - prefill)] * cfg.n_layer
+    assert decode_probe.kv_rows == forward_probe.kv_rows == [len(PROMPT_IDS) - prefill] * cfg.n_layer
 
 
 def _transformers_keys_values(hf_model, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -151,100 +153,24 @@ def test_engine_cache_holds_transformers_keys_and_values(tmp_path):
 
 
 def test_output_head_shares_the_embeddings_memory(tmp_path):
-    """The tied head is `wte` itself, laid out for a fast product: no transposed copy is kept (320 MB for gpt2-xl)."""
+    """The tied head multiplies by `wte` itself, laid out for a fast product: its transpose is contiguous, so
+    no transposed copy is needed (320 MB for gpt2-xl)."""
     hf_model = save_transformers_folder(tmp_path / "ckpt", gpt2_config(n_layer=2, n_head=2, n_embd=32), seed=2)
     for model in (load_model(str(tmp_path / "ckpt")).model, load_model("random:kvviz-shakespeare").model):
-        with torch.inference_mode():
-            model(torch.tensor([HELLO_IDS]))
-        head, wte = model._output_head(), model.transformer.wte.weight
-        assert head.is_contiguous() and head.shape == (wte.shape[1], wte.shape[0])
-        assert head.data_ptr() == wte.data_ptr()
-        assert model._head_t is None
+        wte = model.transformer.wte.weight
+        assert wte.t().is_contiguous() and wte.t().data_ptr() == wte.data_ptr()
     _assert_parity(hf_model, load_model(str(tmp_path / "ckpt")).model)
 
 
-def test_release_inference_buffers_lets_the_transposed_copy_go():
-    """A `wte` assigned row-major (not as kvviz loads it) makes inference keep a transposed copy of the head;
-    `release_inference_buffers`, which the app calls when it replaces a model, drops it."""
+def test_a_row_major_embedding_gives_the_same_logits():
+    """A `wte` assigned row-major (not as kvviz loads it) still gives the logits of the column-major one."""
     model = tiny_kvviz_model(2, 2, 32, 64, std=0.3)
-    model.transformer.wte.weight = torch.nn.Parameter(model.transformer.wte.weight.detach().contiguous())
     ids = torch.tensor([HELLO_IDS])
     with torch.inference_mode():
         expected = model(ids)
-    copy = weakref.ref(model._head_t)
-    assert copy() is not None and copy().data_ptr() != model.transformer.wte.weight.data_ptr()
-    model.release_inference_buffers()
-    gc.collect()
-    assert model._head_t is None and copy() is None
+    model.transformer.wte.weight = torch.nn.Parameter(model.transformer.wte.weight.detach().contiguous())
     with torch.inference_mode():
-        assert torch.equal(model(ids), expected)
-
-
-def test_hub_layout_file_and_folder(tmp_path):
-    """A bare hub model.safetensors (no `transformer.` prefix, attn.bias masks present) loads three ways."""
-    # Heads of 64 dimensions, as every GPT-2 size has, so the head count can be read off the width.
-    config = gpt2_config(n_layer=2, n_head=2, n_embd=128)
-    hf_model = save_transformers_folder(tmp_path / "reference", config, seed=7)
-    expected_tokens = _reference_greedy(hf_model, PROMPT_IDS, NEW_TOKENS)
-
-    bare_file = save_hub_file(tmp_path / "bare" / "model.safetensors", hf_model)
-    with_config = tmp_path / "hub-with-config"
-    save_hub_file(with_config / "model.safetensors", hf_model)
-    (with_config / "config.json").write_text((tmp_path / "reference" / "config.json").read_text())
-
-    sources = {
-        "file": str(bare_file),
-        "folder without config.json": str(bare_file.parent),
-        "folder with config.json": str(with_config),
-        "file beside config.json": str(with_config / "model.safetensors"),
-    }
-    for label, source in sources.items():
-        loaded = load_model(source)
-        assert loaded.config.n_head == 2 and loaded.config.n_layer == 2 and loaded.config.n_ctx == 64, label
-        _assert_parity(hf_model, loaded.model)
-        tokens, _ = generate_ids(Engine(loaded.model), PROMPT_IDS, NEW_TOKENS)
-        assert tokens == expected_tokens, label
-
-
-def test_hub_layout_with_config_for_heads_the_width_does_not_tell(tmp_path):
-    """With config.json beside it, a bare file whose head size is not 64 still gets the right head count."""
-    config = gpt2_config(n_layer=2, n_head=4, n_embd=64)
-    hf_model = save_transformers_folder(tmp_path / "reference", config, seed=8)
-    folder = tmp_path / "hub"
-    save_hub_file(folder / "model.safetensors", hf_model)
-    (folder / "config.json").write_text((tmp_path / "reference" / "config.json").read_text())
-    loaded = load_model(str(folder))
-    assert loaded.config.n_head == 4
-    _assert_parity(hf_model, loaded.model)
-
-
-def test_float16_checkpoint(tmp_path):
-    """A checkpoint saved in float16 loads (as float32 by default) and matches transformers on the same file."""
-    from transformers import GPT2LMHeadModel
-
-    save_transformers_folder(tmp_path / "half", gpt2_config(n_layer=2, n_head=4, n_embd=64), seed=9,
-                             dtype=torch.float16)
-    assert json.loads((tmp_path / "half" / "config.json").read_text()).get("dtype", "float16") == "float16"
-    from safetensors.torch import load_file
-
-    assert {t.dtype for t in load_file(str(tmp_path / "half" / "model.safetensors")).values()} == {torch.float16}
-    hf_model = GPT2LMHeadModel.from_pretrained(str(tmp_path / "half"), dtype=torch.float32).eval()
-    loaded = load_model(str(tmp_path / "half"))
-    assert loaded.model.transformer.wte.weight.dtype == torch.float32
-    _assert_parity(hf_model, loaded.model)
-    tokens, _ = generate_ids(Engine(loaded.model), PROMPT_IDS, NEW_TOKENS)
-    assert tokens == _reference_greedy(hf_model, PROMPT_IDS, NEW_TOKENS)
-
-
-def test_kvviz_checkpoint_loads_in_transformers(tmp_path):
-    """What kvviz.sources.weights.save_checkpoint writes is a checkpoint transformers reads, with the same logits."""
-    from helpers_checkpoints import save_kvviz_folder
-    from transformers import GPT2LMHeadModel
-
-    folder = save_kvviz_folder(tmp_path / "mine", n_layer=2, n_head=4, n_embd=64, n_ctx=64, seed=4)
-    loaded = load_model(str(folder))
-    hf_model = GPT2LMHeadModel.from_pretrained(str(folder)).eval()
-    _assert_parity(hf_model, loaded.model)
+        assert torch.allclose(model(ids), expected, rtol=1e-5, atol=1e-5)
 
 
 def _conv1d_weights(model) -> list[torch.Tensor]:
@@ -289,7 +215,7 @@ def test_decode_one_equals_forward_in_every_dtype(dtype):
             model(torch.tensor([ids[:2]]), torch.arange(2), cache)
         for pos in range(2, len(ids)):
             reference = model(torch.tensor([[ids[pos]]]), torch.tensor([pos]), caches[0])[0]  # (1, V)
-            got = model.decode_one(ids[pos], pos, caches[1])  # (1, V)
+            got = gpt2_fast.decode_one(model, ids[pos], pos, caches[1])  # (1, V)
             assert got.dtype == dtype and torch.equal(got, reference)
     assert torch.equal(caches[0].kv, caches[1].kv)
 
@@ -304,26 +230,45 @@ def _packs_bfloat16() -> bool:
 def test_bfloat16_inference_multiplies_packed_copies_and_releases_them():
     """In bfloat16, inference multiplies by oneDNN's packed copies (a one-row product on the plain matrix
     runs at about half the memory rate); the logits stay within bfloat16 rounding of the plain products,
-    training ignores the copies, and `release_inference_buffers` lets them go."""
+    training ignores the copies, and a copy goes with the model it was made for."""
+    from kvviz.models.products import packed_copy
+
     model = load_model("random:kvviz-shakespeare", dtype=torch.bfloat16).model
     ids = torch.tensor([HELLO_IDS])
     with torch.inference_mode():
         packed_logits = model(ids)
     conv = model.blocks[0].attn.c_attn
-    copy = conv.packed_weight()
-    assert copy is not None and copy.is_mkldnn
+    copy = packed_copy(conv.weight)
+    assert copy is not None and copy.is_mkldnn and packed_copy(conv.weight) is copy  # made once
     kept = weakref.ref(copy)
     del copy
     with torch.inference_mode():
         x = torch.randn(3, conv.weight.shape[0], dtype=torch.bfloat16)
         plain = torch.addmm(conv.bias, x, conv.weight)
         assert (conv(x).float() - plain.float()).abs().max().item() <= 1e-2 * plain.float().abs().max().item()
+        assert torch.equal(model(ids), packed_logits)  # the same packed copies, the same products
     with torch.enable_grad():
         loss = model(ids).float().logsumexp(-1).sum()
         loss.backward()
     assert conv.weight.grad is not None
-    model.release_inference_buffers()
+    del model, conv, loss
     gc.collect()
-    assert kept() is None and model._head_packed._packed is None
+    assert kept() is None
+
+
+def test_without_onednn_bfloat16_falls_back_to_plain_products(monkeypatch):
+    """Where torch lacks oneDNN's private bfloat16 ops (other builds, other versions), inference takes the
+    plain products: no packed copy, and the decode step still equals forward bit for bit."""
+    from kvviz.models import products
+
+    monkeypatch.setattr(products, "_PACKS_BFLOAT16", [False])  # what _cpu_packs_bfloat16 finds without the ops
+    model = load_model("random:kvviz-shakespeare", dtype=torch.bfloat16).model
+    assert products.packed_copy(model.blocks[0].attn.c_attn.weight) is None
+    cfg, ids = model.config, HELLO_IDS + [257, 1310]
+    caches = [KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(ids), dtype=torch.bfloat16) for _ in range(2)]
     with torch.inference_mode():
-        assert torch.equal(model(ids), packed_logits)  # packed again, the same products
+        for cache in caches:
+            model(torch.tensor([ids[:2]]), torch.arange(2), cache)
+        for pos in range(2, len(ids)):
+            reference = model(torch.tensor([[ids[pos]]]), torch.tensor([pos]), caches[0])[0]  # (1, V)
+            assert torch.equal(gpt2_fast.decode_one(model, ids[pos], pos, caches[1]), reference)

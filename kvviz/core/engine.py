@@ -10,10 +10,12 @@ import torch
 
 from kvviz.core.counting import kv_with_cache, kv_without_cache
 from kvviz.core.errors import KvvizError
-from kvviz.core.kv_cache import KVCache
+from kvviz.core.kv_cache import CACHES_BY_FAULT, KVCache
 from kvviz.core.records import CACHE_FAULTS, AttentionWeights, Candidate, RunPlan, StepRecord, describe_sampling
 from kvviz.core.tokenizer import Tokenizer, get_tokenizer
+from kvviz.models import gpt2_fast
 from kvviz.models.gpt2 import GPT
+from kvviz.models.probe import PassProbe
 
 __all__ = ["Candidate", "Engine", "GenerationError", "RunPlan", "SamplingSettings", "StepRecord", "generate_ids"]
 
@@ -50,6 +52,9 @@ class Engine:
         self.device = torch.device(device)
         self.kv_cache: KVCache | None = None
         self._warm = False
+        # Called before every block of every pass with the block's index: a way to stop a long pass from
+        # another thread (it raises), as the app's worker does when the window closes.
+        self.before_block: Callable[[int], None] | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -85,7 +90,7 @@ class Engine:
     def _new_cache(self, capacity: int, fault: str = "") -> KVCache:
         cfg = self.model.config
         dtype = self.model.transformer.wte.weight.dtype
-        return KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, capacity, dtype=dtype, device=self.device, fault=fault)
+        return CACHES_BY_FAULT[fault](cfg.n_layer, cfg.n_head, cfg.head_dim, capacity, dtype=dtype, device=self.device)
 
     def _choose(
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
@@ -241,8 +246,7 @@ class Engine:
         model = self.model
         n_layer = model.config.n_layer
         tokens = list(plan.prompt_ids)
-        model.reset_kv_counters()
-        decode_weights = model.decode_weights() if use_cache else None
+        decode_weights = gpt2_fast.decode_weights(model) if use_cache else None
         computed_total = reused_total = without_total = 0
         step = 0
         while True:
@@ -257,23 +261,17 @@ class Engine:
             fed_stop = len(tokens)
             fed = tokens[fed_start:fed_stop]
             reused = fed_start if use_cache else 0
-            before = model.kv_rows_projected()
+            probe = PassProbe(n_layer, record_attention, self.before_block)
             attention = None
             started = time.perf_counter()
+            if use_cache and len(fed) == 1:
+                logits = gpt2_fast.decode_one(model, fed[0], fed_start, cache, decode_weights, probe)[0]  # (V,)
+            else:
+                idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
+                positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
+                logits = model(idx, positions, cache, last_only=True, probe=probe)[0, -1]  # (V,)
             if record_attention:
-                model.attention_rows = []  # the layers append their newest query's weights (nh, S)
-            try:
-                if use_cache and len(fed) == 1:
-                    logits = model.decode_one(fed[0], fed_start, cache, decode_weights)[0]  # (V,)
-                else:
-                    idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
-                    positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
-                    logits = model(idx, positions, cache, last_only=True)[0, -1]  # (V,)
-                if record_attention:
-                    attention = _attention_weights(model.attention_rows, fed_stop)
-            finally:
-                if record_attention:
-                    model.attention_rows = None  # a lockstep twin's passes run on the same model
+                attention = _attention_weights(probe.attention, fed_stop)
             if flush:
                 token, candidates = None, ()
             else:
@@ -281,8 +279,7 @@ class Engine:
             seconds = time.perf_counter() - started
             if watch_logits is not None and not flush:
                 watch_logits(logits)  # outside the timed span
-            after = model.kv_rows_projected()
-            computed = tuple(a - b for a, b in zip(after, before, strict=True))
+            computed = tuple(probe.kv_rows)
             if any(c != fed_stop - fed_start for c in computed):
                 raise RuntimeError(f"layers projected {computed} K/V rows for {fed_stop - fed_start} fed positions")
             computed_total += computed[0]

@@ -14,8 +14,8 @@ class KVCache:
     keys at index 0 and values at 1 of the second axis, so the memory a run needs is visible
     up front and one copy stores a position's key and value; `bytes_used` counts only the
     filled part. Positions are explicit: `update` and `append` write rows at the positions
-    they are given, which must continue the cache without gaps. A cache made with
-    `fault="late_write"` is broken on purpose, for teaching: `append` writes one slot late.
+    they are given, which must continue the cache without gaps. `LateWriteCache` is the same
+    cache broken on purpose, for teaching.
     """
 
     def __init__(
@@ -27,7 +27,6 @@ class KVCache:
         batch_size: int = 1,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
-        fault: str = "",
     ) -> None:
         shape = (n_layer, 2, batch_size, n_head, capacity, head_dim)
         self.kv = torch.zeros(shape, dtype=dtype, device=device)  # (L, 2, B, nh, S, hs)
@@ -39,9 +38,6 @@ class KVCache:
         self.length = 0
         self._layer_lengths = [0] * n_layer
         self.last_written = (0, 0)  # the slots [start, stop) the latest update or append wrote to
-        if fault not in ("", "late_write"):
-            raise ValueError(f"unknown cache fault {fault!r}")
-        self.fault = fault  # "late_write": the teaching bug of kvviz.core.records.CACHE_FAULTS, else none
 
     def reset(self) -> None:
         """Forget every cached position; the buffers stay allocated."""
@@ -78,13 +74,8 @@ class KVCache:
         """Store one position's key and value `kv` (2, B, nh, 1, hs) of `layer`; return all cached (2, B, nh, S, hs)."""
         end = self._claim(layer, position, 1)
         cached = self._layer_kv[layer].narrow(3, 0, end)  # (2, B, nh, end, hs)
-        if self.fault == "late_write":  # the bug: one slot late, so row `position` keeps what it held
-            if position + 1 < self.capacity:
-                self._layer_kv[layer].narrow(3, position + 1, 1).copy_(kv)
-            self.last_written = (position + 1, min(position + 2, self.capacity))
-        else:
-            cached.narrow(3, position, 1).copy_(kv)
-            self.last_written = (position, end)
+        cached.narrow(3, position, 1).copy_(kv)
+        self.last_written = (position, end)
         return cached
 
     @staticmethod
@@ -101,3 +92,18 @@ class KVCache:
     @property
     def bytes_allocated(self) -> int:
         return 2 * self.keys.numel() * self.keys.element_size()
+
+
+class LateWriteCache(KVCache):
+    """The teaching bug of kvviz.core.records.CACHE_FAULTS["late_write"]: each decoded token's key and value
+    are written one slot late, so the query at `position` reads whatever that row held before."""
+
+    def append(self, layer: int, position: int, kv: torch.Tensor) -> torch.Tensor:
+        end = self._claim(layer, position, 1)
+        if position + 1 < self.capacity:
+            self._layer_kv[layer].narrow(3, position + 1, 1).copy_(kv)
+        self.last_written = (position + 1, min(position + 2, self.capacity))
+        return self._layer_kv[layer].narrow(3, 0, end)  # (2, B, nh, end, hs)
+
+
+CACHES_BY_FAULT: dict[str, type[KVCache]] = {"": KVCache, "late_write": LateWriteCache}

@@ -1,7 +1,13 @@
 """The products every GPT layer and decode step multiplies by on CPU: float32 as column blocks spread over
-torch's threads, bfloat16 on oneDNN's packed copies of the weights, everything else one addmm."""
+torch's threads, bfloat16 on oneDNN's packed copies of the weights, everything else one addmm.
+
+The model files call `linear` and `tied_head`; how a product runs fast is decided here, and the teaching
+forward and the fast decode step take the same products, so they round alike.
+"""
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -37,7 +43,7 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """`x` (M, in) @ `weight` (in, out) + `bias`: the product of every Conv1D, decode step and head.
 
     - `packed` (from `pack_for_cpu`, bfloat16): one oneDNN product on the packed copy.
-    - A float32 weight stored column-major (see `kvviz.models.gpt2.column_major`) on CPU: PROJECTION_CHUNKS blocks
+    - A float32 weight stored column-major (see `column_major`) on CPU: PROJECTION_CHUNKS blocks
       of output columns in one batched product; torch runs a single (1, in) @ (in, out) product
       on one thread, but spreads a batch over all of them.
     - Else one `addmm`.
@@ -57,19 +63,47 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return y.view(M, out_features) if M == 1 else y.transpose(0, 1).reshape(M, out_features)
 
 
-class InferenceCopy:
-    """A packed copy of one weight for inference (see `pack_for_cpu`), rebuilt when the weight changes."""
+def column_major(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` (V, C) with the same values, stored column by column: its transpose is then a contiguous
+    (C, V) matrix without a copy. GPT keeps `wte` and every Conv1D weight this way, so that the tied head,
+    `x @ wte.T`, multiplies by a contiguous matrix (twice as fast on CPU as by the transposed view) while
+    sharing the embedding's memory, and the float32 product spreads a Conv1D's row blocks over threads."""
+    return weight.t().contiguous().t()
 
-    def __init__(self) -> None:
-        self._packed: torch.Tensor | None = None
-        self._key: tuple | None = None
 
-    def of(self, rows_major: torch.Tensor) -> torch.Tensor | None:
-        """The packed copy of `rows_major` (out, in), or None where packing does not apply."""
-        key = (rows_major.data_ptr(), rows_major._version, rows_major.dtype, tuple(rows_major.shape))
-        if key != self._key:
-            self._packed, self._key = pack_for_cpu(rows_major), key
-        return self._packed
+# id(parameter) -> (the version it was packed from, its packed copy); an entry goes with its parameter
+_PACKED: dict[int, tuple[tuple, torch.Tensor | None]] = {}
 
-    def release(self) -> None:
-        self._packed = self._key = None
+
+def packed_copy(weight: torch.Tensor) -> torch.Tensor | None:
+    """The packed copy of `weight` (in, out) for inference (see `pack_for_cpu`), made once per version of
+    the parameter it views, or None where packing does not apply."""
+    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not _cpu_packs_bfloat16():
+        return None
+    owner = weight if weight._base is None else weight._base
+    rows_major = weight.t()  # (out, in)
+    key = (rows_major.data_ptr(), owner._version, tuple(rows_major.shape), rows_major.stride())
+    kept = _PACKED.get(id(owner))
+    if kept is None or kept[0] != key:
+        if kept is None:
+            weakref.finalize(owner, _PACKED.pop, id(owner), None)
+        kept = (key, pack_for_cpu(rows_major))
+        _PACKED[id(owner)] = kept
+    return kept[1]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x` (..., in) @ `weight` (in, out) + `bias`: a Conv1D's product, on the packed copy in inference."""
+    packed = None if torch.is_grad_enabled() else packed_copy(weight)
+    flat = x.reshape(-1, x.shape[-1])  # (M, in)
+    return project(flat, weight, bias, packed).view(*x.shape[:-1], weight.shape[1])  # (..., out)
+
+
+def tied_head(x: torch.Tensor, wte: torch.Tensor) -> torch.Tensor:
+    """Logits `x` (M, C) @ `wte` (V, C)ᵀ: the output head that shares the token embedding."""
+    if torch.is_grad_enabled():
+        return torch.nn.functional.linear(x, wte)  # (M, V)
+    packed = packed_copy(wte.t())
+    if packed is not None:
+        return project(x, wte.t(), None, packed)  # (M, V)
+    return x @ wte.detach().t()  # (M, V): contiguous when wte is column-major

@@ -16,7 +16,8 @@ import torch
 from kvviz.core.errors import DownloadCancelled, ModelLoadError, first_line
 from kvviz.core.files import user_path, write_atomically
 from kvviz.core.resources import DEFAULT_MODEL_NAME, default_model_dir
-from kvviz.models.gpt2 import GPT, PRESETS, GPTConfig, column_major
+from kvviz.models.gpt2 import GPT, PRESETS, GPTConfig
+from kvviz.models.products import column_major
 from kvviz.sources.hub import HUB_MODELS, ProgressCallback, cached_hub_model, download_hub_model
 
 __all__ = [  # the hub's and the errors' names are re-exported: loading a model is one import
@@ -227,7 +228,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def column_major_keys(state: dict[str, torch.Tensor]) -> list[str]:
-    """The tensors GPT keeps column-major (see `kvviz.models.gpt2.column_major`): the embedding and every Conv1D
+    """The tensors GPT keeps column-major (see `kvviz.models.products.column_major`): the embedding and every Conv1D
     weight."""
     return [k for k in state if k == "transformer.wte.weight" or (k.startswith("transformer.h.") and k.endswith(
         ("c_attn.weight", "c_proj.weight", "c_fc.weight")))]

@@ -142,6 +142,11 @@ class GenerationWorker(QObject):
         """The current kvviz.sources.weights.LoadedModel (read it only while the worker is idle)."""
         return self._loaded
 
+    @property
+    def engine(self):
+        """The current kvviz.core.engine.Engine, or None (touch it only while the worker is idle)."""
+        return self._engine
+
     # ----- model -----
     @Slot(str, str)
     def load_model(self, source: str, dtype: str = "float32") -> None:
@@ -173,7 +178,7 @@ class GenerationWorker(QObject):
         self._release_model()
         self._engine, self._loaded = engine, loaded
         self._records, self._run = None, None
-        loaded.model.before_block = self._check_abort
+        engine.before_block = self._check_abort
         config = loaded.config
         self.model_loaded.emit(source, ModelInfo(
             name=loaded.name, source=loaded.source, num_parameters=loaded.num_parameters,
@@ -190,13 +195,9 @@ class GenerationWorker(QObject):
             raise StepAborted()
 
     def _release_model(self) -> None:
-        """Detach the current model: it stops calling into this worker and drops its inference buffers."""
-        if self._loaded is not None:
-            model = self._loaded.model
-            model.before_block = None
-            release = getattr(model, "release_inference_buffers", None)
-            if release is not None:
-                release()
+        """Detach the current engine: it stops calling into this worker (its model's packed copies go with it)."""
+        if self._engine is not None:
+            self._engine.before_block = None
 
     # ----- runs -----
     @Slot(object)
