@@ -22,7 +22,7 @@ class LayoutRequests(QObject):
         QApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest.value)
         QApplication.instance().removeEventFilter(self)
 
-    def eventFilter(self, obj, event) -> bool:  # noqa: N802
+    def eventFilter(self, obj, event) -> bool:
         if event.type() == QEvent.Type.LayoutRequest and id(obj) in self.watched:
             self.count += 1
         return False

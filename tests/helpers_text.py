@@ -31,23 +31,23 @@ class _TextEngine(QPaintEngine):
     def end(self) -> bool:
         return True
 
-    def updateState(self, state) -> None:  # noqa: N802
+    def updateState(self, state) -> None:
         if state.state() & QPaintEngine.DirtyFlag.DirtyTransform:
             self._transform = QTransform(state.transform())
 
-    def drawPixmap(self, *_args) -> None:  # noqa: N802
+    def drawPixmap(self, *_args) -> None:
         pass
 
-    def drawImage(self, *_args) -> None:  # noqa: N802
+    def drawImage(self, *_args) -> None:
         pass
 
-    def drawPath(self, *_args) -> None:  # noqa: N802
+    def drawPath(self, *_args) -> None:
         pass
 
-    def drawPolygon(self, *_args) -> None:  # noqa: N802
+    def drawPolygon(self, *_args) -> None:
         pass
 
-    def drawTextItem(self, point: QPointF, item) -> None:  # noqa: N802
+    def drawTextItem(self, point: QPointF, item) -> None:
         text = item.text()
         if not text.strip():
             return
@@ -74,7 +74,7 @@ class TextRecorder(QPaintDevice):
     def texts(self) -> list[DrawnText]:
         return self._engine.texts
 
-    def paintEngine(self) -> QPaintEngine:  # noqa: N802
+    def paintEngine(self) -> QPaintEngine:
         return self._engine
 
     def metric(self, metric: QPaintDevice.PaintDeviceMetric) -> int:

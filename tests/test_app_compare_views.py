@@ -226,7 +226,7 @@ def test_identity_strip_keeps_the_newest_step_in_view_and_paints_only_new_steps(
     painted: list[QRect] = []
 
     class PaintSpy(QObject):
-        def eventFilter(self, watched, event):  # noqa: N802
+        def eventFilter(self, watched, event):
             if event.type() == QEvent.Type.Paint:
                 painted.append(event.rect())
             return False

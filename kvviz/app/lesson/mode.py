@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, QTimer
+from PySide6.QtCore import QObject, QSignalBlocker, QTimer
 from PySide6.QtWidgets import QWidget
 
 from kvviz.app.lesson.panel import FocusFrame, LessonPanel
 from kvviz.app.theme import Theme
 from kvviz.app.window.actions import set_lesson_keys
-from kvviz.app.window.controls import signals_blocked
 from kvviz.app.window.dialogs import show_error
 from kvviz.core.lesson import Lesson, LessonError, LessonStep, format_answer, load_lesson, measured_answer
 from kvviz.core.records import ModelInfo, RunPlan, StepRecord
@@ -146,7 +145,7 @@ class LessonMode(QObject):
         c.restore(w.settings)  # the prompt and the run settings the lesson began with, compare mode too
         c.break_cache = free.break_cache
         for name, on in (("compare", c.compare), ("break_cache", free.break_cache)):
-            with signals_blocked(actions[name]):
+            with QSignalBlocker(actions[name]):
                 actions[name].setChecked(on)
         if free.source != w.session.latest_source:
             w.load_model(free.source)  # its run starts once it is loaded
@@ -166,7 +165,7 @@ class LessonMode(QObject):
 
     def _show_active(self, on: bool) -> None:
         action = self._window.actions["lesson"]
-        with signals_blocked(action):
+        with QSignalBlocker(action):
             action.setChecked(on)
 
     # ----- moving -----
@@ -250,7 +249,7 @@ class LessonMode(QObject):
         c.set_run_settings(use_cache=step.use_cache, max_new_tokens=step.max_new_tokens, temperature=0.0,
                            compare=step.compare)
         for name, on in (("compare", step.compare), ("break_cache", False)):
-            with signals_blocked(actions[name]):
+            with QSignalBlocker(actions[name]):
                 actions[name].setChecked(on)
 
     def _frame_focus(self, step: LessonStep) -> None:

@@ -60,7 +60,7 @@ class GuessEdit(QLineEdit):
     """The guess field: digits, separators and the editing keys go in; every other key (Space, letters, the
     lesson's arrows, Esc) goes on to the window's shortcuts, so a question's focused field swallows none."""
 
-    def event(self, event: QEvent) -> bool:  # noqa: D102
+    def event(self, event: QEvent) -> bool:
         if event.type() == QEvent.Type.ShortcutOverride and not self._takes(event):
             event.ignore()  # the shortcut, if any, fires
             return True
@@ -264,7 +264,7 @@ class LessonPanel(QFrame):
         self._above, self._beside = (above, index), beside
         self._fit()
 
-    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802
+    def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         window = self.window()
         if window is not self and window is not self._watched_window:
@@ -272,7 +272,7 @@ class LessonPanel(QFrame):
             self._watched_window = window
         self._fit()
 
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() == QEvent.Type.Resize and self.isVisible():
             self._fit()
         return False
@@ -441,13 +441,13 @@ class FocusFrame(QWidget):
         self.show()
         self.update()
 
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() in (QEvent.Type.Resize, QEvent.Type.Move, QEvent.Type.Show, QEvent.Type.Hide,
                             QEvent.Type.LayoutRequest):
             self.follow()
         return False
 
-    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
+    def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
         pen = QPen(QColor(self._colour))

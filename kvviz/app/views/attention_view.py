@@ -99,27 +99,27 @@ class TopList(QWidget):
     def _line_height(self) -> int:
         return QFontMetrics(self.font()).lineSpacing()
 
-    def hasHeightForWidth(self) -> bool:  # noqa: N802
+    def hasHeightForWidth(self) -> bool:
         return True
 
-    def heightForWidth(self, width: int) -> int:  # noqa: N802
+    def heightForWidth(self, width: int) -> int:
         lines = -(-self._heads // self._per_line(width))
         return lines * self._line_height()
 
-    def sizeHint(self) -> QSize:  # noqa: N802
+    def sizeHint(self) -> QSize:
         width = (self._cell_width() + self._columns[5]) * min(self._heads, 3)
         return QSize(width, self.heightForWidth(width))
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
+    def minimumSizeHint(self) -> QSize:
         return QSize(80, self._line_height())  # the height for its width: AttentionView.minimumSizeHint
 
-    def changeEvent(self, event) -> None:  # noqa: N802
+    def changeEvent(self, event) -> None:
         super().changeEvent(event)
         if event.type() == event.Type.FontChange:
             self._measure()
             self.updateGeometry()
 
-    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
+    def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
         metrics = painter.fontMetrics()
         head_w, token_w, position_w, weight_w, entry_gap, gap = self._columns
@@ -316,7 +316,7 @@ class AttentionView(QWidget):
             self.plot_widget.setMinimumHeight(least)
             self.updateGeometry()
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
+    def minimumSizeHint(self) -> QSize:
         """The heading's and the top list's heights at this width (a QSplitter asks none) over the strip's."""
         hint = super().minimumSizeHint()
         self._least_height = self._height_at(self.width())
@@ -333,7 +333,7 @@ class AttentionView(QWidget):
         return (margins.top() + margins.bottom() + controls + self.plot_widget.minimumHeight()
                 + self.top_list.heightForWidth(inner) + 2 * layout.spacing())
 
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         if event.size().width() != event.oldSize().width() and self._height_at(self.width()) != self._least_height:
             self.updateGeometry()  # the heading or the top list takes more (or fewer) lines at this width
@@ -476,10 +476,10 @@ class AttentionView(QWidget):
         self._dirty, self._texts_shown_at = True, 0.0
         self.refresh()
 
-    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802
+    def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         self.layer_shown.emit(self._layer)
 
-    def hideEvent(self, event: QHideEvent) -> None:  # noqa: N802
+    def hideEvent(self, event: QHideEvent) -> None:
         super().hideEvent(event)
         self.layer_shown.emit(None)

@@ -150,7 +150,7 @@ class CellTooltips(QObject):
     def forget(self) -> None:
         self.cell = None
 
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() == QEvent.Type.Leave and watched is self._plot_widget:
             self.cell = None
             QToolTip.hideText()

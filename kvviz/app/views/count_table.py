@@ -123,11 +123,11 @@ class CountPanel(QFrame):
                 f"background: {theme.surface}; }} QFrame#{name} QLabel {{ background: transparent; border: none; }}"
                 f" QFrame#{name} QLabel#muted {{ color: {theme.muted}; }}")
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
+    def minimumSizeHint(self) -> QSize:
         hint = super().minimumSizeHint()
         layout = self.layout()
         return QSize(hint.width(), max(hint.height(), layout.totalHeightForWidth(max(self.width(), hint.width()))))
 
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self.updateGeometry()  # the wrapped notes need another height at another width

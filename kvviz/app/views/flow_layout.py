@@ -21,7 +21,7 @@ class FlowLayout(QLayout):
         self.setSpacing(spacing)
         self.setContentsMargins(QMargins(0, 0, 0, 0))
 
-    def addItem(self, item: QLayoutItem) -> None:  # noqa: N802 (Qt's name)
+    def addItem(self, item: QLayoutItem) -> None:  # Qt's name
         self._items.append(item)
         widget = item.widget()
         self._widgets[id(item)] = widget  # the layout reads the widgets, never the items Qt may free under it
@@ -29,39 +29,39 @@ class FlowLayout(QLayout):
     def count(self) -> int:
         return len(self._items)
 
-    def itemAt(self, index: int) -> QLayoutItem | None:  # noqa: N802
+    def itemAt(self, index: int) -> QLayoutItem | None:
         return self._items[index] if 0 <= index < len(self._items) else None
 
-    def takeAt(self, index: int) -> QLayoutItem | None:  # noqa: N802
+    def takeAt(self, index: int) -> QLayoutItem | None:
         if not 0 <= index < len(self._items):
             return None
         item = self._items.pop(index)
         self._widgets.pop(id(item), None)
         return item
 
-    def expandingDirections(self) -> Qt.Orientation:  # noqa: N802
+    def expandingDirections(self) -> Qt.Orientation:
         return Qt.Orientation(0)
 
-    def hasHeightForWidth(self) -> bool:  # noqa: N802
+    def hasHeightForWidth(self) -> bool:
         return True
 
-    def heightForWidth(self, width: int) -> int:  # noqa: N802
+    def heightForWidth(self, width: int) -> int:
         try:
             return self._arrange(QRect(0, 0, width, 0), move=False)
         except RuntimeError:  # an item deleted under the query: the window is being torn down
             return 0
 
-    def setGeometry(self, rect: QRect) -> None:  # noqa: N802
+    def setGeometry(self, rect: QRect) -> None:
         super().setGeometry(rect)
         try:
             self._arrange(rect, move=True)
         except RuntimeError:  # as in heightForWidth
             pass
 
-    def sizeHint(self) -> QSize:  # noqa: N802
+    def sizeHint(self) -> QSize:
         return self.minimumSize()
 
-    def minimumSize(self) -> QSize:  # noqa: N802
+    def minimumSize(self) -> QSize:
         size = QSize()
         for widget in self._visible():
             size = size.expandedTo(_least(widget))

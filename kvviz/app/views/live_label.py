@@ -40,10 +40,10 @@ class LiveLabel(QLabel):
         self.setText(text)
 
     # ----- QLabel's interface -----
-    def text(self) -> str:  # noqa: D102
+    def text(self) -> str:
         return self._text
 
-    def setText(self, text: str) -> None:  # noqa: N802, D102
+    def setText(self, text: str) -> None:
         if text == self._text:
             return
         self._text = text
@@ -52,10 +52,10 @@ class LiveLabel(QLabel):
             self.updateGeometry()
         self.update()
 
-    def wordWrap(self) -> bool:  # noqa: N802, D102
+    def wordWrap(self) -> bool:
         return self._wrap
 
-    def setAlignment(self, alignment: Qt.AlignmentFlag) -> None:  # noqa: N802, D102
+    def setAlignment(self, alignment: Qt.AlignmentFlag) -> None:
         self._alignment = alignment
         self.update()
 
@@ -68,21 +68,21 @@ class LiveLabel(QLabel):
         self._answered = {}
         self.updateGeometry()
 
-    def sizeHint(self) -> QSize:  # noqa: N802
+    def sizeHint(self) -> QSize:
         width = max(self._ideal_width(t) for t in (self._text, self._reserved))
         if self._wrap:
             width = min(width, 480)
         return self._grow_room(QSize(width, self._height_at(width)))
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
+    def minimumSizeHint(self) -> QSize:
         if self._wrap:
             return QSize(min(self.sizeHint().width(), 80), self.fontMetrics().lineSpacing())
         return self.sizeHint()
 
-    def hasHeightForWidth(self) -> bool:  # noqa: N802
+    def hasHeightForWidth(self) -> bool:
         return self._wrap
 
-    def heightForWidth(self, width: int) -> int:  # noqa: N802
+    def heightForWidth(self, width: int) -> int:
         if not self._wrap:
             return -1
         height = self._height_at(width)
@@ -92,7 +92,7 @@ class LiveLabel(QLabel):
         return height
 
     # ----- painting -----
-    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
+    def paintEvent(self, event: QPaintEvent) -> None:
         rect = self.contentsRect()
         if not self._rich:
             painter = QPainter(self)
@@ -115,7 +115,7 @@ class LiveLabel(QLabel):
         document.documentLayout().draw(painter, context)
         painter.end()
 
-    def changeEvent(self, event) -> None:  # noqa: N802
+    def changeEvent(self, event) -> None:
         super().changeEvent(event)
         if event.type() in (event.Type.FontChange, event.Type.StyleChange):
             self._set_up(self._document)  # the same document: a new one each zoom step grew memory without bound

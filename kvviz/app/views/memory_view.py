@@ -38,7 +38,7 @@ class MemoryPlot(pg.PlotWidget):
     """The memory view's plot, which asks for PLOT_HEIGHT (a plot widget asks 480, from its scene): in a scrolled
     column, the view's height for its width is its texts' and this."""
 
-    def sizeHint(self) -> QSize:  # noqa: N802
+    def sizeHint(self) -> QSize:
         return QSize(super().sizeHint().width(), PLOT_HEIGHT)
 
 
@@ -199,7 +199,7 @@ class MemoryView(QWidget):
         self.plot_item.getViewBox().addItem(item, ignoreBounds=True)
         return item
 
-    def sizeHint(self) -> QSize:  # noqa: N802
+    def sizeHint(self) -> QSize:
         return QSize(460, 480)  # a column: the run's views keep most of the width
 
     # ----- the view protocol -----

@@ -81,14 +81,14 @@ class RunView(ViewGroup, QWidget):
         if self.isVisible():  # else its first resize event decides, at the width it is shown at
             self._fit_bottom()
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
+    def minimumSizeHint(self) -> QSize:
         """As narrow as the layout with the counter under the chart (see _fit_bottom)."""
         hint = super().minimumSizeHint()
         parts = (self.token_strip, self.grid, self.attention, self.chart, self.counter)
         width = max(max(w.minimumSizeHint().width(), w.minimumWidth()) for w in parts if not w.isHidden())
         return QSize(width, hint.height())
 
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         # after the layout pass that resized this view: changing the splitter's orientation inside it re-entered
         # QBoxLayout.setGeometry with items it was still placing (a segmentation fault)

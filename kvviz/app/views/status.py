@@ -50,7 +50,7 @@ class StatusLine(LiveLabel):
             self._dirty = self._plan is not None
             self.refresh()
 
-    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802
+    def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         self.refresh()  # what came in while hidden (the redraw scheduler draws shown views only)
 

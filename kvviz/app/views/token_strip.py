@@ -181,7 +181,7 @@ class TokenStrip(QWidget):
     def minimumSizeHint(self) -> QSize:
         return QSize(100, int(self._row_height() * self._rows + GAP + 2))
 
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         if event.size().width() != event.oldSize().width():
             self._fit_rows()

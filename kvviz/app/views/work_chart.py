@@ -213,7 +213,7 @@ class WorkChart(QWidget):
         """Whether the time and memory plots are on screen (a short chart gives their room to the work plot)."""
         return self._small_plots_shown
 
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self._fit_small_plots()
 

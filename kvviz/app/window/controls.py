@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, QSignalBlocker, Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QDoubleSpinBox,
@@ -24,17 +23,6 @@ from kvviz.app.views.flow_layout import FlowLayout
 from kvviz.core.records import MAX_PROMPT_CHARACTERS, RunRequest
 
 SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 0.0)  # tokens per second for autoplay; 0 = as fast as possible
-
-
-@contextlib.contextmanager
-def signals_blocked(*objects: QObject) -> Iterator[None]:
-    """Set widgets without their change signals firing (as superqt's `signals_blocked`)."""
-    previous = [o.blockSignals(True) for o in objects]
-    try:
-        yield
-    finally:
-        for o, was in zip(objects, previous, strict=True):
-            o.blockSignals(was)
 
 
 class RunControls(QWidget):
@@ -193,7 +181,9 @@ class RunControls(QWidget):
         """Change run settings without restarting the run (the caller starts the next one)."""
         if compare is not None:
             self.compare = compare
-        with signals_blocked(*self._run_widgets()):
+        with contextlib.ExitStack() as blocked:
+            for widget in self._run_widgets():
+                blocked.enter_context(QSignalBlocker(widget))
             if use_cache is not None:
                 self.cache_check.setChecked(use_cache)
             if max_new_tokens is not None:
@@ -203,7 +193,9 @@ class RunControls(QWidget):
 
     def restore(self, settings: AppSettings, prompt: str | None = None) -> None:
         """Show `settings` (and `prompt`, when given, instead of the remembered one) without restarting."""
-        with signals_blocked(*self._run_widgets()):
+        with contextlib.ExitStack() as blocked:
+            for widget in self._run_widgets():
+                blocked.enter_context(QSignalBlocker(widget))
             self.prompt_edit.setText(settings.prompt if prompt is None else prompt)
             self.cache_check.setChecked(settings.use_cache)
             self.max_new_spin.setValue(settings.max_new_tokens)

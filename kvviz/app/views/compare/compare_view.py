@@ -68,7 +68,7 @@ class CompareView(ViewGroup, QWidget):
         """The time plot and the counts beside the grids (else under them, as wide as they are)."""
         return self.main_splitter.orientation() == Qt.Orientation.Horizontal
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
+    def minimumSizeHint(self) -> QSize:
         """As narrow as the layout with the time plot and the counts under the grids: a narrow screen lays
         them out so (see _fit_orientation) rather than scroll sideways."""
         hint = super().minimumSizeHint()
@@ -76,7 +76,7 @@ class CompareView(ViewGroup, QWidget):
                                                            self.identity_strip))
         return QSize(width, hint.height())
 
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self._fit_orientation()
 

@@ -28,12 +28,12 @@ def _shown(text: str) -> str:
 class _WrappedLabel(QLabel):
     """A word-wrapped label whose height is set, not asked for width by width."""
 
-    def hasHeightForWidth(self) -> bool:  # noqa: N802
+    def hasHeightForWidth(self) -> bool:
         """False: a height-for-width child would lay the whole compare view out at its preferred height
         inside the window's scroll area; `fit_height` sets the wrapped text's height instead."""
         return False
 
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self.fit_height()
 

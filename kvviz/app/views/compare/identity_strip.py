@@ -62,7 +62,7 @@ class _Titles(QWidget):
         super().__init__(strip)
         self._strip = strip
 
-    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
+    def paintEvent(self, event: QPaintEvent) -> None:
         rows, theme = self._strip._rows, self._strip._theme
         painter = QPainter(self)
         painter.fillRect(self.rect(), QColor(theme.background))
@@ -86,7 +86,7 @@ class _Entries(QWidget):
         self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent, True)
         self.setAttribute(Qt.WidgetAttribute.WA_StaticContents, True)
 
-    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
+    def paintEvent(self, event: QPaintEvent) -> None:
         strip, rows, theme = self._strip, self._strip._rows, self._strip._theme
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
@@ -214,10 +214,10 @@ class IdentityStrip(QWidget):
         self.titles.update()
         self.canvas.update()
 
-    def sizeHint(self) -> QSize:  # noqa: N802
+    def sizeHint(self) -> QSize:
         return QSize(600, self._strip_height())
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
+    def minimumSizeHint(self) -> QSize:
         return QSize(200, self._strip_height())
 
     # ----- layout -----

@@ -292,7 +292,7 @@ class KVGridView(QWidget):
             self.plot_widget.setMinimumHeight(least)
             self.updateGeometry()
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
+    def minimumSizeHint(self) -> QSize:
         """At least the title's and the legend's heights at this width (QSplitter, which lays the grids out, asks
         no height for width) over the plot's least height: the splitter never squeezes one over another."""
         hint = super().minimumSizeHint()
@@ -345,7 +345,7 @@ class KVGridView(QWidget):
         self.title.setFont(title_font)
         self.legend_row.set_text_font(font)
 
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         if event.size().width() != event.oldSize().width() and self._height_at(self.width()) != self._least_height:
             self.updateGeometry()  # the title or the legend wraps onto more (or fewer) lines at this width
