@@ -14,17 +14,16 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 
 @pytest.fixture(autouse=True)
-def _isolated_qt_settings(request, tmp_path):
-    """GUI tests read and write QSettings under tmp_path, never the user's real settings."""
+def _isolated_qt_settings(request, tmp_path, monkeypatch):
+    """GUI tests read and write the app's settings under tmp_path, never the user's real settings."""
     if "qtbot" not in request.fixturenames:
         yield
         return
-    from PySide6.QtCore import QSettings
+    from kvviz.app import settings
 
-    folder = tmp_path / "qsettings"
+    folder = tmp_path / "settings"
     folder.mkdir()
-    for fmt in (QSettings.Format.IniFormat, QSettings.Format.NativeFormat):
-        QSettings.setPath(fmt, QSettings.Scope.UserScope, str(folder))
+    monkeypatch.setattr(settings, "settings_path", lambda: folder / settings.SETTINGS_FILE)
     yield folder
 
 

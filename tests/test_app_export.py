@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers_checkpoints import save_kvviz_folder, tiny_kvviz_model
-from PySide6.QtCore import QPoint, QPointF, QRectF, QSettings, Qt
+from PySide6.QtCore import QPoint, QPointF, QRectF, Qt
 from PySide6.QtGui import QFont, QFontMetricsF, QImage, QPainter, QRawFont
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QDialog, QFileDialog, QMessageBox, QWidget
@@ -34,7 +35,7 @@ from kvviz.app.export import render as export_render
 from kvviz.app.export.caption import CAPTION_MAX_CHARS
 from kvviz.app.export.headless import VIEW_SIZE, build_view_area
 from kvviz.app.export.svg_repair import flatten_svg
-from kvviz.app.settings import app_settings
+from kvviz.app.settings import SettingsFile, app_settings
 from kvviz.app.views.grid.kv_grid import KVGridView
 from kvviz.app.views.run_view import RunView
 from kvviz.app.views.work_chart import WorkChart
@@ -663,9 +664,9 @@ def test_dialog_names_the_file_by_its_step_argument_only(dialog_for):
 
 
 def test_dialog_settings_are_typed_and_go_to_the_given_store(qtbot, chart, tmp_path):
-    store = QSettings(str(tmp_path / "export.ini"), QSettings.Format.IniFormat)
+    store = SettingsFile(tmp_path / "export.json")
     for key, value in (("export/folder", str(tmp_path)), ("export/target", "nonsense"), ("export/format", "gif"),
-                       ("export/width", "99999"), ("export/caption", "maybe")):
+                       ("export/width", 99999), ("export/caption", "maybe")):
         store.setValue(key, value)
     dialog = ExportDialog({"chart": chart}, CAPTION, step=2, settings=store)
     qtbot.addWidget(dialog)
@@ -675,8 +676,8 @@ def test_dialog_settings_are_typed_and_go_to_the_given_store(qtbot, chart, tmp_p
     dialog.caption_box.setChecked(False)
     dialog.save_button.click()
     assert QImage(str(tmp_path / "kvviz-chart-step2.png")).width() == 640
-    saved = QSettings(str(tmp_path / "export.ini"), QSettings.Format.IniFormat)
-    assert saved.value("export/width") in (640, "640") and saved.value("export/caption") in (False, "false")
+    saved = json.loads((tmp_path / "export.json").read_text(encoding="utf-8"))
+    assert saved["export/width"] == 640 and saved["export/caption"] is False
     assert app_settings().value("export/width") is None  # the app's own settings untouched
 
 

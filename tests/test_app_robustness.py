@@ -3,6 +3,7 @@ the terminal, stale status text, names in the picker, a crowded token strip, no 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,12 +12,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QMessageBox
 
-from kvviz.app.ini_file import plain_values
-from kvviz.app.settings import AppSettings, app_settings, load_geometry, save_geometry
+from kvviz.app.settings import AppSettings, SettingsFile, app_settings, load_geometry, save_geometry
 from kvviz.app.window.main_window import MainWindow
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
@@ -91,19 +91,19 @@ def test_model_chosen_mid_run_steps_and_resets(qtbot, window, tmp_path, how, sta
     assert not window.banner.alert
 
 
-# ----- 2. the settings file: absurd values, and objects that QSettings would unpickle -----
-def write_ini(folder: Path, data: bytes) -> Path:
+# ----- 2. the settings file: absurd values, the wrong types, files that are not settings -----
+def write_settings(folder: Path, data: bytes) -> Path:
     """The user's settings file, as app_settings() finds it under the isolated settings folder."""
-    path = folder / "kvviz" / "kvviz.ini"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = folder / "kvviz.json"
     path.write_bytes(data)
     return path
 
 
 def test_window_starts_with_absurd_settings_and_shows_them_clamped(qtbot, app_model, _isolated_qt_settings):
-    write_ini(_isolated_qt_settings, b"[run]\nprompt=Time flies fast\nmax_new_tokens=99999999999\ntop_k=1e400\n"
-                                     b"temperature=nan\nseed=-5\nuse_cache=maybe\n"
-                                     b"[view]\nzoom=nan\nspeed_index=99\ncolour_blind=2\n")
+    write_settings(_isolated_qt_settings, b'{"run/prompt": "Time flies fast", "run/max_new_tokens": 99999999999, '
+                                          b'"run/top_k": 1e400, "run/temperature": NaN, "run/seed": -5, '
+                                          b'"run/use_cache": "maybe", "view/zoom": null, "view/speed_index": 99, '
+                                          b'"view/colour_blind": 2}')
     win = MainWindow(app_model, None, settings=app_settings())
     qtbot.addWidget(win)
     c = win.controls
@@ -118,146 +118,93 @@ def test_window_starts_with_absurd_settings_and_shows_them_clamped(qtbot, app_mo
     win.close()
 
 
-class _Touch:
-    """Unpickling this creates `path`: the proof that a settings value was unpickled."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (Path.touch, (self.path,))
-
-
-def pickled_value(scratch: Path, marker: Path) -> bytes:
-    """A value as QSettings writes a Python object into an INI file: `@Variant(...)` around a pickle."""
-    store = QSettings(str(scratch), QSettings.Format.IniFormat)
-    store.setValue("x/y", _Touch(marker))
-    store.sync()
-    value = next(line for line in scratch.read_bytes().splitlines() if line.startswith(b"y="))[2:]
-    assert value.startswith(b"@Variant(") and b"touch" in value
-    return value
-
-
-def test_a_pickled_setting_is_never_unpickled(qtbot, app_model, tmp_path, _isolated_qt_settings):
-    marker = tmp_path / "unpickled"
-    evil = pickled_value(tmp_path / "scratch.ini", marker)
-    ini = write_ini(_isolated_qt_settings, b"[run]\ntop_k=" + evil + b"\nmax_new_tokens=7\nprompt=Once upon\n"
-                                           b"[view]\nzoom=" + evil + b"\n[window]\ngeometry=" + evil +
-                                           b"\n[export]\nfolder=" + evil + b"\n[elsewhere]\nx=" + evil + b"\n")
-    live = tmp_path / "live.ini"
-    live.write_bytes(ini.read_bytes())
-    QSettings(str(live), QSettings.Format.IniFormat).value("run/prompt")  # QSettings itself unpickles it
-    assert marker.exists()
-    marker.unlink()
-
-    win = MainWindow(app_model, None, settings=app_settings())
-    qtbot.addWidget(win)
-    win.show()
-    qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
-    assert win.controls.top_k_spin.value() == 0 and win.controls.max_new_spin.value() == 7
-    assert win.controls.prompt_edit.text() == "Once upon" and win.presentation.zoom == 1.0
-    win.close()  # saves the settings through QSettings, which parses the whole file first
-    assert not marker.exists()
-    saved = ini.read_bytes()
-    assert b"@Variant" not in saved and b"max_new_tokens=7" in saved and b"geometry=@ByteArray(" in saved
-    again = QSettings(str(ini), QSettings.Format.IniFormat)
-    for key in again.allKeys():
-        again.value(key)
-    assert not marker.exists()
-
-
-def _hex(text: bytes) -> bytes:
-    return b"".join(b"\\x%x" % c for c in text)
-
-
-# Ways to write a value that QSettings reads as "@Variant(" + payload: escapes, quotes, a list,
-# a continued line, a byte-order mark, a comment, any section.
-DISGUISES = {
-    "as_written": lambda p: b"[run]\ntop_k=@Variant(" + p + b"\n",
-    "hex_escape": lambda p: b"[run]\ntop_k=\\x40Variant(" + p + b"\n",
-    "octal_escape": lambda p: b"[run]\ntop_k=\\100Variant(" + p + b"\n",
-    "escape_past_16_bits": lambda p: b"[run]\ntop_k=\\x10040Variant(" + p + b"\n",
-    "all_escaped": lambda p: b"[run]\ntop_k=" + _hex(b"@Variant(") + p + b"\n",
-    "quoted": lambda p: b'[run]\ntop_k="@Variant(' + p + b'"\n',
-    "after_empty_quotes": lambda p: b'[run]\ntop_k=  ""  @Variant(' + p + b"\n",
-    "in_a_list": lambda p: b"[run]\ntop_k=a, @Variant(" + p + b"\n",
-    "continued_line": lambda p: b"[run]\ntop_k=@Vari\\\nant(" + p + b"\n",
-    "crlf_continued_line": lambda p: b"[run]\r\ntop_k=@Vari\\\r\nant(" + p + b"\r\n",
-    "other_section": lambda p: b"[zzz]\nx=@Variant(" + p + b"\n[run]\nseed=3\n",
-    "no_section": lambda p: b"x=@Variant(" + p + b"\n[run]\nseed=3\n",
-    "byte_order_mark": lambda p: b"\xef\xbb\xbf[run]\ntop_k=@Variant(" + p + b"\n",
-    "after_comments": lambda p: b"; a comment\n[run]\n;x\ntop_k=@Variant(" + p + b" ;tail\n",
-    "key_escaped": lambda p: b"[%72un]\ntop%5Fk=@Variant(" + p + b"\n",
+NOT_SETTINGS = {
+    "garbage": b"\xff\xfe not JSON at all \x00\x01",
+    "a list": b"[1, 2, 3]",
+    "a string": b'"run/seed"',
+    "deeply nested": b'{"run/seed": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    "truncated": b'{"run/seed": 4, "run/prompt": "Once',
+    "too large": b'{"run/prompt": "' + b"x" * (2 << 20) + b'"}',
+    "a number of 5000 digits": b'{"run/seed": ' + b"9" * 5000 + b"}",  # past Python's limit for int()
+    "objects for values": b'{"run/seed": {"__reduce__": "os.system"}, "run/prompt": ["a"], "window/geometry": 7}',
 }
 
 
-@pytest.mark.parametrize("disguise", sorted(DISGUISES))
-def test_every_disguise_of_a_pickle_is_deleted_before_qsettings_reads(qtbot, tmp_path, disguise):
-    marker = tmp_path / "unpickled"
-    payload = pickled_value(tmp_path / "scratch.ini", marker)[len(b"@Variant("):]
-    data = DISGUISES[disguise](payload) + b"[view]\nzoom=1.5\n"
-    live = tmp_path / "live.ini"
-    live.write_bytes(data)
-    probe = QSettings(str(live), QSettings.Format.IniFormat)
-    probe.setValue("view/speed_index", 3)
-    probe.sync()  # QSettings parses every section to write the file: the disguise is real
-    assert marker.exists(), "the disguised pickle is not one"
-    marker.unlink()
-    path = tmp_path / "kvviz.ini"
-    path.write_bytes(data)
-    store = QSettings(str(path), QSettings.Format.IniFormat)
-    settings = AppSettings.load(store)
-    assert settings.top_k == 0 and settings.zoom == 1.5
-    settings.max_new_tokens = 9
-    settings.save(store)  # through QSettings, which reads every section first
-    assert AppSettings.load(QSettings(str(path), QSettings.Format.IniFormat)).max_new_tokens == 9
-    assert not marker.exists()
+@pytest.mark.parametrize("data", NOT_SETTINGS.values(), ids=NOT_SETTINGS.keys())
+def test_a_file_that_is_not_settings_starts_the_app_with_defaults_and_is_rewritten(qtbot, app_model,
+                                                                                   _isolated_qt_settings, data):
+    path = write_settings(_isolated_qt_settings, data)
+    win = MainWindow(app_model, None, settings=app_settings())
+    qtbot.addWidget(win)
+    assert AppSettings.load(app_settings()) == AppSettings() or data.startswith(b"{")
+    assert win.controls.seed_spin.value() == 0 and win.controls.prompt_edit.text() == AppSettings().prompt
+    win.show()
+    qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
+    win.close()
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    assert saved["run/prompt"] == AppSettings().prompt and isinstance(saved["window/geometry"], str)
+
+
+def test_a_settings_path_that_cannot_be_written_leaves_the_app_working(qtbot, app_model, _isolated_qt_settings):
+    (_isolated_qt_settings / "kvviz.json").mkdir()  # taken by a folder: nothing can be read or written there
+    win = MainWindow(app_model, "Time flies", settings=app_settings())
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
+    win.close()
+    assert list((_isolated_qt_settings / "kvviz.json").iterdir()) == []
+    assert [p.name for p in _isolated_qt_settings.iterdir()] == ["kvviz.json"]  # and no temporary file
 
 
 def test_window_geometry_survives_every_byte(qtbot, tmp_path):
-    store = QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat)
+    store = SettingsFile(tmp_path / "kvviz.json")
     every_byte = bytes(range(256)) + b"0a,;=\"\\ \t)("
     save_geometry(store, QByteArray(every_byte))
-    again = QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat)
-    assert bytes(load_geometry(again).data()) == every_byte
-    assert bytes(again.value("window/geometry").data()) == every_byte  # QSettings reads it the same
+    assert bytes(load_geometry(SettingsFile(tmp_path / "kvviz.json")).data()) == every_byte
+    (tmp_path / "kvviz.json").write_text('{"window/geometry": "not base64 !"}', encoding="utf-8")
+    assert load_geometry(SettingsFile(tmp_path / "kvviz.json")) is None
 
 
 PROMPTS = ["@start", "@@two", "@Variant(1)", " leading and trailing ", "a, b, c", 'say "hi"', "back\\slash",
-           "tab\there", "semi;colon=equals", "line\nbreak", "ünïcödé \u2014 \U0001f600", "\\x40", "[run]", ""]
+           "tab\there", "semi;colon=equals", "line\nbreak", "ünïcödé \u2014 \U0001f600", "\\x40", "[run]", "",
+           "\ud800 lone surrogate"]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_prompts_of_every_shape_come_back_as_typed(qtbot, tmp_path, prompt):
-    store = QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat)
+    store = SettingsFile(tmp_path / "kvviz.json")
     AppSettings(prompt=prompt, model_source=prompt).save(store)
-    again = AppSettings.load(QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat))
+    again = AppSettings.load(SettingsFile(tmp_path / "kvviz.json"))
     assert (again.prompt, again.model_source) == (prompt, prompt)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    (b"[run]\nmax_new_tokens=0\nseed=2147483648\ntemperature=-1\ntop_k=50258\n",
+    (b'{"run/max_new_tokens": 0, "run/seed": 2147483648, "run/temperature": -1, "run/top_k": 50258}',
      {"max_new_tokens": 1, "seed": 2**31 - 1, "temperature": 0.0, "top_k": 50257}),
-    (b"[run]\nmax_new_tokens= 7 \ntemperature=inf\nseed=0x10\ntop_k=4.5\nuse_cache=FALSE\n",
+    (b'{"run/max_new_tokens": 7.0, "run/temperature": Infinity, "run/seed": "16", "run/top_k": 4.5, '
+     b'"run/use_cache": false}',
      {"max_new_tokens": 7, "temperature": 0.0, "seed": 0, "top_k": 0, "use_cache": False}),
-    (b"[run]\nmax_new_tokens=" + b"9" * 5000 + b"\nuse_cache=\n[view]\nzoom=1e-300\nspeed_index=-3\n",
-     {"max_new_tokens": 12, "use_cache": True, "zoom": 0.7, "speed_index": 0}),
-    (b"[run]\nmax_new_tokens=5, 6\nprompt=@ByteArray(x)\n[view]\nzoom=@Rect(1 2 3 4)\ncolour_blind=true\n",
+    (b'{"run/max_new_tokens": ' + b"9" * 400 + b', "run/use_cache": null, "view/zoom": 1e-300, '
+     b'"view/speed_index": -3}',
+     {"max_new_tokens": 4096, "use_cache": True, "zoom": 0.7, "speed_index": 0}),
+    (b'{"run/max_new_tokens": [5, 6], "run/prompt": {"x": 1}, "view/zoom": true, "view/colour_blind": true}',
      {"max_new_tokens": 12, "prompt": "To be, or not to be", "zoom": 1.0, "colour_blind": True}),
-    (b"\xff\xfe not an INI file at all \x00\x01\n[run\nmax_new_tokens=8\nseed\n",  # "[run": QSettings reads [run]
-     {"max_new_tokens": 8, "seed": 0}),
+    (b'{"run/max_new_tokens": 8, "run/max_new_tokens": 9, "run/seed": 1, "run/seed": 0.5}',  # repeated keys
+     {"max_new_tokens": 9, "seed": 0}),
 ])
-def test_every_key_takes_hostile_text(qtbot, tmp_path, text, expected):
-    (tmp_path / "kvviz.ini").write_bytes(text)
-    settings = AppSettings.load(QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat))
+def test_every_key_takes_hostile_values(qtbot, tmp_path, text, expected):
+    (tmp_path / "kvviz.json").write_bytes(text)
+    settings = AppSettings.load(SettingsFile(tmp_path / "kvviz.json"))
     assert {k: getattr(settings, k) for k in expected} == expected
 
 
-def test_a_settings_file_not_there_yet_reads_as_empty(qtbot, tmp_path):
-    store = QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat)
-    assert plain_values(store) == {}  # no file yet
-    (tmp_path / "kvviz.ini").write_bytes(b"[run]\nseed=4\n")
-    assert plain_values(store) == {"run/seed": "4"}
+def test_two_windows_sharing_a_home_keep_each_others_keys(qtbot, tmp_path):
+    first, second = SettingsFile(tmp_path / "kvviz.json"), SettingsFile(tmp_path / "kvviz.json")
+    first.setValue("export/width", 640)
+    first.sync()
+    AppSettings(prompt="ROMEO:").save(second)  # read before the first wrote, written after
+    saved = json.loads((tmp_path / "kvviz.json").read_text(encoding="utf-8"))
+    assert saved["export/width"] == 640 and saved["run/prompt"] == "ROMEO:"
 
 
 # ----- 3. Ctrl+C in the terminal -----
@@ -333,8 +280,8 @@ def test_a_stop_signal_quits_like_ctrl_q(tmp_path, app_model, state, signum):
     stderr = "".join(lines)
     assert code == 0, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
-    saved = (tmp_path / "config" / "kvviz" / "kvviz.ini").read_text(encoding="utf-8")
-    assert "prompt=Stop test" in saved and "geometry=@ByteArray(" in saved
+    saved = json.loads((tmp_path / "config" / "kvviz" / "kvviz.json").read_text(encoding="utf-8"))
+    assert saved["run/prompt"] == "Stop test" and isinstance(saved["window/geometry"], str)
 
 
 # ----- 6. no display -----
@@ -592,25 +539,6 @@ def test_error_sentences_end_with_one_full_stop():
     assert describe_load_error("x.pt", OSError("Is a directory.")) == "Could not load x.pt: Is a directory."
 
 
-def test_a_pickle_that_cannot_be_deleted_is_neither_read_nor_written_over(qtbot, tmp_path, monkeypatch):
-    import kvviz.app.ini_file as ini_file
-
-    def read_only(path, data):
-        raise PermissionError(13, "Permission denied", str(path))
-
-    monkeypatch.setattr(ini_file, "write_atomically", read_only)
-    marker = tmp_path / "unpickled"
-    path = tmp_path / "kvviz.ini"
-    data = b"[run]\nseed=5\ntop_k=" + pickled_value(tmp_path / "scratch.ini", marker) + b"\n"
-    path.write_bytes(data)
-    store = QSettings(str(path), QSettings.Format.IniFormat)
-    settings = AppSettings.load(store)
-    assert settings == AppSettings()  # nothing read from a file that could not be made safe
-    settings.save(store)
-    save_geometry(store, QByteArray(b"geometry"))
-    assert load_geometry(store) is None and path.read_bytes() == data and not marker.exists()
-
-
 @pytest.mark.parametrize(("environ", "platform", "missing"), [
     ({}, "linux", True),
     ({"DISPLAY": ":0"}, "linux", False),
@@ -640,13 +568,3 @@ def test_about_shows_a_model_named_like_markup_as_typed(qtbot):
     document = QTextDocument()
     document.setHtml(dialog.label.text())
     assert "Model: <b>bold</b> & co" in document.toPlainText() and "Source: /tmp/<i>x</i>" in document.toPlainText()
-
-
-def test_values_not_yet_written_are_read_and_the_pickle_beside_them_is_not(qtbot, tmp_path):
-    marker = tmp_path / "unpickled"
-    path = tmp_path / "kvviz.ini"
-    path.write_bytes(b"[run]\ntop_k=" + pickled_value(tmp_path / "scratch.ini", marker) + b"\n")
-    store = QSettings(str(path), QSettings.Format.IniFormat)
-    store.setValue("run/seed", 4)  # pending: QSettings writes it, parsing the whole file, at its next sync
-    assert AppSettings.load(store).seed == 4
-    assert not marker.exists() and b"seed=4" in path.read_bytes() and b"@Variant" not in path.read_bytes()

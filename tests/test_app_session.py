@@ -6,9 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSettings
 
-from kvviz.app.settings import AppSettings, app_settings
+from kvviz.app.settings import AppSettings, SettingsFile, app_settings
 from kvviz.app.window.main_window import MainWindow
 
 
@@ -122,20 +121,20 @@ def test_plan_frames_the_memory_plot_with_the_final_cache_size(qtbot):
 
 
 def test_settings_clamp_absurd_values_and_ignore_what_does_not_parse(tmp_path):
-    path = tmp_path / "kvviz.ini"
-    path.write_text("[run]\nmax_new_tokens=99999999999\ntop_k=1e400\ntemperature=nan\nseed=-5\n"
-                    "use_cache=maybe\n[view]\nzoom=nan\nspeed_index=3\n", encoding="utf-8")
-    settings = AppSettings.load(QSettings(str(path), QSettings.Format.IniFormat))
+    path = tmp_path / "kvviz.json"
+    path.write_text('{"run/max_new_tokens": 99999999999, "run/top_k": 1e400, "run/temperature": NaN, "run/seed": -5, '
+                    '"run/use_cache": "maybe", "view/zoom": "nan", "view/speed_index": 3}', encoding="utf-8")
+    settings = AppSettings.load(SettingsFile(path))
     assert settings.max_new_tokens == 4096 and settings.seed == 0 and settings.speed_index == 3
     assert settings.top_k == 0 and settings.temperature == 0.0 and settings.zoom == 1.0
     assert settings.use_cache is True
 
 
 def test_settings_round_trip(tmp_path):
-    store = QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat)
+    store = SettingsFile(tmp_path / "kvviz.json")
     AppSettings(prompt="ROMEO:", use_cache=False, max_new_tokens=7, temperature=0.8, top_k=40, seed=3,
                 speed_index=6, colour_blind=True, zoom=1.4, model_source="random:gpt2").save(store)
-    again = AppSettings.load(QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat))
+    again = AppSettings.load(SettingsFile(tmp_path / "kvviz.json"))
     assert again == AppSettings(prompt="ROMEO:", use_cache=False, max_new_tokens=7, temperature=0.8, top_k=40,
                                 seed=3, speed_index=6, colour_blind=True, zoom=1.4, model_source="random:gpt2")
 

@@ -147,9 +147,9 @@ def test_an_unknown_theme_is_refused_and_a_remembered_one_falls_back_to_dark(tmp
     with theme.using("light") as chosen:
         assert chosen is LIGHT and theme.current() is LIGHT
     assert theme.current() is DARK
-    from PySide6.QtCore import QSettings
+    from kvviz.app.settings import SettingsFile
 
-    store = QSettings(str(tmp_path / "kvviz.ini"), QSettings.Format.IniFormat)
+    store = SettingsFile(tmp_path / "kvviz.json")
     store.setValue("view/theme", "purple")
     store.sync()
     assert AppSettings.load(store).theme == "dark"

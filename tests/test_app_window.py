@@ -343,7 +343,7 @@ def test_settings_are_remembered(qtbot, app_model, _isolated_qt_settings):
     first.controls.max_new_spin.setValue(7)
     first.actions['colour_blind'].setChecked(True)
     first.close()
-    assert any(_isolated_qt_settings.rglob("*.ini"))
+    assert any(_isolated_qt_settings.rglob("*.json"))
     second = MainWindow(app_model, None, settings=app_settings())
     qtbot.addWidget(second)
     assert second.controls.prompt_edit.text() == "Once upon a"

@@ -102,15 +102,16 @@ def _screen_for(window_size: tuple[int, int]) -> Iterator[None]:
 def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: float, started: float, repeat: int,
                    window_size: tuple[int, int] | None, compare: bool, attention: bool) -> dict:
     torch_before = "torch" in sys.modules
-    from PySide6.QtCore import QEventLoop, QSettings, QTimer
+    from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
+    from kvviz.app.settings import SettingsFile
     from kvviz.app.window.controls import SPEEDS
     from kvviz.app.window.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     with tempfile.TemporaryDirectory(prefix="kvviz-bench-") as settings_dir:
-        settings = QSettings(os.path.join(settings_dir, "bench.ini"), QSettings.Format.IniFormat)
+        settings = SettingsFile(os.path.join(settings_dir, "bench.json"))
         window = MainWindow(model, prompt, settings=settings, unattended=True)
         if window_size is not None:
             window.resize(*window_size)

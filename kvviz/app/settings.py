@@ -1,34 +1,95 @@
-"""What the app remembers (QSettings, INI format, per user), as typed dataclasses: each key, type,
-default and range is written once, in a field.
+"""What the app remembers, per user: one JSON object in the platform's config folder, read into typed
+dataclasses whose fields each write a key, its type, default and range once.
 
-Values are read as plain text from the INI file (`ini_file`: never through QSettings, which would
-unpickle some), then parsed here. A value that does not parse is ignored (the default stays); a number
-out of range is clamped to it. Writing goes through QSettings.
+JSON holds only numbers, text, true/false, lists and objects, so reading the file runs nothing. A file
+that is missing, unreadable, not JSON or not an object reads as empty; a value of the wrong type is
+ignored (the default stays); a number out of range is clamped to it. Writes go through the atomic
+writer, merged with what the file holds then (two windows sharing a home keep each other's keys).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
-from PySide6.QtCore import QByteArray, QSettings
+from PySide6.QtCore import QByteArray, QStandardPaths
 
-from kvviz.app.ini_file import safe_values
 from kvviz.app.theme import DEFAULT as DEFAULT_THEME
 from kvviz.app.theme import THEMES
+from kvviz.core.files import write_atomically
 from kvviz.core.memory import DTYPE_BYTES
 
-ORGANIZATION = "kvviz"
-APPLICATION = "kvviz"
+SETTINGS_FILE = "kvviz.json"
+MAX_SETTINGS_BYTES = 1 << 20  # a settings file larger than this is not kvviz's: it reads as empty
 
 T = TypeVar("T", bound="TypedSettings")
 
 
-def app_settings() -> QSettings:
-    """The user's kvviz settings; tests redirect them with QSettings.setPath(IniFormat, UserScope, dir)."""
-    return QSettings(QSettings.Format.IniFormat, QSettings.Scope.UserScope, ORGANIZATION, APPLICATION)
+class SettingsFile:
+    """A JSON object in a file, with the part of QSettings' interface the app uses (`value`, `setValue`,
+    `sync`, `fileName`): values are read at the first question and written at `sync`."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._values: dict[str, Any] | None = None
+        self._changed: dict[str, Any] = {}
+
+    def fileName(self) -> str:  # QSettings' name
+        return str(self.path)
+
+    def values(self) -> dict[str, Any]:
+        """Every stored key and value (empty for a file that is missing or not a JSON object)."""
+        if self._values is None:
+            self._values = {**self._read(), **self._changed}
+        return self._values
+
+    def value(self, key: str, default: Any = None) -> Any:
+        return self.values().get(key, default)
+
+    def setValue(self, key: str, value: Any) -> None:  # QSettings' name
+        self.values()[key] = value
+        self._changed[key] = value
+
+    def sync(self) -> None:
+        """Write the keys set here over what the file holds now; a folder that cannot take it is left alone."""
+        if not self._changed:
+            return
+        merged = {**self._read(), **self._changed}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.path, (json.dumps(merged, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+        except (OSError, ValueError):  # a read-only home, a settings path taken by a folder: settings are not kept
+            return
+        self._values, self._changed = merged, {}
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            with self.path.open("rb") as handle:
+                data = handle.read(MAX_SETTINGS_BYTES + 1)
+            if len(data) > MAX_SETTINGS_BYTES:
+                return {}
+            values = json.loads(data.decode("utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return {}
+        return values if isinstance(values, dict) else {}
+
+
+def settings_path() -> Path:
+    """Where the user's settings live: kvviz/kvviz.json in the platform's config folder ($XDG_CONFIG_HOME)."""
+    folder = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.GenericConfigLocation)
+    return Path(folder or Path.home() / ".config") / "kvviz" / SETTINGS_FILE
+
+
+def app_settings() -> SettingsFile:
+    """The user's kvviz settings (tests point `settings_path` at a folder of their own)."""
+    return SettingsFile(settings_path())
 
 
 def setting(key: str, default: Any, low: float | None = None, high: float | None = None) -> Any:
@@ -36,29 +97,19 @@ def setting(key: str, default: Any, low: float | None = None, high: float | None
     return field(default=default, metadata={"key": key, "low": low, "high": high})
 
 
-def _plain(value: str | list[str] | None) -> str | None:
-    """A stored value as plain text, or None for anything else (lists, @ByteArray and other objects)."""
-    if not isinstance(value, str):
-        return None
-    if value.startswith("@@"):  # QSettings doubles a string's leading "@"
-        return value[1:]
-    return None if value.startswith("@") else value
-
-
-def _parse(text: str, kind: type, low: float | None, high: float | None) -> Any:
-    """`text` as `kind`, clamped; raises ValueError when it does not parse."""
-    if kind is bool:
-        lowered = text.strip().lower()
-        if lowered in ("true", "1", "yes", "on"):
-            return True
-        if lowered in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(text)
-    if kind is str:
-        return text
-    number = float(text) if kind is float else int(text.strip(), 10)
-    if isinstance(number, float) and not math.isfinite(number):
-        raise ValueError(text)
+def _typed(value: Any, kind: type, low: float | None, high: float | None) -> Any:
+    """`value` as `kind`, clamped; raises ValueError when it is not one."""
+    if kind is bool or kind is str:
+        if type(value) is not kind:
+            raise ValueError(value)
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(value)
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        raise ValueError(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(value)
+    number = kind(value)
     if low is not None:
         number = max(kind(low), number)
     if high is not None:
@@ -68,27 +119,23 @@ def _parse(text: str, kind: type, low: float | None, high: float | None) -> Any:
 
 @dataclass
 class TypedSettings:
-    """Base of the settings dataclasses: `load` reads every field from QSettings' INI file as plain
-    text (never unpickling anything), `save` writes them through QSettings."""
+    """Base of the settings dataclasses: `load` reads every field from a SettingsFile, `save` writes them."""
 
     @classmethod
-    def load(cls: type[T], store: QSettings) -> T:
-        stored = safe_values(store) or {}
+    def load(cls: type[T], store: SettingsFile) -> T:
+        stored = store.values()
         values = {}
         for f in dataclasses.fields(cls):
             meta = f.metadata
-            text = _plain(stored.get(meta["key"]))
-            if text is None:
+            if meta["key"] not in stored:
                 continue
             try:
-                values[f.name] = _parse(text, type(f.default), meta["low"], meta["high"])
+                values[f.name] = _typed(stored[meta["key"]], type(f.default), meta["low"], meta["high"])
             except (TypeError, ValueError, OverflowError):
                 continue  # the default stays
         return cls(**values)
 
-    def save(self, store: QSettings) -> None:
-        if safe_values(store) is None:
-            return  # QSettings would unpickle what the file holds while it merges: write nothing
+    def save(self, store: SettingsFile) -> None:
         for f in dataclasses.fields(self):
             store.setValue(f.metadata["key"], getattr(self, f.name))
         store.sync()
@@ -119,16 +166,16 @@ class AppSettings(TypedSettings):
             self.dtype = "float32"
 
 
-def load_geometry(store: QSettings) -> QByteArray | None:
-    """The saved window geometry, if it is a byte array (restoreGeometry checks the rest)."""
-    value = (safe_values(store) or {}).get("window/geometry")
-    if not isinstance(value, str) or not value.startswith("@ByteArray(") or not value.endswith(")"):
+def load_geometry(store: SettingsFile) -> QByteArray | None:
+    """The saved window geometry (base64 text), if there is one (restoreGeometry checks the rest)."""
+    value = store.value("window/geometry")
+    if not isinstance(value, str):
         return None
-    return QByteArray(value[len("@ByteArray("):-1].encode("latin-1", errors="replace"))
+    with contextlib.suppress(binascii.Error, ValueError):
+        return QByteArray(base64.b64decode(value.encode("ascii"), validate=True))
+    return None
 
 
-def save_geometry(store: QSettings, geometry: QByteArray) -> None:
-    if safe_values(store) is None:
-        return
-    store.setValue("window/geometry", geometry)
+def save_geometry(store: SettingsFile, geometry: QByteArray) -> None:
+    store.setValue("window/geometry", base64.b64encode(bytes(geometry.data())).decode("ascii"))
     store.sync()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -52,7 +52,7 @@ from kvviz.app.export.files import (
     ExportError,
 )
 from kvviz.app.export.render import Page, export_widget, png_size
-from kvviz.app.settings import TypedSettings, app_settings, setting
+from kvviz.app.settings import SettingsFile, TypedSettings, app_settings, setting
 from kvviz.core.errors import KvvizError
 from kvviz.core.files import user_path
 
@@ -80,7 +80,7 @@ NOTE_SECONDS = 8  # how long presenter mode's note says where an export went
 
 class ExportDialog(QDialog):
     """File > Export...: what to export (chart, grid, whole view), as PNG, SVG or PDF, with or
-    without the caption, and where. Remembers its choices and the last folder in QSettings.
+    without the caption, and where. Remembers its choices and the last folder in the app's settings.
 
     Given `animation` (the run's plan and records so far), it also writes a GIF or an MP4 of the view
     step by step (steps first to last, frames a second, width), rendered from those records on fresh
@@ -98,7 +98,7 @@ class ExportDialog(QDialog):
         parent: QWidget | None = None,
         initial: str | None = None,
         step: int | None = None,
-        settings: QSettings | None = None,
+        settings: SettingsFile | None = None,
         animation: AnimationSource | None = None,
     ) -> None:
         super().__init__(parent)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings, QTimer, Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import QMainWindow, QWidget
 
@@ -13,7 +13,7 @@ from kvviz.app.run.loading import LoadingIndicator
 from kvviz.app.run.precision import PrecisionMenu
 from kvviz.app.run.redraw import Painter, RedrawScheduler
 from kvviz.app.run.session import RunSession
-from kvviz.app.settings import AppSettings, app_settings
+from kvviz.app.settings import AppSettings, SettingsFile, app_settings
 from kvviz.app.views.grid.kv_grid import KVGridView
 from kvviz.app.views.status import StatusLine
 from kvviz.app.window.actions import build_actions, window_slots
@@ -47,7 +47,7 @@ class MainWindow(QMainWindow):
     run_done = Signal(object)  # the final StepRecord of a run
 
     def __init__(self, model: str | None = None, prompt: str | None = None,
-                 settings: QSettings | None = None, unattended: bool = False, lesson: str | None = None,
+                 settings: SettingsFile | None = None, unattended: bool = False, lesson: str | None = None,
                  theme_name: str | None = None) -> None:
         super().__init__()
         self.setWindowTitle("KV cache visualiser")  # Qt adds " \u2014 kvviz", the application's display name
