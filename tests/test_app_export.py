@@ -402,7 +402,7 @@ def test_pdf_holds_the_curves_as_paths(chart, tmp_path):
 
 # ----- errors and atomic writes -----
 def leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.name != "qsettings")  # conftest's settings folder
+    return sorted(p.name for p in folder.iterdir() if p.name != "settings")  # conftest's settings folder
 
 
 def test_unknown_suffix_writes_nothing(chart, tmp_path):

@@ -26,6 +26,8 @@ from kvviz.app.theme import THEMES
 from kvviz.core.files import write_atomically
 from kvviz.core.memory import DTYPE_BYTES
 
+ORGANIZATION = "kvviz"  # the application's names, as Qt knows them
+APPLICATION = "kvviz"
 SETTINGS_FILE = "kvviz.json"
 MAX_SETTINGS_BYTES = 1 << 20  # a settings file larger than this is not kvviz's: it reads as empty
 
@@ -87,9 +89,15 @@ def settings_path() -> Path:
     return Path(folder or Path.home() / ".config") / "kvviz" / SETTINGS_FILE
 
 
+_OPEN: dict[Path, SettingsFile] = {}  # one per file in this process, as QSettings shares its values
+
+
 def app_settings() -> SettingsFile:
-    """The user's kvviz settings (tests point `settings_path` at a folder of their own)."""
-    return SettingsFile(settings_path())
+    """The user's kvviz settings, shared by every part of the app (tests point `settings_path` elsewhere)."""
+    path = settings_path()
+    if path not in _OPEN:
+        _OPEN[path] = SettingsFile(path)
+    return _OPEN[path]
 
 
 def setting(key: str, default: Any, low: float | None = None, high: float | None = None) -> Any:
