@@ -74,9 +74,9 @@ import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 from kvviz.cli import json_output as cli_json  # noqa: E402
+from kvviz.cli.bench_command import cmd_bench  # noqa: E402  (torch-free at import)
 from kvviz.cli.export import app_export, cmd_export  # noqa: E402
 from kvviz.cli.parser import (  # noqa: E402
-    GUI_BENCH_REPEAT,
     SIGPIPE_STATUS,
     OutputError,
     UsageError,
@@ -84,7 +84,6 @@ from kvviz.cli.parser import (  # noqa: E402
 )
 from kvviz.core.errors import KvvizError, first_line, is_out_of_memory  # noqa: E402
 from kvviz.core.files import StopRequested  # noqa: E402
-from kvviz.measure import bench, speed  # noqa: E402  (torch-free at import: the benchmarks load it when they run)
 
 PROCESS_STARTED = time.perf_counter()  # `kvviz` launch time, for the window-shown measurement
 
@@ -123,107 +122,6 @@ def cmd_count(args: argparse.Namespace) -> int:
     count = WorkCount(args.prompt_tokens, args.new_tokens, args.layers)
     print(cli_json.dumps(count.as_dict()) if args.json else count.report())
     return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    if args.sweep:
-        return _bench_sweep(args)
-    if args.max_length is not None:
-        raise UsageError("--max-length is the longest length of a speed sweep: add --sweep")
-    if args.compare and not args.gui:
-        raise UsageError("--compare times compare mode in the window: add --gui (or use kvviz compare)")
-    if args.attention and not args.gui:
-        raise UsageError("--attention times the attention view in the window: add --gui")
-    if args.window_size is not None and not args.gui:
-        raise UsageError("--window-size sizes the window of the GUI benchmark: add --gui")
-    if args.background:
-        raise UsageError("--background goes with --sweep")
-    if args.gui and args.dtype != "float32":
-        raise UsageError("--dtype is for the headless bench; the window runs in float32")
-    if args.gui and args.peer:
-        raise UsageError("--peer times transformers headless; the GUI benchmark compares the window with headless")
-    if args.gui and args.device != "cpu":
-        raise UsageError("--device is for the headless bench; the window runs on the CPU")
-    if args.gui:
-        try:
-            from kvviz.app.gui_bench import GuiBenchError, format_report, run_gui_bench
-        except ImportError as exc:
-            raise UsageError(f"the GUI benchmark needs PySide6 and pyqtgraph ({exc})") from exc
-        try:
-            result = run_gui_bench(args.model, args.prompt, args.new_tokens, launched_at=PROCESS_STARTED,
-                                   repeat=args.repeat or GUI_BENCH_REPEAT, window_size=args.window_size,
-                                   compare=args.compare, attention=args.attention)
-        except GuiBenchError as exc:
-            raise UsageError(str(exc)) from exc
-        print(cli_json.dumps(result) if args.json else format_report(result))
-        return 0
-    _check_device(args.device)
-    from kvviz.cli.compare import dtype_honoured
-
-    with dtype_honoured(args.dtype, args.device):
-        result = bench.run_bench(args.model, args.prompt, args.new_tokens, device=args.device, peer=args.peer,
-                                 repeat=args.repeat, dtype=args.dtype)
-    _print_result(result, args.json, "kvviz bench")
-    return 0
-
-
-def _bench_sweep(args: argparse.Namespace) -> int:
-    """`kvviz bench --sweep`: ms per token step against the length, both modes; medians per length."""
-    for option, given in (("--gui", args.gui), ("--peer", args.peer), ("--compare", args.compare),
-                          ("--attention", args.attention), ("--window-size", args.window_size is not None)):
-        if given:
-            raise UsageError(f"{option} does not apply to --sweep")
-    _check_device(args.device)
-    from kvviz.cli.compare import dtype_honoured
-    from kvviz.core.engine import Engine
-    from kvviz.measure.speed_sweep import run_sweep
-    from kvviz.sources.weights import load_model, torch_dtype
-
-    def progress(done: int, total: int) -> None:
-        print(f"progress {done}/{total}", file=sys.stderr, flush=True)
-
-    if args.background:
-        _run_in_the_background()
-
-    with dtype_honoured(args.dtype, args.device):
-        loaded = load_model(args.model, device=args.device, dtype=torch_dtype(args.dtype))
-        result = run_sweep(Engine(loaded.model, device=args.device), args.max_length,
-                                 repeat=args.repeat or speed.SWEEP_REPEAT, model_name=loaded.name,
-                                 progress=progress if args.background else None)
-    if args.json:
-        print(cli_json.dumps(result.as_dict()))
-        return 0
-    print(f"kvviz bench --sweep: {result.model}, {result.dtype}, median of {result.repeat} turns per length")
-    print(f"{'length':>6}  {'cached ms':>10}  {'uncached ms':>11}  {'uncached/cached':>15}")
-    for length, cached, uncached, ratio in zip(result.lengths, result.cached_ms, result.uncached_ms,
-                                               result.ratios, strict=True):
-        print(f"{length:>6}  {cached:>10.2f}  {uncached:>11.2f}  {ratio:>14.1f}x")
-    print(result.headline())
-    print(result.as_dict()["why"])
-    return 0
-
-
-def _run_in_the_background() -> None:
-    """This process, and the threads it starts, in Linux's idle scheduling class at the lowest priority, as the
-    app's worker runs: a sweep started by the app shares the machine with the window's runs, never starves
-    them. Elsewhere (or where refused) the lowest niceness only."""
-    try:
-        os.nice(19)
-    except (AttributeError, OSError):
-        pass
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
-
-
-def _print_result(result: dict, as_json: bool, title: str) -> None:
-    if as_json:
-        print(cli_json.dumps(result))
-        return
-    print(title)
-    for key, value in result.items():
-        print(f"  {key:<34}" + (f"{value:,.3f}" if isinstance(value, float) else f"{value}"))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -278,7 +176,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return run_memory(args)
 
 
-COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "count": cmd_count, "bench": cmd_bench,
+COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "count": cmd_count,
+            "bench": lambda args: cmd_bench(args, PROCESS_STARTED),
             "export": cmd_export, "train": cmd_train, "lesson": cmd_lesson, "memory": cmd_memory}
 
 

@@ -15,7 +15,8 @@ def model_architecture(source: str | None) -> Architecture:
     is downloaded (the GPT-2 names and random:<preset> use their published configs)."""
     from kvviz.core.resources import DEFAULT_MODEL_NAME, default_model_dir
     from kvviz.models.gpt2 import PRESETS
-    from kvviz.sources.weights import config_from_json, load_model
+    from kvviz.sources.gpt2_format import config_from_json
+    from kvviz.sources.weights import load_model
 
     name = source or DEFAULT_MODEL_NAME
     preset = name.split(":", 1)[1] if name.startswith("random:") else name
