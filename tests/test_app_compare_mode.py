@@ -60,7 +60,7 @@ def test_compare_mode_is_remembered_and_the_broken_cache_never_is(qtbot, app_mod
     first.close()
     remembered = AppSettings.load(store)
     assert remembered.compare
-    assert not any("break" in key.lower() for key in store.allKeys())
+    assert not any("break" in key.lower() for key in store.values())
     second = MainWindow(app_model, PROMPT, settings=store)
     qtbot.addWidget(second)
     try:
