@@ -521,3 +521,16 @@ def test_kv_cache_append_stores_key_and_value_together():
     assert cache.length == 3
     with pytest.raises(ValueError, match="positions start at 4"):
         cache.append(0, 4, row)
+
+
+def test_the_cache_reports_the_rows_it_gave_back_without_writing_them():
+    cache = KVCache(n_layer=2, n_head=1, head_dim=2, capacity=6)
+    for layer in range(2):
+        cache.update(layer, torch.arange(0, 3), torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2))  # a 3-token prefill
+    assert cache.reused == [0, 0]
+    cache.append(0, 3, torch.ones(2, 1, 1, 1, 2))
+    cache.append(1, 3, torch.ones(2, 1, 1, 1, 2))
+    assert cache.reused == [3, 3]  # a decode step at position 3 reads positions 0..2 back
+    for layer in range(2):
+        cache.update(layer, torch.arange(4, 6), torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2))
+    assert cache.reused == [4, 4]

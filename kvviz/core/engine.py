@@ -260,7 +260,6 @@ class Engine:
                 fed_start = 0
             fed_stop = len(tokens)
             fed = tokens[fed_start:fed_stop]
-            reused = fed_start if use_cache else 0
             probe = PassProbe(n_layer, record_attention, self.before_block)
             attention = None
             started = time.perf_counter()
@@ -280,10 +279,11 @@ class Engine:
             if watch_logits is not None and not flush:
                 watch_logits(logits)  # outside the timed span
             computed = tuple(probe.kv_rows)
+            reused = tuple(cache.reused) if use_cache else (0,) * n_layer  # rows the cache gave back, measured
             if any(c != fed_stop - fed_start for c in computed):
                 raise RuntimeError(f"layers projected {computed} K/V rows for {fed_stop - fed_start} fed positions")
             computed_total += computed[0]
-            reused_total += reused
+            reused_total += reused[0]
             if token is not None:
                 tokens.append(token)
                 without_total += fed_stop
@@ -297,7 +297,7 @@ class Engine:
                 fed_stop=fed_stop,
                 fed_token_ids=tuple(fed),
                 kv_computed=computed,
-                kv_reused=(reused,) * n_layer,
+                kv_reused=reused,
                 token_id=token,
                 token_text="" if token is None else self.tokenizer.token_label(token),
                 candidates=candidates,

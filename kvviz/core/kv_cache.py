@@ -38,6 +38,7 @@ class KVCache:
         self.length = 0
         self._layer_lengths = [0] * n_layer
         self.last_written = (0, 0)  # the slots [start, stop) the latest update or append wrote to
+        self.reused = [0] * n_layer  # per layer: rows the latest update or append returned without writing them
 
     def reset(self) -> None:
         """Forget every cached position; the buffers stay allocated."""
@@ -68,6 +69,7 @@ class KVCache:
         keys.narrow(2, start, T).copy_(k)
         values.narrow(2, start, T).copy_(v)
         self.last_written = (start, end)
+        self.reused[layer] = end - T
         return keys.narrow(2, 0, end), values.narrow(2, 0, end)  # (B, nh, end, hs)
 
     def append(self, layer: int, position: int, kv: torch.Tensor) -> torch.Tensor:
@@ -76,6 +78,7 @@ class KVCache:
         cached = self._layer_kv[layer].narrow(3, 0, end)  # (2, B, nh, end, hs)
         cached.narrow(3, position, 1).copy_(kv)
         self.last_written = (position, end)
+        self.reused[layer] = end - 1
         return cached
 
     @staticmethod
@@ -103,6 +106,7 @@ class LateWriteCache(KVCache):
         if position + 1 < self.capacity:
             self._layer_kv[layer].narrow(3, position + 1, 1).copy_(kv)
         self.last_written = (position + 1, min(position + 2, self.capacity))
+        self.reused[layer] = end - 1
         return self._layer_kv[layer].narrow(3, 0, end)  # (2, B, nh, end, hs)
 
 
