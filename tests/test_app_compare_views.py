@@ -12,12 +12,12 @@ from PySide6.QtCore import QEvent, QObject, QPointF, QRect
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea
 
 from kvviz.app import theme
-from kvviz.app.views.base import chip_text
 from kvviz.app.views.compare.compare_view import CompareView
 from kvviz.app.views.compare.identity_strip import DIFFERENT, LOGITS_DIFFER, SAME, IdentityStrip
 from kvviz.app.views.compare.lockstep import format_logit_diff
-from kvviz.app.views.grid.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
+from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, PENDING, REUSED
 from kvviz.app.views.grid.kv_grid import KVGridView
+from kvviz.app.views.labels import chip_text
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 N = 8

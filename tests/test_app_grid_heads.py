@@ -13,7 +13,7 @@ from PySide6.QtGui import QImage, QPainter
 from PySide6.QtWidgets import QToolTip
 
 from kvviz.app import theme
-from kvviz.app.views.grid.grid_cells import COMPUTED, REUSED
+from kvviz.app.views.grid.cell_states import COMPUTED, REUSED
 from kvviz.app.views.grid.kv_grid import KVGridView
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
@@ -413,7 +413,8 @@ def test_h_shows_the_heads_of_the_clicked_layer_in_the_window(qtbot, app_model):
 
 
 def test_an_opened_layer_is_parted_from_its_neighbours_by_a_wide_gap():
-    from kvviz.app.views.grid.grid_cells import HEAD_ROW, LAST_HEAD_ROW, LAYER_ROW, cell_tile
+    from kvviz.app.views.grid.cell_states import HEAD_ROW, LAST_HEAD_ROW, LAYER_ROW
+    from kvviz.app.views.grid.grid_cells import cell_tile
     from kvviz.app.views.grid.grid_rows import GridRows
 
     rows = GridRows(4, 3, expanded=[1])  # L0, L1, L1 h0..h2, L2, L3

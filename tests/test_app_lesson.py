@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QScrollArea
 
 from kvviz.app.lesson.panel import keep_together
 from kvviz.app.settings import AppSettings, app_settings
-from kvviz.app.views.grid.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
+from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, PENDING, REUSED
 from kvviz.app.window.dialogs import ShortcutsDialog
 from kvviz.app.window.main_window import MainWindow
 from kvviz.app.window.presentation import presenter_zoom

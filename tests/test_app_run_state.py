@@ -8,7 +8,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QWidget
 
-from kvviz.app.views.grid.grid_cells import COMPUTED, REUSED, STALE, STATE_NAMES
+from kvviz.app.views.grid.cell_states import COMPUTED, REUSED, STALE, STATE_NAMES
 from kvviz.app.window.dialogs import ShortcutsDialog
 
 P, N = 3, 12  # "Time flies fast": 3 prompt tokens, 12 new ones (the window fixture's run)

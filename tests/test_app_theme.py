@@ -75,7 +75,8 @@ def test_the_light_theme_is_light_and_the_dark_theme_dark():
 
 
 def test_colour_blind_patterns_show_in_both_themes(qtbot):
-    from kvviz.app.views.grid.grid_cells import COMPUTED, PENDING, REUSED, state_swatch
+    from kvviz.app.views.grid.cell_states import COMPUTED, PENDING, REUSED
+    from kvviz.app.views.grid.grid_cells import state_swatch
 
     for palette in (DARK, LIGHT):
         line = np.array(theme.rgba(palette.grid_line)[:3])

@@ -13,8 +13,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
 from kvviz.app.settings import app_settings
-from kvviz.app.views.base import chip_text
-from kvviz.app.views.grid.grid_cells import COMPUTED, EMPTY, PENDING, REUSED
+from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, PENDING, REUSED
+from kvviz.app.views.labels import chip_text
 from kvviz.app.window.main_window import MainWindow
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from helpers_checkpoints import HELLO_IDS, tiny_kvviz_model
 
-from kvviz.app.views.grid.grid_cells import COMPUTED, EMPTY, PENDING, REUSED, STALE
+from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, PENDING, REUSED, STALE
 from kvviz.app.views.grid.grid_state import GridState
 from kvviz.core.engine import Engine
 

@@ -7,7 +7,7 @@ from html import escape
 
 import numpy as np
 
-from kvviz.app.views.base import chip_text
+from kvviz.app.views.labels import chip_text
 from kvviz.core.records import RunPlan, StepRecord
 
 TOP_POSITIONS = 3  # per head, the positions its query weighs most

@@ -197,10 +197,3 @@ def nice_ceiling(value: float) -> float:
         if factor * power >= value:
             return float(factor * power)
     return float(10 * power)
-
-
-def chip_text(label: str) -> str:
-    """A token label with its whitespace made visible, for chips, ticks and tooltips."""
-    if label == "":
-        return "\u2205"
-    return label.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u21e5").replace("\r", "\u240d")

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.base import chip_text
+from kvviz.app.views.labels import chip_text
 from kvviz.core.records import RunPlan, StepRecord
 
 PAD_X, PAD_Y, GAP = 5.0, 3.0, 8.0

@@ -12,8 +12,8 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QScrollArea, QSizePolicy, QWi
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.base import chip_text
 from kvviz.app.views.compare.lockstep import format_logit_diff, token_step
+from kvviz.app.views.labels import chip_text
 from kvviz.core.records import RunPlan, StepRecord
 
 PAD_X, PAD_Y, GAP = 5.0, 2.0, 6.0

@@ -12,30 +12,21 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.flow_layout import FlowLayout
+from kvviz.app.views.grid.cell_states import (
+    COMPUTED,
+    EMPTY,
+    LAST_HEAD_ROW,
+    LAYER_ROW,
+    PENDING,
+    REUSED,
+    ROW_KINDS,
+    STALE,
+    STATE_NAMES,
+)
 
 if TYPE_CHECKING:
     from kvviz.app.views.grid.grid_rows import GridRows
 
-# Cell states, the values of `KVGridView.cell_states()`.
-EMPTY = 0  # the position does not exist yet
-PENDING = 1  # the token exists, its K/V has not been computed yet
-COMPUTED = 2  # K/V computed in this pass (amber)
-REUSED = 3  # K/V read from the cache in this pass (teal)
-STALE = 4  # read in this pass but never written by it: its K/V went one slot late (a cache broken on purpose)
-
-STATE_NAMES = {
-    EMPTY: "not generated yet",
-    PENDING: "token without K/V yet",
-    COMPUTED: "K/V computed this step",
-    REUSED: "K/V reused from the cache",
-    STALE: "stale slot: this token's K/V went one slot late",
-}
-
-# What a row of the grid shows, for its cells' separators.
-LAYER_ROW = 0  # a layer: the usual gap below it
-HEAD_ROW = 1  # an expanded layer's row or one of its heads: a soft 1 px line below it, so they read as one band
-LAST_HEAD_ROW = 2  # the last head of an expanded layer, or the row above one: a wide gap parts the layers
-ROW_KINDS = (LAYER_ROW, HEAD_ROW, LAST_HEAD_ROW)
 MAX_IMAGE_PIXELS = 1800  # the grid's image size limit per axis, so a redraw stays cheap
 
 

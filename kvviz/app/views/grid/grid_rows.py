@@ -9,7 +9,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont, QFontMetrics, QFontMetricsF
 
-from kvviz.app.views.grid.grid_cells import HEAD_ROW, LAST_HEAD_ROW, LAYER_ROW
+from kvviz.app.views.grid.cell_states import HEAD_ROW, LAST_HEAD_ROW, LAYER_ROW
 from kvviz.app.views.grid.grid_state import GridState
 from kvviz.core.records import RunPlan
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.app.views.base import chip_text
-from kvviz.app.views.grid.grid_cells import COMPUTED, EMPTY, PENDING, REUSED, STALE, STATE_NAMES
+from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, PENDING, REUSED, STALE, STATE_NAMES
+from kvviz.app.views.labels import chip_text
 from kvviz.core.records import RunPlan, StepRecord
 
 

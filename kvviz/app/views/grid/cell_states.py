@@ -1,0 +1,25 @@
+"""What each cell of the K/V grid shows, and what each row is: Qt-free names the grid's state and its
+painting share."""
+
+from __future__ import annotations
+
+# Cell states, the values of `KVGridView.cell_states()`.
+EMPTY = 0  # the position does not exist yet
+PENDING = 1  # the token exists, its K/V has not been computed yet
+COMPUTED = 2  # K/V computed in this pass (amber)
+REUSED = 3  # K/V read from the cache in this pass (teal)
+STALE = 4  # read in this pass but never written by it: its K/V went one slot late (a cache broken on purpose)
+
+STATE_NAMES = {
+    EMPTY: "not generated yet",
+    PENDING: "token without K/V yet",
+    COMPUTED: "K/V computed this step",
+    REUSED: "K/V reused from the cache",
+    STALE: "stale slot: this token's K/V went one slot late",
+}
+
+# What a row of the grid shows, for its cells' separators.
+LAYER_ROW = 0  # a layer: the usual gap below it
+HEAD_ROW = 1  # an expanded layer's row or one of its heads: a soft 1 px line below it, so they read as one band
+LAST_HEAD_ROW = 2  # the last head of an expanded layer, or the row above one: a wide gap parts the layers
+ROW_KINDS = (LAYER_ROW, HEAD_ROW, LAST_HEAD_ROW)
