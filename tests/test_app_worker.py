@@ -73,9 +73,6 @@ def test_gui_bench_alternates_runs_and_reports_every_key(qtbot, app_model):
         assert len(result[key]) == 2 and all(rate > 0 for rate in result[key])
     assert result["gui_tokens_per_second"] == max(result["gui_runs_tokens_per_second"])
     assert result["headless_tokens_per_second"] == max(result["headless_runs_tokens_per_second"])
-    turns = [g / h for g, h in zip(result["gui_runs_tokens_per_second"], result["headless_runs_tokens_per_second"],
-                                   strict=True)]
-    assert result["paired_median_ratio"] == pytest.approx((turns[0] + turns[1]) / 2, rel=1e-3)  # two turns: the mean
     assert result["window_shown_seconds"] > 0
     assert 0 < result["max_slice_ms"] <= result["max_redraw_ms"]
     assert "best of" in format_report(result) and "one more GUI run with the probe" in format_report(result)
