@@ -66,10 +66,9 @@ def _close_on_interrupt(close: Callable[[], None]) -> Callable[[], None]:
     that Qt's event loop watches: that wakes it even when idle. Returns the function that puts everything back."""
     from PySide6.QtCore import QSocketNotifier, QTimer
 
-    defaults = {signal.SIGINT: signal.default_int_handler}
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            defaults[getattr(signal, name)] = signal.SIG_DFL
+    from kvviz.core.files import python_stop_handlers
+
+    defaults = python_stop_handlers()
     # one that is ignored (a background job) or someone else's handler is left alone
     taken = [number for number, default in defaults.items() if signal.getsignal(number) is default]
     if not taken:

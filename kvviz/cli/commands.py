@@ -44,12 +44,9 @@ def _give_back_interrupts() -> None:
 def _stop_cleanly_on_signals() -> Callable[[], None]:
     """Ctrl+C, SIGTERM and SIGHUP raise StopRequested from now on (see kvviz.core.files.request_stop), where
     Python's defaults have them; returns the function that gives them back."""
-    from kvviz.core.files import request_stop
+    from kvviz.core.files import python_stop_handlers, request_stop
 
-    defaults = {signal.SIGINT: signal.default_int_handler}
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            defaults[getattr(signal, name)] = signal.SIG_DFL
+    defaults = python_stop_handlers()
     taken = []
     for number, default in defaults.items():
         try:

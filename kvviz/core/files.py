@@ -53,6 +53,13 @@ def atomic_writer(path: Path | str) -> Iterator[BinaryIO]:
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
+def python_stop_handlers() -> dict[int, object]:
+    """Each stop signal (Ctrl+C, SIGTERM, SIGHUP) with the handler Python starts with: a handler is taken over
+    only where it is still this one (not ignored, as in a background job, and not a host's own)."""
+    return {number: signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL
+            for number in STOP_SIGNALS}
+
+
 class StopRequested(KeyboardInterrupt):
     """Ctrl+C, SIGTERM (`kill`, `timeout`) or SIGHUP (the terminal closed): unwinds as Ctrl+C does, so that
     every file set removes its temporary files and leaves the earlier files whole; `signum` says which."""
