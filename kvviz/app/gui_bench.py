@@ -164,6 +164,8 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
             window.toggle_play()
             wait(lambda: session.finished, "the warm-up run")
             from kvviz.core.engine import Engine
+            from kvviz.core.records import RunRequest
+            from kvviz.core.run import start_run
 
             loaded = session.controller.worker.loaded_model
             headless_engine = Engine(loaded.model)  # the same weights, driven from this thread while the worker idles
@@ -171,13 +173,8 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
 
             def headless_tokens(n: int) -> list[int]:
                 """The worker's records (same settings, same candidates per step), with no window in the loop."""
-                if compare:
-                    from kvviz.core.compare import Lockstep, plan_lockstep
-
-                    plan = plan_lockstep(headless_engine, prompt_ids, n, attention=attention)
-                    records = list(Lockstep(headless_engine, plan).records())
-                else:
-                    records = list(headless_engine.run(headless_engine.plan(prompt_ids, n, attention=attention)))
+                request = RunRequest(0, prompt, max_new_tokens=n, compare=compare, attention=attention)
+                records = list(start_run(headless_engine, request, prompt_ids=prompt_ids).passes())
                 return [r.token_id for r in records if r.token_id is not None]
 
             headless_tokens(WARMUP_TOKENS)

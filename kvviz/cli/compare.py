@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 from kvviz.cli import json_output as cli_json
-from kvviz.cli.parser import BROKEN_CACHE_FAULT, UsageError
+from kvviz.cli.parser import UsageError
 from kvviz.core.errors import first_line, is_out_of_memory
 
 
@@ -34,27 +34,12 @@ def dtype_honoured(dtype_name: str, device: str) -> Iterator[None]:
         raise UsageError(f"--dtype {dtype_name}: cannot run on {device} here ({first_line(exc)})") from exc
 
 
-def _token_steps(records: Iterator, plan) -> Iterator[list]:
-    """A lockstep run's records grouped by token step: the token pass, and the cached run's filling pass
-    after the last token."""
-    for record in records:
-        passes = [record]
-        if plan.pass_follows_in_step(record):
-            passes.append(next(records))
-        yield passes
-
-
 def _compare_step(passes: list) -> tuple[dict, str, str]:
     """One token step of a lockstep run as `kvviz compare --json` shows it, and the two tokens' texts."""
     token_pass = passes[0]
-    cached: list = []
-    uncached: list = []
-    for record in passes:
-        with_cache, without_cache = record.lockstep_passes()
-        cached.extend(with_cache)
-        uncached.extend(without_cache)
-    cached_token = next(r for r in cached if r.token_id is not None)
-    uncached_token = next(r for r in uncached if r.token_id is not None)
+    cached_token, uncached_token = token_pass.lockstep_token_passes()
+    cached = [run_pass for record in passes for run_pass in record.lockstep_passes()[0]]
+    uncached = [run_pass for record in passes for run_pass in record.lockstep_passes()[1]]
     return {
         "step": token_pass.new_tokens,
         "cached_token_id": cached_token.token_id,
@@ -158,23 +143,23 @@ def run_compare(args: argparse.Namespace, load: Callable, say: Callable[[str], N
 
 
 def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
-    from kvviz.core.compare import Lockstep, plan_lockstep, summarize
+    from kvviz.core.compare import summarize
     from kvviz.core.counting import plural
-    from kvviz.core.engine import Engine, SamplingSettings
-    from kvviz.core.records import describe_sampling
+    from kvviz.core.engine import Engine
+    from kvviz.core.records import RunRequest, describe_sampling
+    from kvviz.core.run import start_run
 
-    sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-    fault = BROKEN_CACHE_FAULT if args.break_cache else ""
     loaded = load(args.model, args.device, args.dtype)
     engine = Engine(loaded.model, device=args.device)
-    prompt_ids = engine.encode_prompt(args.prompt)
-    plan = plan_lockstep(engine, prompt_ids, args.new_tokens, True, sampling, cache_fault=fault,
-                         prompt=args.prompt, model_name=loaded.name)
-    lockstep = Lockstep(engine, plan, sampling, top_candidates=1)
+    request = RunRequest(0, args.prompt, True, args.new_tokens, args.temperature, args.top_k, args.seed,
+                         compare=True, break_cache=args.break_cache)
+    run = start_run(engine, request, loaded.name, top_candidates=1)
+    plan, prompt_ids = run.plan, list(run.plan.prompt_ids)
+    fault = plan.cache_fault
     records: list = []
     steps: list[dict] = []
     parted_texts: tuple[str, str] | None = None  # the two tokens' texts where the runs first part
-    for passes in _token_steps(lockstep.records(), plan):
+    for passes in run.token_steps():
         records.extend(passes)
         step, cached_text, uncached_text = _compare_step(passes)
         steps.append(step)
@@ -183,7 +168,7 @@ def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None
         if args.json:
             continue
         if len(steps) == 1:  # after the first pass: a model that cannot run prints nothing
-            shown = lockstep.sampling
+            shown = run.sampling
             print(f"kvviz compare: {loaded.name}, {plural(len(prompt_ids), 'prompt token')}, "
                   f"{plural(plan.budget, 'new token')}, "
                   f"{describe_sampling(shown.temperature, shown.top_k, shown.seed)}, {args.dtype}")

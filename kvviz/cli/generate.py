@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from kvviz.cli import json_output as cli_json
-from kvviz.cli.parser import BROKEN_CACHE_FAULT, UsageError
+from kvviz.cli.parser import UsageError
 from kvviz.core.errors import visible
 
 
@@ -20,21 +20,22 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
 
     from kvviz.cli.compare import broken_cache_note
     from kvviz.core.counting import plural
-    from kvviz.core.engine import Engine, SamplingSettings
+    from kvviz.core.engine import Engine
+    from kvviz.core.records import RunRequest
+    from kvviz.core.run import start_run
 
     if args.break_cache and args.no_cache:
         raise UsageError("--break-cache breaks the KV cache, so it needs one: leave out --no-cache")
     if args.attention and not args.json:
         raise UsageError("--attention goes with --json")
-    sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     loaded = load(args.model, args.device, args.dtype)
     engine = Engine(loaded.model, device=args.device)
-    prompt_ids = engine.encode_prompt(args.prompt)
     use_cache = not args.no_cache
-    fault = BROKEN_CACHE_FAULT if args.break_cache else ""
+    request = RunRequest(0, args.prompt, use_cache, args.max_new_tokens, args.temperature, args.top_k, args.seed,
+                         break_cache=args.break_cache, attention=args.attention)
     # The whole request is checked before the prompt is echoed: an error is never glued to it.
-    plan = engine.plan(prompt_ids, args.max_new_tokens, use_cache, sampling, prompt=args.prompt,
-                       model_name=loaded.name, cache_fault=fault, attention=args.attention)
+    run = start_run(engine, request, loaded.name, top_candidates=1)
+    prompt_ids, fault = list(run.plan.prompt_ids), run.plan.cache_fault
     ids: list[int] = []
     attention = []  # per generated token, its pass's AttentionWeights (with --attention)
     last = None
@@ -47,7 +48,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
             print(broken_cache_note(fault))
         sys.stdout.write(shown(args.prompt))
         sys.stdout.flush()
-    for record in engine.run(plan, sampling, top_candidates=1):
+    for record in run.passes():
         last = record
         if record.token_id is not None:
             ids.append(record.token_id)

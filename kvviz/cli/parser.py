@@ -22,7 +22,7 @@ from kvviz.cli.arguments import (
     window_size,
 )
 from kvviz.core.errors import KvvizError
-from kvviz.core.records import CACHE_FAULTS
+from kvviz.core.records import BROKEN_CACHE_FAULT, CACHE_FAULTS
 from kvviz.measure import (
     bench,  # torch-free at import: the benchmarks load it when they run
     speed,
@@ -43,7 +43,6 @@ MODEL_HELP = (
     "kvviz-shakespeare); default: the small Shakespeare model embedded in kvviz"
 )
 PROMPT_HELP = "text to continue; an empty prompt starts from <|endoftext|>"
-BROKEN_CACHE_FAULT = "late_write"  # the bug --break-cache plants, a key of kvviz.core.records.CACHE_FAULTS
 BREAK_CACHE_HELP = ("break the KV cache on purpose, to see what a cache bug does: " + CACHE_FAULTS[BROKEN_CACHE_FAULT]
                     .replace("%", "%%"))
 DTYPES = ("float32", "bfloat16", "float16")

@@ -80,11 +80,11 @@ class Lockstep:
         self.plan = plan
         self.sampling = lockstep_sampling(sampling or SamplingSettings())
         self.top_candidates = top_candidates
-        engine.warm_up()  # no one-time cost in the first step's time of either run
 
     def records(self) -> Iterator[StepRecord]:
         plan, twin_plan = self.plan, self.plan.twin
         assert twin_plan is not None
+        self.engine.warm_up()  # no one-time cost in the first step's time of either run
         logits: dict[bool, torch.Tensor] = {}  # the current step's logits, by use_cache; at most two vectors
 
         def watcher(use_cache: bool):
@@ -99,11 +99,11 @@ class Lockstep:
         for step in range(plan.budget):
             twin_first = step % 2 == 1
             if twin_first:
-                twin_passes = _one_step(other, twin_plan)
-                own_passes = _one_step(own, plan)
+                twin_passes = twin_plan.next_token_step(other)
+                own_passes = plan.next_token_step(own)
             else:
-                own_passes = _one_step(own, plan)
-                twin_passes = _one_step(other, twin_plan)
+                own_passes = plan.next_token_step(own)
+                twin_passes = twin_plan.next_token_step(other)
             cached_logits, uncached_logits = logits.pop(True), logits.pop(False)
             difference = float((cached_logits - uncached_logits).abs().max())
             scale = float(torch.maximum(cached_logits.abs().max(), uncached_logits.abs().max()))
@@ -112,14 +112,6 @@ class Lockstep:
             yield replace(token_pass, twin=twin_passes, max_abs_logit_diff=difference, logit_tolerance=tolerance,
                           twin_ran_first=twin_first)
             yield from rest
-
-
-def _one_step(records: Iterator[StepRecord], plan: RunPlan) -> tuple[StepRecord, ...]:
-    """The passes of one token step: the token pass, and the cache-filling pass after the last token."""
-    passes = [next(records)]
-    if plan.pass_follows_in_step(passes[0]):
-        passes.append(next(records))
-    return tuple(passes)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ importing the engine, and they can cross threads as they are.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -86,6 +87,7 @@ MAX_PROMPT_CHARACTERS = 1_000_000  # the longest prompt kvviz takes, typed, past
 CACHE_FAULTS = {
     "late_write": "each new token's key and value are written one slot late, so its query reads a stale row",
 }  # the bugs "break the cache" can plant in the cached run, by name
+BROKEN_CACHE_FAULT = "late_write"  # the one the teaching switch (Break the cache, --break-cache) plants
 
 
 def describe_sampling(temperature: float, top_k: int | None, seed: int | None) -> str:
@@ -163,6 +165,14 @@ class RunPlan:
         pass that follows a cached run's last token."""
         return self.passes > self.budget and record.token_id is not None and record.new_tokens == self.budget
 
+    def next_token_step(self, passes: Iterator[StepRecord]) -> tuple[StepRecord, ...]:
+        """The passes of the next token step from this run's `passes`: the token pass, and after the last
+        token of a cached run the pass that fills the cache. StopIteration when the run is over."""
+        step = [next(passes)]
+        if self.pass_follows_in_step(step[0]):
+            step.append(next(passes))
+        return tuple(step)
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -226,6 +236,11 @@ class StepRecord:
         if self.max_abs_logit_diff is None or self.logit_tolerance is None:
             return None
         return self.max_abs_logit_diff <= self.logit_tolerance
+
+    def lockstep_token_passes(self) -> tuple[StepRecord, StepRecord]:
+        """(cached pass, uncached pass) that chose this step's token in compare mode."""
+        cached, uncached = (next(p for p in passes if p.token_id is not None) for passes in self.lockstep_passes())
+        return cached, uncached
 
     def lockstep_passes(self) -> tuple[tuple[StepRecord, ...], tuple[StepRecord, ...]]:
         """(cached passes, uncached passes) of this record's step in compare mode, this record included."""

@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 from kvviz.core.engine import Engine
 from kvviz.core.errors import KvvizError
+from kvviz.core.records import RunRequest
+from kvviz.core.run import start_run
 from kvviz.measure.bench import weight_bytes
 from kvviz.measure.speed import (
     DEFAULT_MAX_LENGTH,
@@ -38,14 +40,13 @@ def _step_seconds(engine: Engine, ids: list[int], use_cache: bool) -> float:
     """The time of the token step at sequence length len(ids), as the engine runs it: with the cache, the step
     after a prefill of all but one position (its query attends to len(ids) positions); without, the pass over
     all of them."""
+    fed = ids[:-1] if use_cache else ids
+    run = start_run(engine, RunRequest(0, "", use_cache, 2 if use_cache else 1), prompt_ids=fed, top_candidates=1)
+    records = run.passes()
     if use_cache:
-        records = engine.run(engine.plan(ids[:-1], 2, True), top_candidates=1)
         next(records)  # the prefill of len(ids) - 1 positions: not timed
-        seconds = next(records).seconds  # one new position, attending to len(ids)
-    else:
-        records = engine.run(engine.plan(ids, 1, False), top_candidates=1)
-        seconds = next(records).seconds  # every position again
-    records.close()
+    seconds = next(records).seconds  # with the cache one new position, attending to len(ids); without, all again
+    run.close()
     return seconds
 
 

@@ -156,21 +156,14 @@ def planned_run(model: str | None, prompt: str, new_tokens: int, use_cache: bool
     teaching bug), checked, and a function that runs it: the callers check what the plan tells them before the
     work starts."""
     from kvviz.core.engine import Engine
+    from kvviz.core.records import RunRequest
+    from kvviz.core.run import start_run
     from kvviz.sources.weights import load_model, torch_dtype
 
     loaded = load_model(model, dtype=torch_dtype(dtype))
-    engine = Engine(loaded.model)
-    prompt_ids = engine.encode_prompt(prompt)
-    fault = "late_write" if break_cache else ""
-    if compare:
-        from kvviz.core.compare import Lockstep, plan_lockstep
-
-        plan = plan_lockstep(engine, prompt_ids, new_tokens, use_cache, cache_fault=fault, prompt=prompt,
-                             model_name=loaded.name)
-        return plan, lambda: Lockstep(engine, plan).records()
-    plan = engine.plan(prompt_ids, new_tokens, use_cache, prompt=prompt, model_name=loaded.name,
-                       cache_fault=fault if use_cache else "")
-    return plan, lambda: engine.run(plan)
+    request = RunRequest(0, prompt, use_cache, new_tokens, compare=compare, break_cache=break_cache)
+    run = start_run(Engine(loaded.model), request, loaded.name)
+    return run.plan, run.passes
 
 
 def _render_compare(app: QApplication, plan: RunPlan, records: list, out_dir: Path, formats: list[str],

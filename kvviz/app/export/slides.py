@@ -99,20 +99,17 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
     """Plan step `index`'s run and take its records up to `advance_to` token steps (one more for a
     question); with the cache, the filling pass only after the run's last token. LessonError (naming
     the file, the step and the key) when the model cannot run it."""
-    from kvviz.core.compare import Lockstep, plan_lockstep
+    from kvviz.core.records import RunRequest
+    from kvviz.core.run import start_run
 
     step = lesson.steps[index]
     where = f"{lesson.source}: step {index + 1}: "
+    request = RunRequest(0, step.prompt, step.use_cache or step.compare, step.max_new_tokens, compare=step.compare)
     try:
-        prompt_ids = engine.encode_prompt(step.prompt)
-        if step.compare:
-            plan = plan_lockstep(engine, prompt_ids, step.max_new_tokens, True, prompt=step.prompt,
-                                 model_name=model_name)
-        else:
-            plan = engine.plan(prompt_ids, step.max_new_tokens, step.use_cache, prompt=step.prompt,
-                               model_name=model_name)
+        run = start_run(engine, request, model_name)
     except KvvizError as exc:
         raise LessonError(f"{where}prompt: {first_line(exc)}") from exc
+    plan = run.plan
     reach = step.advance_to + (1 if step.question else 0)
     if reach > plan.budget:
         needs = f"advance_to {step.advance_to}" + (" and the question's step" if step.question else "")
@@ -120,14 +117,13 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
                           f"{plan.budget} new after the prompt; {needs} take{'' if step.question else 's'} {reach}")
     records: list[StepRecord] = []
     if reach:
-        stream = Lockstep(engine, plan).records() if step.compare else engine.run(plan)
         try:
-            for record in stream:
-                records.append(record)
-                if record.final or (record.new_tokens >= reach and not plan.pass_follows_in_step(record)):
+            for passes in run.token_steps():
+                records.extend(passes)
+                if passes[-1].final or passes[0].new_tokens >= reach:
                     break
         finally:
-            stream.close()
+            run.close()
     shown = tuple(r for r in records if r.new_tokens <= step.advance_to)
     answer = None
     if step.question:

@@ -12,17 +12,17 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from kvviz.app.run.shared_interpreter import worker_thread_guards
 from kvviz.core.errors import DownloadCancelled, as_sentence, first_line, is_out_of_memory
-from kvviz.core.records import ModelInfo, RunPlan, RunRequest, StepRecord
+from kvviz.core.records import ModelInfo, RunRequest
 
 if TYPE_CHECKING:
     from kvviz.core.engine import Engine
+    from kvviz.core.run import Run
 
 WORKER_NICENESS = 10  # the model runs this far below the GUI's scheduling priority (Linux)
 
@@ -121,8 +121,7 @@ class GenerationWorker(QObject):
         self.cancel_download = threading.Event()  # set from the GUI thread: stop a hub download
         self._engine: Engine | None = None
         self._loaded = None  # kvviz.sources.weights.LoadedModel
-        self._records: Iterator[StepRecord] | None = None
-        self._run: RunPlan | None = None
+        self._run: Run | None = None  # the run being stepped, until its last pass
         self._interval_ms = 0
         self._play_timer = QTimer(self)
         self._play_timer.setSingleShot(True)
@@ -177,7 +176,7 @@ class GenerationWorker(QObject):
             return
         self._release_model()
         self._engine, self._loaded = engine, loaded
-        self._records, self._run = None, None
+        self._run = None
         engine.before_block = self._check_abort
         config = loaded.config
         self.model_loaded.emit(source, ModelInfo(
@@ -204,69 +203,54 @@ class GenerationWorker(QObject):
     def start_run(self, request: RunRequest) -> None:
         """Prepare a fresh run; no forward pass happens until `step`."""
         self._set_playing(False)
-        self._records, self._run = None, None
+        self._run = None
         if self._engine is None:
             self.run_failed.emit(request.run_id, "No model is loaded yet.")
             return
-        from kvviz.core.engine import GenerationError, SamplingSettings
+        from kvviz.core.engine import GenerationError
+        from kvviz.core.run import start_run
 
-        engine = self._engine
         try:  # every check runs here, before run_started: a bad request never resets the views
-            sampling = SamplingSettings(request.temperature, request.top_k, request.seed)
-            fault = "late_write" if request.break_cache else ""
-            options = dict(prompt=request.prompt, model_name=self._loaded.name, run_id=request.run_id,
-                           attention=request.attention)
-            prompt_ids = engine.encode_prompt(request.prompt)
-            if request.compare:
-                from kvviz.core.compare import Lockstep, plan_lockstep
-
-                plan = plan_lockstep(engine, prompt_ids, request.max_new_tokens, request.use_cache, sampling,
-                                     cache_fault=fault, **options)
-                records = Lockstep(engine, plan, sampling).records()
-            else:
-                plan = engine.plan(prompt_ids, request.max_new_tokens, request.use_cache, sampling,
-                                   cache_fault=fault if request.use_cache else "", **options)
-                records = engine.run(plan, sampling)
+            run = start_run(self._engine, request, self._loaded.name)
         except GenerationError as exc:
             self.run_failed.emit(request.run_id, as_sentence(first_line(exc)))
             return
-        self._records, self._run = records, plan
-        self.run_started.emit(plan)
+        self._run = run
+        self.run_started.emit(run.plan)
 
     @Slot()
     def step(self) -> None:
         """Compute one new token; after the last one, also the pass that fills the cache."""
-        if self._records is None or self._run is None:
+        if self._run is None:
             self._set_playing(False)
             return
         run = self._run
+        run_id = run.plan.run_id
         try:
-            record = next(self._records)
-            self.step_computed.emit(run.run_id, record)
-            if run.pass_follows_in_step(record):
-                record = next(self._records)
-                self.step_computed.emit(run.run_id, record)
+            passes = run.next_token_step()
         except StepAborted:
-            self._records = None
+            self._run = None
             return
         except StopIteration:
-            self._records = None
+            self._run = None
             self._set_playing(False)
             return
         except Exception as exc:  # out of memory mid-run, for instance
-            self._records = None
+            self._run = None
             self._set_playing(False)
-            self.run_failed.emit(run.run_id, describe_run_error(run.model_name, exc))
+            self.run_failed.emit(run_id, describe_run_error(run.plan.model_name, exc))
             return
-        if record.final:
-            self._records = None
+        for record in passes:
+            self.step_computed.emit(run_id, record)
+        if passes[-1].final:
+            self._run = None
             self._set_playing(False)
-            self.run_finished.emit(run.run_id, record)
+            self.run_finished.emit(run_id, passes[-1])
 
     @Slot(int)
     def play(self, interval_ms: int) -> None:
         self._interval_ms = max(0, interval_ms)
-        if self._records is None:
+        if self._run is None:
             return
         self._set_playing(True)
         self._play_timer.start(0)
@@ -300,7 +284,7 @@ class GenerationWorker(QObject):
         """Runs in the worker thread as its last job: stop timers, drop the model."""
         self._set_playing(False)
         self._release_model()
-        self._records = None
+        self._run = None
         self._engine = None
         self._loaded = None
 

@@ -30,7 +30,7 @@ def token_step(record: StepRecord) -> TokenStep | None:
     arriving on its own, a record outside compare mode)."""
     if record.token_id is None or record.max_abs_logit_diff is None or record.twin_token_id is None:
         return None
-    cached, uncached = (next(p for p in passes if p.token_id is not None) for passes in record.lockstep_passes())
+    cached, uncached = record.lockstep_token_passes()
     return TokenStep(record.new_tokens, cached, uncached, record.token_id == record.twin_token_id,
                      record.max_abs_logit_diff, record.logits_agree is not False, record.logit_tolerance or 0.0)
 
