@@ -346,7 +346,7 @@ def test_dialog_offers_animation_only_with_a_run(dialog_for):
 
 # ----- the window: its records, the clipboard, the plots' menus -----
 def test_window_copies_views_and_hands_its_records_to_the_dialog(qtbot, app_model, monkeypatch):
-    import kvviz.app.export.dialog as export  # where File > Export... finds the dialog
+    import kvviz.app.export.window_export as export  # where File > Export... finds the dialog
     from kvviz.app.settings import app_settings
     from kvviz.app.window.main_window import MainWindow
 
@@ -356,7 +356,7 @@ def test_window_copies_views_and_hands_its_records_to_the_dialog(qtbot, app_mode
     qtbot.waitUntil(lambda: window.session.plan is not None, timeout=60_000)
     for _ in range(3):
         qtbot.keyClick(window, Qt.Key.Key_Space)
-    qtbot.waitUntil(lambda: len(window.records) == 3, timeout=60_000)
+    qtbot.waitUntil(lambda: len(window.session.records) == 3, timeout=60_000)
     window.redraw()
 
     QApplication.clipboard().clear()
@@ -385,6 +385,6 @@ def test_window_copies_views_and_hands_its_records_to_the_dialog(qtbot, app_mode
     monkeypatch.setattr(export, "ExportDialog", lambda *args, **kwargs: opened.append(kwargs["animation"]) or
                         type("Closed", (), {"exec": lambda self: 0})())
     qtbot.keyClick(window, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
-    assert opened[0].plan is window.session.plan and opened[0].records == tuple(window.records)
+    assert opened[0].plan is window.session.plan and opened[0].records == tuple(window.session.records)
     assert [r.new_tokens for r in opened[0].records] == [1, 2, 3]
     window.close()

@@ -843,7 +843,7 @@ def test_an_export_before_the_first_step_shows_no_key_to_press(qtbot, run):
 ])
 def test_the_window_says_where_an_export_went(target, fmt, said, window, qtbot, tmp_path, monkeypatch):
     """File > Export...: once the file is written, the status line names it, and the caption the precision."""
-    import kvviz.app.export.dialog as export
+    import kvviz.app.export.window_export as export
 
     seen = []
 
@@ -858,7 +858,7 @@ def test_the_window_says_where_an_export_went(target, fmt, said, window, qtbot, 
 
     monkeypatch.setattr(export.ExportDialog, "exec", export_at_once)
     qtbot.keyClick(window, Qt.Key.Key_Space)
-    qtbot.waitUntil(lambda: len(window.records) == 1, timeout=30_000)
+    qtbot.waitUntil(lambda: len(window.session.records) == 1, timeout=30_000)
     qtbot.keyClick(window, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
     path = tmp_path / f"lecture.{fmt}"
     assert path.is_file()
@@ -870,7 +870,7 @@ def test_the_window_says_where_an_export_went(target, fmt, said, window, qtbot, 
 def test_in_presenter_mode_a_note_says_where_an_export_went(window, qtbot, tmp_path, monkeypatch):
     """Presenter mode hides the status bar: a note over the bottom of the window, in no layout, says it for a
     few seconds."""
-    import kvviz.app.export.dialog as export
+    import kvviz.app.export.window_export as export
 
     def export_at_once(dialog):
         dialog.path_edit.setText(str(tmp_path / "shown.png"))

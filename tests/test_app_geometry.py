@@ -277,7 +277,7 @@ def test_the_attention_shades_stand_apart_in_both_themes(theme_name):
     from PySide6.QtGui import QColor
 
     from kvviz.app import theme
-    from kvviz.app.views.attention_view import shade_table
+    from kvviz.app.views.attention_strip import shade_table
 
     chosen = theme.DARK if theme_name == "dark" else theme.LIGHT
     table = shade_table(chosen)

@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextLayout, QTextOption
 from PySide6.QtWidgets import QApplication, QMessageBox, QScrollArea
 
-from kvviz.app.lesson.panel import keep_together
+from kvviz.app.lesson.step_text import keep_together
 from kvviz.app.settings import AppSettings, app_settings
 from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, PENDING, REUSED
 from kvviz.app.window.dialogs import ShortcutsDialog
@@ -74,7 +74,7 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
     assert lesson.measured is None and panel.answer_text() == "Enter or Page Down: measure"
     states = window.grid.cell_states()
     assert (states[:, :2] == PENDING).all() and (states[:, 2:] == EMPTY).all()
-    assert lesson.focus_target() is window.grid and lesson.frame.isVisible()
+    assert lesson.focus_target() is window.grid and lesson.focus.frame.isVisible()
 
     press(qtbot, window, Qt.Key.Key_PageDown)  # one generation step: the prefill computes both prompt tokens
     assert_step(window, "Time flies", True, 1, 1)
@@ -128,7 +128,7 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
     assert_step(window, "Time flies", "compare", 12, 6)
     assert not window.speed.isVisible(), "the speed step's view closes with its step"
     assert window.workspace.compare_view.isVisibleTo(window) and window.actions["compare"].isChecked()
-    assert lesson.focus_target() is None and not lesson.frame.isVisible() and not panel.question.isVisible()
+    assert lesson.focus_target() is None and not lesson.focus.frame.isVisible() and not panel.question.isVisible()
     press(qtbot, window, Qt.Key.Key_PageDown)  # past the end: nothing happens
     assert lesson.slide == 9
 
@@ -166,7 +166,7 @@ def test_escape_leaves_the_lesson_for_the_free_app_and_l_resumes_it(qtbot, windo
     press(qtbot, window, Qt.Key.Key_PageDown, 4)  # step 3: cached at 3
     qtbot.keyClick(window, Qt.Key.Key_Escape)
     assert not window.lesson.active and not window.lesson_panel.isVisible()
-    assert not window.actions["lesson"].isChecked() and not window.lesson.frame.isVisible()
+    assert not window.actions["lesson"].isChecked() and not window.lesson.focus.frame.isVisible()
     qtbot.waitUntil(lambda: window.session.plan is not None and window.session.plan.prompt == FREE_PROMPT,
                     timeout=30_000)  # the free app's own run (the lesson began before it had stepped)
     assert window.controls.prompt_edit.text() == FREE_PROMPT and window.session.steps_done == 0
@@ -254,8 +254,8 @@ max_new_tokens = 4
         assert panel.notes.isVisible() and "lecturer" in panel.notes.text()
         # a memory step opens View > Memory and points at it
         assert win.workspace.memory_view.isVisible() and win.actions["memory"].isChecked()
-        assert lesson.focus_target() is win.workspace.memory_view and lesson.memory_frame.isVisible()
-        frame, view = lesson.memory_frame.geometry(), win.workspace.memory_view
+        assert lesson.focus_target() is win.workspace.memory_view and lesson.focus.memory_frame.isVisible()
+        frame, view = lesson.focus.memory_frame.geometry(), win.workspace.memory_view
         assert frame.contains(view.mapTo(win.centralWidget(), view.rect().center()))
         qtbot.keyClick(win, Qt.Key.Key_PageDown)
         settle(qtbot, win)

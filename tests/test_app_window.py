@@ -293,7 +293,7 @@ def test_help_dialogs_and_export_hooks(qtbot, window):
 
 
 def test_export_dialog_gets_the_caption_and_the_step_from_the_run(qtbot, window, monkeypatch):
-    import kvviz.app.export.dialog as export  # where File > Export... finds the dialog
+    import kvviz.app.export.window_export as export  # where File > Export... finds the dialog
 
     opened = []
 

@@ -4,7 +4,8 @@
 - `render`: the views painted into PNG, SVG and PDF bytes, `export_widget`;
 - `svg_repair`: Qt's SVG output made viewer-proof;
 - `files`: formats, targets, `parse_formats`, `ExportError`, atomic writes;
-- `dialog`: `ExportDialog`, its remembered `ExportSettings`, and `export_from_window` (File > Export...);
+- `dialog`: `ExportDialog` and its remembered `ExportSettings`; `choices`: its menus, file names and sizes;
+- `window_export`: `export_from_window` (File > Export... from the main window) and where the file went;
 - `headless`: `run_export`, the `kvviz export` command;
 - `animation`: `run_animation` (`kvviz export --animate`) and `write_animation`, a GIF and an MP4 of a view
   step by step, through `encoders` (Pillow, PyAV);
@@ -24,7 +25,7 @@ from kvviz.app.export.animation import (
     write_animation,
 )
 from kvviz.app.export.caption import default_file_name, make_caption, shorten_caption
-from kvviz.app.export.dialog import ExportDialog, ExportSettings, export_from_window
+from kvviz.app.export.dialog import ExportDialog, ExportSettings
 from kvviz.app.export.files import (
     DEFAULT_PNG_WIDTH,
     FORMAT_FILTERS,
@@ -42,6 +43,7 @@ from kvviz.app.export.headless import ensure_application, run_export
 from kvviz.app.export.render import export_widget, png_size, render_png
 from kvviz.app.export.slide_layout import SLIDE_SIZE
 from kvviz.app.export.slides import DECK_NAME, LESSON_FORMATS, export_lesson, slide_file_name
+from kvviz.app.export.window_export import export_from_window
 
 __all__ = [
     "ANIMATION_FORMATS",

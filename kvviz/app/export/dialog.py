@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
-    QComboBox,
     QDialog,
     QDialogButtonBox,
     QFileDialog,
@@ -39,25 +37,30 @@ from kvviz.app.export.animation import (
     animation_file_name,
 )
 from kvviz.app.export.animation_panel import AnimationRows, write_with_progress
-from kvviz.app.export.caption import default_file_name, make_caption
+from kvviz.app.export.caption import default_file_name
+from kvviz.app.export.choices import (
+    ALL_FORMATS,
+    enable_item,
+    format_menu,
+    item_enabled,
+    named_for,
+    size_text,
+    suffix_format,
+    target_menu,
+)
 from kvviz.app.export.files import (
     DEFAULT_PNG_WIDTH,
     FORMAT_FILTERS,
     FORMAT_LABELS,
-    FORMATS,
     MAX_PNG_WIDTH,
     MIN_PNG_WIDTH,
     TARGET_LABELS,
-    TARGETS,
     ExportError,
 )
-from kvviz.app.export.render import Page, export_widget, png_size
+from kvviz.app.export.render import export_widget
 from kvviz.app.settings import SettingsFile, TypedSettings, app_settings, setting
 from kvviz.core.errors import KvvizError
 from kvviz.core.files import user_path
-
-if TYPE_CHECKING:
-    from kvviz.app.window.main_window import MainWindow
 
 
 @dataclass
@@ -72,10 +75,6 @@ class ExportSettings(TypedSettings):
     animation_width: int = setting("export/animation_width", DEFAULT_ANIMATION_WIDTH, MIN_PNG_WIDTH, MAX_PNG_WIDTH)
     fps: float = setting("export/fps", DEFAULT_FPS, 0.1, MAX_FPS)
     hold: float = setting("export/hold", DEFAULT_HOLD, 0.0, MAX_HOLD)
-
-
-ALL_FORMATS = (*FORMATS, *ANIMATION_FORMATS)
-NOTE_SECONDS = 8  # how long presenter mode's note says where an export went
 
 
 class ExportDialog(QDialog):
@@ -120,16 +119,8 @@ class ExportDialog(QDialog):
         self._width_kind: bool | None = None
         self.written: Path | None = None
 
-        self.target_box = QComboBox()
-        order = [k for k in TARGETS if k in targets] + [k for k in targets if k not in TARGETS]
-        for key in order:
-            self.target_box.addItem(TARGET_LABELS.get(key, key.capitalize()), key)
-        self.format_box = QComboBox()
-        for fmt in FORMATS:
-            self.format_box.addItem(f"{FORMAT_LABELS[fmt]} (.{fmt})", fmt)
-        for fmt in ANIMATION_FORMATS:
-            self.format_box.addItem(f"{ANIMATION_LABELS[fmt]} of the run (.{fmt})", fmt)
-            self._enable_item(self.format_box, fmt, self._animation is not None)
+        self.target_box = target_menu(targets)
+        self.format_box = format_menu(self._animation is not None)
         self.animation_rows = AnimationRows(self._animation.steps if self._animation is not None else 1,
                                             self._remembered.fps, self._remembered.hold, self)
         self.width_box = QSpinBox()
@@ -204,12 +195,6 @@ class ExportDialog(QDialog):
     def animation_spec(self) -> AnimationSpec:
         return self.animation_rows.spec(self.width_box.value(), self.caption_box.isChecked())
 
-    @staticmethod
-    def _enable_item(box: QComboBox, key: str, enabled: bool) -> None:
-        item = box.model().item(box.findData(key))
-        flags = item.flags()
-        item.setFlags(flags | Qt.ItemFlag.ItemIsEnabled if enabled else flags & ~Qt.ItemFlag.ItemIsEnabled)
-
     def path(self) -> Path:
         """The path typed, `~` expanded; as typed where that fails (the export then says why)."""
         text = self.path_edit.text().strip()
@@ -264,7 +249,7 @@ class ExportDialog(QDialog):
         animatable = self._animation.targets if self._animation is not None else ()
         for index in range(self.target_box.count()):
             key = self.target_box.itemData(index)
-            self._enable_item(self.target_box, key, not animating or key in animatable)
+            enable_item(self.target_box, key, not animating or key in animatable)
         if animating and self.target() not in animatable:
             self.target_box.setCurrentIndex(self.target_box.findData("view" if "view" in animatable else animatable[0]))
 
@@ -274,9 +259,8 @@ class ExportDialog(QDialog):
             self.path_edit.setText(str(self._default_path()))
         else:
             path = self.path()
-            if path.name and path.suffix.lower().lstrip(".") != self.image_format():
-                stem = path.stem if path.suffix.lower().lstrip(".") in ALL_FORMATS else path.name
-                self.path_edit.setText(str(path.with_name(f"{stem}.{self.image_format()}")))
+            if path.name and suffix_format(path) != self.image_format():
+                self.path_edit.setText(str(named_for(path, self.image_format())))
         self._update_size_label()
 
     def _on_animation_changed(self) -> None:
@@ -285,18 +269,10 @@ class ExportDialog(QDialog):
         self._update_size_label()
 
     def _update_size_label(self, *_args) -> None:
-        widget = self._targets[self.target()]
         caption = self._caption if self.caption_box.isChecked() else None
-        if self.animating():
-            spec = self.animation_spec()
-            self.size_label.setText(f"\u2192 {spec.width} px wide, {spec.frames} frame{'s' * (spec.frames != 1)}, "
-                                    f"{spec.frames / spec.fps + spec.hold:.1f} s")
-        elif self.image_format() == "png":
-            size = png_size(widget, self.width_box.value(), caption)
-            self.size_label.setText(f"\u2192 {size.width()} \u00d7 {size.height()} px")
-        else:
-            page = Page(widget, caption)
-            self.size_label.setText(f"vector, {round(page.width)} \u00d7 {round(page.height)} at the window's scale")
+        spec = self.animation_spec() if self.animating() else None
+        self.size_label.setText(size_text(self._targets[self.target()], self.image_format(), self.width_box.value(),
+                                          caption, spec))
 
     def _on_path_edited(self, _text: str) -> None:
         self._auto_name = False
@@ -312,8 +288,8 @@ class ExportDialog(QDialog):
         path = Path(chosen)
         if not path.suffix:
             path = path.with_suffix(f".{fmt}")
-        suffix = path.suffix.lower().lstrip(".")
-        if suffix in ALL_FORMATS and suffix != fmt and self._format_enabled(suffix):
+        suffix = suffix_format(path)
+        if suffix in ALL_FORMATS and suffix != fmt and item_enabled(self.format_box, suffix):
             self.format_box.setCurrentIndex(self.format_box.findData(suffix))
         self._auto_name = False
         self.path_edit.setText(str(path))
@@ -331,8 +307,8 @@ class ExportDialog(QDialog):
             return
         if not path.suffix:
             path = path.with_suffix(f".{self.image_format()}")
-        suffix = path.suffix.lower().lstrip(".")
-        if suffix in ALL_FORMATS and suffix != self.image_format() and self._format_enabled(suffix):
+        suffix = suffix_format(path)
+        if suffix in ALL_FORMATS and suffix != self.image_format() and item_enabled(self.format_box, suffix):
             self._auto_name = False  # a typed .pdf wins over the menu
             self.format_box.setCurrentIndex(self.format_box.findData(suffix))
         if path.exists() and self._confirmed_overwrite != path:
@@ -362,9 +338,6 @@ class ExportDialog(QDialog):
             view = view[0].lower() + view[1:]
         return f"the {view} ({({**FORMAT_LABELS, **ANIMATION_LABELS})[self.image_format()]})"
 
-    def _format_enabled(self, fmt: str) -> bool:
-        return bool(self.format_box.model().item(self.format_box.findData(fmt)).flags() & Qt.ItemFlag.ItemIsEnabled)
-
     def _export_animation(self, path: Path) -> bool:
         """Write the animation to `path` under a progress dialog; False when it failed or was cancelled
         (nothing written either way)."""
@@ -378,46 +351,3 @@ class ExportDialog(QDialog):
     def _fail(self, sentence: str) -> None:
         QMessageBox.warning(self, "Export failed", sentence)
 
-
-def export_from_window(window: MainWindow) -> None:
-    """File > Export...: pause the run, draw its latest state, and open the dialog on what the window shows,
-    captioned with the run's prompt, model and step."""
-    session = window.session
-    session.pause()
-    window.redraw()
-    plan, record, info = session.plan, session.last_record, session.model_info
-    step = record.step + 1 if record is not None else None
-    dtype = info.dtype if info else None
-    caption = make_caption(plan.prompt if plan else window.controls.prompt_edit.text(),
-                           info.name if info else "no model", step, record.new_tokens if record else None,
-                           plan.use_cache if plan else None, compare=plan is not None and plan.twin is not None,
-                           cache_broken=plan is not None and plan.cache_broken, dtype=dtype)
-    animation = AnimationSource(plan, tuple(window.records), dtype) if plan is not None and window.records else None
-    dialog = ExportDialog(window.export_targets(), caption, window, step=step, animation=animation)
-    if dialog.exec() == QDialog.DialogCode.Accepted and dialog.written is not None:
-        say_where(window, dialog.written_as(), dialog.written)
-
-
-def say_where(window: MainWindow, what: str, path: Path) -> None:
-    """Tell the window's user where an export went: on the status line until the run moves on, and in presenter
-    mode, where the status bar is hidden, in a note over the bottom of the window for NOTE_SECONDS (over the
-    views, not among them: showing and hiding it moves nothing)."""
-    message = f"Exported {what} to {path}"
-    window.status.show_message(message, sticky=False)
-    if window.statusBar().isVisible():
-        return
-    note = QLabel(message, window)
-    note.setObjectName("banner")  # the banner's look (kvviz.qss)
-    note.setProperty("alert", "false")
-    note.ensurePolished()  # the style sheet's font (presenter mode's size) before measuring
-    margin = 12
-    room = window.width() - 2 * margin
-    if note.sizeHint().width() > room:  # one line when it fits, else wrapped to the window's width
-        note.setWordWrap(True)
-        note.setFixedWidth(room)
-    note.adjustSize()
-    note.move(margin, window.height() - note.height() - margin)
-    note.show()
-    note.raise_()
-    window.export_note = note
-    QTimer.singleShot(round(NOTE_SECONDS * 1000), note, note.deleteLater)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, QSignalBlocker, QTimer
+from PySide6.QtCore import QObject, QSignalBlocker
 from PySide6.QtWidgets import QWidget
 
-from kvviz.app.lesson.panel import FocusFrame, LessonPanel
+from kvviz.app.lesson.focus import LessonFocus
+from kvviz.app.lesson.panel import LessonPanel
 from kvviz.app.theme import Theme
 from kvviz.app.window.actions import set_lesson_keys
 from kvviz.app.window.dialogs import show_error
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from kvviz.app.window.main_window import MainWindow
 
 BUILTIN = ("", "builtin")  # lesson sources that mean the built-in lesson
-SPEED_SWEEP_DELAY_MS = 4000
 
 
 def lesson_path(source: str) -> str | None:
@@ -54,23 +54,18 @@ class LessonMode(QObject):
         super().__init__(window)
         self._window = window
         self.panel = panel
-        self.frame = FocusFrame(window.run_view.parentWidget())
-        self.memory_frame = FocusFrame(window.centralWidget())  # the memory view is a column beside the views
-        self._memory_view_opened = False  # by a memory step, which closes it again when the lesson moves on
-        self._speed_view_opened = False  # by a speed step, likewise
-        self._speed_timer = QTimer(self, singleShot=True, interval=SPEED_SWEEP_DELAY_MS, timeout=self._prepare_speed)
+        self.focus = LessonFocus(window.workspace, window.centralWidget(), lambda: window.actions["memory"],
+                                 window.speed, lambda: window.show_speed(activate=False), window.session, self)
         self.source = source  # what L opens: the lesson given at launch, else the built-in one
         self.lesson: Lesson | None = None
         self.active = False
         self.slide = 0
         self.measured: float | None = None  # the current slide's measured answer, once it is in
         self._guesses: dict[int, str] = {}  # step index -> the audience's guess
-        self._records: dict[int, StepRecord] = {}  # new_tokens -> the latest record at that count, current run
         self._revealing = False  # waiting for the record that answers the question
         self._model_asked: str | None = None
         self._free: FreeApp | None = None  # the free app's state while a lesson is on
         s = window.session
-        s.run_started.connect(self._on_run_started)
         s.record_computed.connect(self._on_record_computed)
         s.model_loaded.connect(self._on_model_loaded)
         window.speed.sweeper.finished.connect(self._on_speed_measured)
@@ -89,6 +84,7 @@ class LessonMode(QObject):
             self._show_active(False)
             return False
         self.lesson, self.slide, self._guesses = lesson, 0, {}
+        self.focus.lesson = lesson
         self.source = source
         self.start()
         return True
@@ -114,7 +110,7 @@ class LessonMode(QObject):
         self.panel.show()
         self._on_placed(self.panel.beside)
         self._show_active(True)
-        self._speed_timer.start()
+        self.focus.start_sweep_soon()
         self._show_slide(forward=False)
 
     def stop(self) -> None:
@@ -127,11 +123,7 @@ class LessonMode(QObject):
         set_lesson_keys(w.actions, False)
         self.panel.hide()
         w.controls.show()
-        self.frame.frame(None)
-        self.memory_frame.frame(None)
-        self._show_memory_view(False)
-        self._show_speed_view(False)
-        self._speed_timer.stop()
+        self.focus.clear()
         self._show_active(False)
         w.focus_grid()
         self._restore_free_app()
@@ -199,7 +191,7 @@ class LessonMode(QObject):
         self.measured = None
         self._revealing = revealed
         self._set_controls(step)
-        self._frame_focus(step)
+        self.focus.point_at(step)
         w.focus_grid()  # the keys step the lesson and the run, none of them types
         if step.question and not revealed:
             self.panel.focus_guess()  # ... but digits go into the guess (GuessEdit passes the other keys on)
@@ -234,7 +226,7 @@ class LessonMode(QObject):
         s = self._window.session
         if not (self._plan_is(s.plan, step) and s.can_step and s.steps_done == step.advance_to):
             return False
-        return step.advance_to == 0 or step.advance_to in self._records
+        return step.advance_to == 0 or s.record_at(step.advance_to) is not None
 
     @staticmethod
     def _plan_is(plan: RunPlan | None, step: LessonStep) -> bool:
@@ -252,69 +244,19 @@ class LessonMode(QObject):
             with QSignalBlocker(actions[name]):
                 actions[name].setChecked(on)
 
-    def _frame_focus(self, step: LessonStep) -> None:
-        w = self._window
-        self._show_memory_view(step.focus == "memory")
-        self._show_speed_view(step.focus == "speed")
-        self.memory_frame.frame(w.workspace.memory_view if step.focus == "memory" else None)
-        if step.focus in ("all", "memory", "speed"):
-            target = None
-        elif step.compare:
-            compare = w.workspace.compare_view
-            target = {"grid": compare.grid_splitter, "chart": compare.time_plot, "counter": compare.counts}[step.focus]
-        else:
-            target = {"grid": w.grid, "chart": w.chart, "counter": w.counter}[step.focus]
-        self.frame.frame(target)
-
-    def _show_memory_view(self, on: bool) -> None:
-        """A memory step opens View > Memory; the next step closes it again if the lesson opened it."""
-        action = self._window.actions["memory"]
-        if on and not action.isChecked():
-            action.setChecked(True)
-            self._memory_view_opened = True
-        elif not on and self._memory_view_opened:
-            self._memory_view_opened = False
-            action.setChecked(False)
-
-    def _show_speed_view(self, on: bool) -> None:
-        """A speed step shows View > Speed; the next step closes it again if the lesson opened it."""
-        speed = self._window.speed
-        if on and not speed.isVisible():
-            self._prepare_speed()
-            self._window.show_speed(activate=False)  # the clicker's keys go on driving the lesson
-            self._speed_view_opened = speed.isVisible()
-        elif not on and self._speed_view_opened:
-            self._speed_view_opened = False
-            speed.close()
-
-    def _prepare_speed(self) -> None:
-        """Start the speed sweep of the loaded model in the background, once, when a step of the lesson shows
-        or says the speed: it is measured while the earlier steps play (from SPEED_SWEEP_DELAY_MS after the
-        lesson starts or its model loads, when the first step's run has had the machine)."""
-        info, s = self._window.session.model_info, self._window.session
-        if info is not None and self.lesson is not None and any(step.needs_speed for step in self.lesson.steps):
-            self._window.speed.prepare(s.source or "", info.dtype, info.name)
-
     def _on_speed_measured(self, _result: object) -> None:
         if self.active and self.step is not None and self.step.needs_speed:
             self._show_step_text()
 
     def set_theme(self, chosen: Theme) -> None:
-        for frame in (self.frame, self.memory_frame):
-            frame.set_theme(chosen)
+        self.focus.set_theme(chosen)
 
     def focus_target(self) -> QWidget | None:
         """The view the current step points at (None: all of them)."""
-        if not self.active:
-            return None
-        return self.memory_frame.target or self.frame.target
+        return self.focus.target if self.active else None
 
     # ----- the session -----
-    def _on_run_started(self, _plan: RunPlan) -> None:
-        self._records = {}
-
     def _on_record_computed(self, record: StepRecord) -> None:
-        self._records[record.new_tokens] = record
         step, plan = self.step, self._window.session.plan
         if not (self.active and self._revealing and step is not None and step.question
                 and record.new_tokens == step.advance_to + 1 and self._plan_is(plan, step)):
@@ -322,14 +264,14 @@ class LessonMode(QObject):
         if record.token_id is not None and plan.pass_follows_in_step(record):
             return  # the last token: the pass that fills the cache belongs to the step, and the answer is after it
         self._revealing = False
-        previous = self._records.get(step.advance_to)  # None at the first step
+        previous = self._window.session.record_at(step.advance_to)  # None at the first step
         self.measured = measured_answer(step.question, previous, record)
         self.panel.set_answer(format_answer(step.question, self.measured))
 
     def _on_model_loaded(self, _info: ModelInfo) -> None:
         self._model_asked = None
         if self.active:
-            self._speed_timer.start()
+            self.focus.start_sweep_soon()
             self._start_run()  # the step's state on the model just loaded
 
     def _on_guess_edited(self, text: str) -> None:

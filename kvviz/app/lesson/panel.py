@@ -3,75 +3,22 @@ the measured answer, the lecturer's notes; and the frame that points the audienc
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
-from PySide6.QtCore import QEvent, QObject, QRect, QRegularExpression, Qt, Signal
-from PySide6.QtGui import (
-    QAction,
-    QColor,
-    QFont,
-    QKeyEvent,
-    QPainter,
-    QPaintEvent,
-    QPen,
-    QRegularExpressionValidator,
-    QShowEvent,
-)
-from PySide6.QtWidgets import (
-    QBoxLayout,
-    QFrame,
-    QGridLayout,
-    QHBoxLayout,
-    QLabel,
-    QLineEdit,
-    QSizePolicy,
-    QSpacerItem,
-    QToolButton,
-    QWidget,
-)
+from PySide6.QtCore import QEvent, QObject, QRect, Qt, Signal
+from PySide6.QtGui import QAction, QColor, QFont, QPainter, QPaintEvent, QPen, QShowEvent
+from PySide6.QtWidgets import QBoxLayout, QFrame, QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QSpacerItem, QWidget
 
 from kvviz.app import theme as themes
+from kvviz.app.lesson.guess_edit import GuessEdit
+from kvviz.app.lesson.notes import LessonNotes
+from kvviz.app.lesson.sizing import STRIP_FONT, column_width, fits_beside
+from kvviz.app.lesson.step_text import answer_line, keep_together, step_position
 from kvviz.app.theme import Theme
 from kvviz.core.lesson import LessonStep
 
-GUESS_PATTERN = r"([0-9][0-9 ,.\x{2009}]{0,15}x?)?"  # empty, 90, 6.8, 6.8x, 36,864
-GUESS_CHARACTERS = "0123456789,.x"  # what typing puts into the guess field; other keys reach the shortcuts
-GUESS_EDIT_KEYS = (Qt.Key.Key_Backspace, Qt.Key.Key_Delete, Qt.Key.Key_Home, Qt.Key.Key_End, Qt.Key.Key_Return,
-                   Qt.Key.Key_Enter)
-WORD_JOINER = "\u2060"  # no line break on either side
-SLASH_IN_A_WORD = re.compile(r"(?<=\S)/(?=\S)")
 FRAME_WIDTH = 3  # pixels
-PANEL_WIDTH = 330  # pixels at zoom 1
-PANEL_SHARE = 0.3  # of the window's width, at most
-VIEWS_MIN_WIDTH = 760  # pixels at zoom 1 the views keep beside the column (the chart's plots and the counter)
-OUTER_MARGINS = 24  # the window's margins and the spacing between the views and the column
-STRIP_FONT = 0.92  # a strip's fonts, relative to a column's: the views below it keep their height
 QWIDGETSIZE_MAX = (1 << 24) - 1
-
-
-def keep_together(text: str) -> str:
-    """`text` with no line break after a slash inside a word: "K/V" never wraps as "K/" and "V", nor
-    "N(N\u22121)/2" after its slash (a word joiner follows the slash; it has no width and draws nothing)."""
-    return SLASH_IN_A_WORD.sub("/" + WORD_JOINER, text)
-
-
-class GuessEdit(QLineEdit):
-    """The guess field: digits, separators and the editing keys go in; every other key (Space, letters, the
-    lesson's arrows, Esc) goes on to the window's shortcuts, so a question's focused field swallows none."""
-
-    def event(self, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.ShortcutOverride and not self._takes(event):
-            event.ignore()  # the shortcut, if any, fires
-            return True
-        return super().event(event)
-
-    @staticmethod
-    def _takes(event: QKeyEvent) -> bool:
-        if event.modifiers() & (Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.MetaModifier):
-            return True  # copy, paste, undo, select all: QLineEdit decides
-        text = event.text()
-        return event.key() in GUESS_EDIT_KEYS or (len(text) == 1 and text in GUESS_CHARACTERS)
 
 
 class LessonPanel(QFrame):
@@ -104,8 +51,6 @@ class LessonPanel(QFrame):
         self._last = False  # the lesson's last slide: no "next" hint
         self._precision = ""  # shown in a strip, where the run controls (and their precision) are hidden
         self._step_position = ""
-        self._notes_shown = False
-        self._notes_action: QAction | None = None
         self._watched_window: QWidget | None = None
         self._columns_beside = 0  # pixels other columns beside the views take (the memory view)
         self._above: tuple[QBoxLayout, int] | None = None  # where the strip goes: (layout, index)
@@ -121,13 +66,8 @@ class LessonPanel(QFrame):
         self.title.setWordWrap(True)
         self.position = QLabel()
         self.position.setObjectName("muted")
-        self.notes_button = QToolButton()
-        self.notes_button.setText("notes")
-        self.notes_button.setCheckable(True)
-        self.notes_button.setChecked(False)
-        self.notes_button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
-        self.notes_button.setToolTip("Show or hide the lecturer's notes (N; hidden again in presenter mode)")
-        self.notes_button.toggled.connect(self._on_notes_toggled)
+        self._notes = LessonNotes()
+        self.notes_button = self._notes.button
         self.text = QLabel()
         self.text.setWordWrap(True)
         self.question = QLabel()
@@ -135,10 +75,6 @@ class LessonPanel(QFrame):
         self.guess_label = QLabel("your guess")
         self.guess_label.setObjectName("muted")
         self.guess_edit = GuessEdit()
-        self.guess_edit.setPlaceholderText("?")
-        self.guess_edit.setAlignment(Qt.AlignmentFlag.AlignRight)
-        self.guess_edit.setValidator(QRegularExpressionValidator(QRegularExpression(GUESS_PATTERN), self.guess_edit))
-        self.guess_edit.setToolTip("The audience's guess (optional): type it, then Enter or Page Down measures")
         self.guess_edit.returnPressed.connect(self.guess_entered)
         self.guess_edit.textEdited.connect(self._on_guess_edited)
         self.guess_label.setBuddy(self.guess_edit)
@@ -146,9 +82,7 @@ class LessonPanel(QFrame):
         self.answer.setObjectName("answer")
         self.hint = QLabel()  # after the reveal: the key that goes on
         self.hint.setObjectName("muted")
-        self.notes = QLabel()
-        self.notes.setObjectName("muted")
-        self.notes.setWordWrap(True)
+        self.notes = self._notes.label
 
         self.grid = QGridLayout(self)
         self.grid.setHorizontalSpacing(10)
@@ -158,8 +92,7 @@ class LessonPanel(QFrame):
     def show_step(self, step: LessonStep, number: int, count: int, revealed: bool, guess: str = "") -> None:
         """Show `step`, number `number` of `count`; its question without the answer yet (set_answer adds it)."""
         self.title.setText(keep_together(step.title))
-        last = " \u00b7 the last" if number == count else ""
-        self._step_position = f"step {number} of {count}{last}"
+        self._step_position = step_position(number, count)
         self._show_position()
         self.text.setText(keep_together(step.text))
         self.question.setText(keep_together(step.question_text))
@@ -169,9 +102,7 @@ class LessonPanel(QFrame):
         self.guess_edit.setText(guess)
         self._measured, self._measuring = None, revealed
         self._show_answer()
-        self.notes.setText(keep_together(step.notes))
-        self.notes_button.setVisible(bool(step.notes))
-        self._on_notes_toggled(self._notes_shown)
+        self._notes.set_text(keep_together(step.notes))
 
     def set_answer(self, measured: str | None) -> None:
         """The measured answer (format_answer's text), shown with the guess; None: not measured."""
@@ -206,14 +137,8 @@ class LessonPanel(QFrame):
 
     def _show_answer(self) -> None:
         measured = self._measured is not None
-        if measured:
-            guess = self.guess()
-            text = f"you said {guess} \u00b7 measured {self._measured}" if guess else f"measured {self._measured}"
-            self.answer.setObjectName("answer")
-        else:
-            text = "measuring\u2026" if self._measuring else "Enter or Page Down: measure"
-            self.answer.setObjectName("muted")
-        self.answer.setText(text)
+        self.answer.setObjectName("answer" if measured else "muted")
+        self.answer.setText(answer_line(self.guess(), self._measured, self._measuring))
         self.answer.setFont(self._font(14.0, bold=True) if measured else self._font(11.0))
         self.answer.setVisible(self._has_question)
         asking = self._has_question and not measured
@@ -230,32 +155,16 @@ class LessonPanel(QFrame):
     # ----- notes -----
     @property
     def notes_shown(self) -> bool:
-        return self._notes_shown
+        return self._notes.shown
 
     def set_notes_action(self, action: QAction) -> None:
         """Let `action` (checkable: Help > Lesson notes, N) show and hide the notes; the notes button
         becomes its button."""
-        if action is self._notes_action:
-            return
-        self._notes_action = action
-        action.setIconText("notes")
-        action.setToolTip(self.notes_button.toolTip())
-        self.notes_button.toggled.disconnect(self._on_notes_toggled)
-        self.notes_button.setDefaultAction(action)
-        action.toggled.connect(self._on_notes_toggled)
-        self._on_notes_toggled(action.isChecked())
+        self._notes.set_action(action)
 
     def set_notes_shown(self, shown: bool) -> None:
         """Show or hide the notes (presenter mode hides them; N or the notes button shows them again)."""
-        if self._notes_action is not None:
-            self._notes_action.setChecked(shown)
-        else:
-            self.notes_button.setChecked(shown)
-        self._on_notes_toggled(shown)
-
-    def _on_notes_toggled(self, shown: bool) -> None:
-        self._notes_shown = shown
-        self.notes.setVisible(shown and bool(self.notes.text()))
+        self._notes.set_shown(shown)
 
     # ----- where it goes -----
     def set_places(self, above: QBoxLayout, index: int, beside: QBoxLayout) -> None:
@@ -287,11 +196,8 @@ class LessonPanel(QFrame):
     def _fit(self) -> None:
         """A column beside the views when they keep the width they need beside it, else a strip above them."""
         window_width = self.window().width() if self.window() is not self else 0
-        width = round(PANEL_WIDTH * self._font_scale)
-        if window_width:
-            width = min(width, round(PANEL_SHARE * window_width))
-        views = window_width - width - self._columns_beside - OUTER_MARGINS
-        beside = not window_width or views >= VIEWS_MIN_WIDTH * self._font_scale
+        width = column_width(self._font_scale, window_width)
+        beside = fits_beside(window_width, width, self._columns_beside, self._font_scale)
         if beside != self.beside and self._above is not None and self._beside is not None:
             above, index = self._above
             (above if self.beside is False else self._beside).removeWidget(self)

@@ -43,7 +43,7 @@ class RunSession(QObject):
         self.source: str | None = None  # of the loaded model
         self.dtype = "float32"  # the precision of the last load asked for
         self.plan: RunPlan | None = None
-        self.last_record: StepRecord | None = None
+        self.records: list[StepRecord] = []  # the current run's, in order: its one history
         self.playing = False
         self.finished = False
         self._pending_loads: list[str] = []
@@ -77,6 +77,15 @@ class RunSession(QObject):
     @property
     def can_reset(self) -> bool:
         return self.model_info is not None and not self.loading
+
+    @property
+    def last_record(self) -> StepRecord | None:
+        """The current run's latest record."""
+        return self.records[-1] if self.records else None
+
+    def record_at(self, new_tokens: int) -> StepRecord | None:
+        """The current run's latest record with `new_tokens` tokens generated, if it has come."""
+        return next((r for r in reversed(self.records) if r.new_tokens == new_tokens), None)
 
     @property
     def steps_done(self) -> int:
@@ -120,7 +129,7 @@ class RunSession(QObject):
         self._take_pending(source)
         self._deferred_run = None
         self.source, self.model_info = source, info
-        self.plan, self.last_record = None, None
+        self.plan, self.records = None, []
         worker_thread_guards.settle()
         self.model_loaded.emit(info)
         self.state_changed.emit()
@@ -165,7 +174,7 @@ class RunSession(QObject):
         self._replay_target = replay_to
         self._steps_requested = 0
         self.finished = False
-        self.plan, self.last_record = None, None
+        self.plan, self.records = None, []
         self.controller.start_run(dataclasses.replace(request, run_id=self._run_id))
         self.state_changed.emit()
 
@@ -219,7 +228,7 @@ class RunSession(QObject):
     def _on_step_computed(self, run_id: int, record: StepRecord) -> None:
         if run_id != self._run_id:
             return
-        self.last_record = record
+        self.records.append(record)
         if record.token_id is not None:
             self._steps_requested = max(self._steps_requested, record.new_tokens)
         self.record_computed.emit(record)

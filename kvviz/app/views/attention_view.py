@@ -2,150 +2,31 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFont, QFontMetrics, QHideEvent, QPainter, QPaintEvent, QResizeEvent, QShowEvent
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QFont, QFontMetrics, QHideEvent, QResizeEvent, QShowEvent
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.attention_state import TOP_POSITIONS, AttentionState, tops_text
-from kvviz.app.views.base import CellTooltips, cache_axes, cell_plot, style_plot
+from kvviz.app.views.attention_state import AttentionState
+from kvviz.app.views.attention_strip import align_columns, draw_strip, outline_head, strip_plot
+from kvviz.app.views.base import CellTooltips, style_plot
 from kvviz.app.views.grid.kv_grid import least_plot_height, least_row_height
+from kvviz.app.views.head_box import ALL_HEADS, HeadBox
 from kvviz.app.views.live_label import LiveLabel
+from kvviz.app.views.strip_image import head_ticks
+from kvviz.app.views.text_pacer import TextPacer
+from kvviz.app.views.top_list import TopList
 from kvviz.core.records import RunPlan, StepRecord
 
 STRIP_MIN_HEIGHT = 70  # pixels at zoom 1
 STRIP_ROW_EXTRA = 1.15  # a head's row, against the K/V grid's least row: taller, for the back of the room
 STRIP_ROWS_KEPT = 8  # heads whose rows keep their least height; a model with more shares that room
-ALL_HEADS = -1
 TEXT_UPDATES_PER_SECOND = 5
-TOKEN_ROOM = "wwwwww"  # a token in the top list is cut to this text's width
-MAX_CELL_PIXELS = 16  # a weight's square in the strip's image, at most (a 1-pixel gap line from 4 pixels)
-_SHADES: dict[tuple[str, int], np.ndarray] = {}
-
-
-def shade_table(theme: Theme, steps: int = 256) -> np.ndarray:
-    """(steps, 4) RGBA colours from weight 0 to the strip's largest weight: matplotlib's perceptual "inferno"
-    ramp, its dark end at 0 on a dark background and its pale end at 0 on a light one. The heaviest weight
-    stands out from the background by 16:1 (dark theme) or 20:1 (light), half of it from the heaviest by more
-    than 2.5:1, and hue as well as lightness tells the weights apart."""
-    key = (theme.background, steps)
-    if key not in _SHADES:
-        t = np.linspace(0.0, 1.0, steps) ** 0.75  # small weights stay visible
-        light = QColor(theme.background).lightnessF() > 0.5
-        positions = 0.97 - 0.92 * t if light else 0.22 + 0.78 * t
-        _SHADES[key] = pg.colormap.get("inferno").map(positions, mode="byte").astype(np.uint8)
-    return _SHADES[key]
-
-
-class TopList(QWidget):
-    """Each head's heaviest positions, in cells of aligned columns: "h0:", then per position its token, "@" its
-    position and its weight. A line holds as many heads' cells as its width does, so no line wraps; the height
-    is kept for every head of the run (`reserve`), so new weights never relayout the window. `text()` gives the
-    same as plain text."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._tops: list[tuple[int, list[tuple[str, int, float]]]] = []
-        self._heads, self._width = 1, 10  # reserved: cells, and positions (for the widest "@12")
-        self._theme = themes.current()
-        self._columns: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)  # head, token, position, weight, gap
-        policy = QSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)  # its height: for its width
-        policy.setHeightForWidth(True)
-        self.setSizePolicy(policy)
-        self._measure()
-
-    def reserve(self, heads: int, width: int) -> None:
-        """Room for `heads` heads' cells and positions up to `width`."""
-        if (heads, width) != (self._heads, self._width):
-            self._heads, self._width = max(1, heads), max(1, width)
-            self._measure()
-            self.updateGeometry()
-
-    def set_tops(self, tops: list[tuple[int, list[tuple[str, int, float]]]]) -> None:
-        """(head, [(token, position, weight)]) per head shown, heaviest first."""
-        self._tops = tops
-        self.update()
-
-    def set_theme(self, theme: Theme) -> None:
-        self._theme = theme
-        self.update()
-
-    def text(self) -> str:
-        return tops_text(self._tops)
-
-    def _measure(self) -> None:
-        metrics = QFontMetrics(self.font())
-        space = metrics.horizontalAdvance(" ")
-        self._columns = (metrics.horizontalAdvance(f"h{self._heads - 1}:") + space,
-                         metrics.horizontalAdvance(TOKEN_ROOM),
-                         metrics.horizontalAdvance(f" @{self._width - 1}"),
-                         metrics.horizontalAdvance(" 0.00"),
-                         2 * space,  # between a head's positions
-                         5 * space)  # between heads
-
-    def _cell_width(self, token: int | None = None) -> int:
-        head, token_w, position, weight, entry_gap, _gap = self._columns
-        return head + TOP_POSITIONS * ((token_w if token is None else token) + position + weight + entry_gap)
-
-    def _per_line(self, width: int) -> int:
-        return max(1, (width + self._columns[5]) // (self._cell_width() + self._columns[5]))
-
-    def _line_height(self) -> int:
-        return QFontMetrics(self.font()).lineSpacing()
-
-    def hasHeightForWidth(self) -> bool:
-        return True
-
-    def heightForWidth(self, width: int) -> int:
-        lines = -(-self._heads // self._per_line(width))
-        return lines * self._line_height()
-
-    def sizeHint(self) -> QSize:
-        width = (self._cell_width() + self._columns[5]) * min(self._heads, 3)
-        return QSize(width, self.heightForWidth(width))
-
-    def minimumSizeHint(self) -> QSize:
-        return QSize(80, self._line_height())  # the height for its width: AttentionView.minimumSizeHint
-
-    def changeEvent(self, event) -> None:
-        super().changeEvent(event)
-        if event.type() == event.Type.FontChange:
-            self._measure()
-            self.updateGeometry()
-
-    def paintEvent(self, event: QPaintEvent) -> None:
-        painter = QPainter(self)
-        metrics = painter.fontMetrics()
-        head_w, token_w, position_w, weight_w, entry_gap, gap = self._columns
-        short = self._cell_width() - self.width()
-        if short > 0:  # a narrow view: the tokens give up room, each column stays apart
-            token_w = max(metrics.horizontalAdvance("ww"), token_w - short // TOP_POSITIONS)
-        cell = self._cell_width(token_w)
-        per_line, line = self._per_line(self.width()), self._line_height()
-        left = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
-        right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
-        ink, muted = QColor(self._theme.foreground), QColor(self._theme.muted)
-        for index, (head, tops) in enumerate(self._tops):
-            x, y = (index % per_line) * (cell + gap), (index // per_line) * line
-            painter.setPen(muted)
-            painter.drawText(QRectF(x, y, head_w, line), left, f"h{head}:")
-            x += head_w
-            for token, position, weight in tops:  # "·flies @1 0.52": the token set against its position
-                painter.setPen(ink)
-                painter.drawText(QRectF(x, y, token_w, line), right,
-                                 metrics.elidedText(token, Qt.TextElideMode.ElideRight, token_w))
-                painter.setPen(muted)
-                painter.drawText(QRectF(x + token_w, y, position_w, line), left, f" @{position}")
-                painter.setPen(ink)
-                painter.drawText(QRectF(x + token_w + position_w, y, weight_w, line), right, f"{weight:.2f}")
-                x += token_w + position_w + weight_w + entry_gap
-        painter.end()
 
 
 class AttentionView(QWidget):
@@ -169,11 +50,7 @@ class AttentionView(QWidget):
         self._plan: RunPlan | None = None
         self._state = AttentionState()  # the run's latest attention and tokens
         self._dirty = False
-        self._texts_dirty = False
-        self._texts_shown_at = 0.0
-        self._texts_timer = QTimer(self)
-        self._texts_timer.setSingleShot(True)
-        self._texts_timer.timeout.connect(self._refresh_texts)
+        self._texts = TextPacer(self._show_texts, TEXT_UPDATES_PER_SECOND, self)  # the heading and the top list
         self._layer = 0
         self._head = ALL_HEADS
         self._strip = np.zeros((1, 1), dtype=np.float32)  # (heads, width) of the shown layer
@@ -187,9 +64,7 @@ class AttentionView(QWidget):
         self.layer_spin.setRange(0, 0)
         self.layer_spin.setToolTip("The layer shown (or click a row of the K/V grid)")
         self.layer_spin.valueChanged.connect(self._on_layer_spin)
-        self.head_box = QComboBox()
-        self.head_box.addItem("all heads", ALL_HEADS)
-        self.head_box.setToolTip("Outline one head and list its top positions")
+        self.head_box = HeadBox()
         self.head_box.currentIndexChanged.connect(self._on_head_box)
         self.layer_label = QLabel("layer")
         self._controls = controls = QHBoxLayout()
@@ -199,14 +74,7 @@ class AttentionView(QWidget):
         controls.addWidget(self.layer_spin, 0, Qt.AlignmentFlag.AlignTop)
         controls.addWidget(self.head_box, 0, Qt.AlignmentFlag.AlignTop)
 
-        self.plot_widget, self.plot_item, self.image_item = cell_plot(STRIP_MIN_HEIGHT)
-        self.head_outline = pg.QtWidgets.QGraphicsRectItem()
-        self.head_outline.setZValue(10)
-        self.head_outline.hide()
-        self.plot_item.addItem(self.head_outline)
-        self.plot_item.setLabel("left", "head")
-        self.plot_item.getAxis("bottom").setStyle(showValues=False)
-        cache_axes(self.plot_item)
+        self.plot_widget, self.plot_item, self.image_item, self.head_outline = strip_plot(STRIP_MIN_HEIGHT)
         self.plot_item.getViewBox().sigResized.connect(self._label_heads)  # how many head labels fit
         self.plot_item.getAxis("bottom").geometryChanged.connect(self._fit_height)
         self.tooltips = CellTooltips(self.plot_widget, self.plot_item, self.cell_info)  # (head, position)
@@ -221,12 +89,12 @@ class AttentionView(QWidget):
         layout.addWidget(self.top_list)
         self._apply_theme()
         self._apply_fonts()
-        self._show_heading()
+        self.heading.setText(self._state.heading(self._layer))
 
     # ----- the view protocol -----
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
-        self._texts_shown_at = 0.0  # a new run's texts show at once
+        self._texts.show_next_at_once()  # a new run's texts show at once
         self._state = AttentionState(plan)
         heads = max(1, plan.n_head)
         self.layer_spin.blockSignals(True)
@@ -234,14 +102,8 @@ class AttentionView(QWidget):
         self._layer = min(self._layer, plan.n_layer - 1)
         self.layer_spin.setValue(self._layer)
         self.layer_spin.blockSignals(False)
-        if self.head_box.count() != heads + 1:
-            self.head_box.blockSignals(True)
-            self.head_box.clear()
-            self.head_box.addItem("all heads", ALL_HEADS)
-            for head in range(heads):
-                self.head_box.addItem(f"head {head}", head)
+        if self.head_box.set_heads(heads):
             self._head = ALL_HEADS
-            self.head_box.blockSignals(False)
         self._strip = np.zeros((heads, max(1, plan.width)), dtype=np.float32)
         self._heads = heads
         widest = "W" * 12
@@ -264,31 +126,22 @@ class AttentionView(QWidget):
 
     def redraw_slices(self) -> list:
         """The strip, then the texts: one pass of the event loop each (see views.base.redraw_slices)."""
-        return [self._refresh_strip, self._refresh_texts]
+        return [self._refresh_strip, self._texts.run]
 
     def _refresh_strip(self) -> None:
         if not self._dirty:
             return
         self._dirty = False
-        self._texts_dirty = True
+        self._texts.request()
         self._strip = self._state.strip(self._layer)
         self._draw()
         self.tooltips.refresh()
 
-    def _refresh_texts(self) -> None:
+    def _show_texts(self) -> None:
         """The heading and the top positions: at most TEXT_UPDATES_PER_SECOND while a run plays at full speed
-        (nobody reads faster; the strip follows every redraw), and always the last state, by a timer."""
-        if not self._texts_dirty:
-            return
-        wait_ms = 1000 / TEXT_UPDATES_PER_SECOND - (time.perf_counter() - self._texts_shown_at) * 1000
-        if wait_ms > 0:
-            if not self._texts_timer.isActive():
-                self._texts_timer.start(int(wait_ms) + 1)
-            return
-        self._texts_dirty = False
-        self._texts_shown_at = time.perf_counter()
-        self._show_heading()
-        self._show_top_list()
+        (the strip follows every redraw), and always the last state."""
+        self.heading.setText(self._state.heading(self._layer))
+        self.top_list.set_tops(self._state.tops(self._layer, None if self._head == ALL_HEADS else [self._head]))
 
     def set_theme(self, theme: Theme) -> None:
         if theme == self._theme:
@@ -357,7 +210,8 @@ class AttentionView(QWidget):
             self.layer_spin.blockSignals(True)
             self.layer_spin.setValue(layer)
             self.layer_spin.blockSignals(False)
-            self._dirty, self._texts_shown_at = True, 0.0  # a choice shows at once
+            self._dirty = True
+            self._texts.show_next_at_once()  # a choice shows at once
             self.refresh()
             self.layer_shown.emit(layer)
 
@@ -369,15 +223,7 @@ class AttentionView(QWidget):
     def align_under(self, plot_item: pg.PlotItem) -> None:
         """Line the strip's columns up under `plot_item`'s (the K/V grid's): the same x range, and a left axis
         as wide as the grid's, whatever it is (the views are as wide as each other)."""
-        self.plot_item.setXLink(plot_item)
-        grid_axis, own_axis = plot_item.getAxis("left"), self.plot_item.getAxis("left")
-
-        def follow() -> None:
-            if own_axis.width() != grid_axis.width():
-                own_axis.setWidth(grid_axis.width())
-
-        grid_axis.geometryChanged.connect(follow)
-        follow()
+        align_columns(self.plot_item, plot_item)
 
     # ----- what is drawn, for tests and tooltips -----
     def strip_values(self) -> np.ndarray:
@@ -397,49 +243,19 @@ class AttentionView(QWidget):
 
     # ----- drawing -----
     def _draw(self) -> None:
-        heads, width = self._strip.shape
-        table = shade_table(self._theme)
-        empty = np.array(QColor(self._theme.empty).getRgb(), dtype=np.uint8)
-        brightest = self.brightest()  # shades run from 0 to the largest weight shown, which the heading gives
-        shade = np.nan_to_num(self._strip, nan=0.0) / (brightest or 1.0)
-        index = np.clip(shade * (len(table) - 1), 0, len(table) - 1).astype(np.intp)
-        image = table[index]  # (heads, width, 4)
-        image[np.isnan(self._strip)] = empty
-        size = max(1, min(MAX_CELL_PIXELS, 1800 // width, 900 // heads))  # as the K/V grid's cells
-        if size >= 4:  # a dark line between heads and between positions, as between the grid's cells
-            image = np.repeat(np.repeat(image, size, axis=0), size, axis=1)  # (heads * s, width * s, 4)
-            gap = np.array(QColor(self._theme.grid_line).getRgb(), dtype=np.uint8)
-            image[size - 1::size, :] = gap
-            image[:, size - 1::size] = gap
-        self.image_item.setImage(image, autoLevels=False, levels=(0, 255))
-        self.image_item.setRect(QRectF(0, 0, width, heads))
-        self.plot_item.getViewBox().setYRange(0, heads, padding=0)
+        # shades run from 0 to the largest weight shown, which the heading gives
+        draw_strip(self.plot_item, self.image_item, self._strip, self.brightest(), self._theme)
         self._label_heads()
-        if self._head == ALL_HEADS or self._head >= heads:
-            self.head_outline.hide()
-        else:
-            self.head_outline.setRect(QRectF(0, self._head, width, 1))
-            pen = pg.mkPen(self._theme.frame, width=2)
-            pen.setCosmetic(True)
-            self.head_outline.setPen(pen)
-            self.head_outline.show()
+        outline_head(self.head_outline, self._head, self._strip.shape, self._theme)
 
     def _label_heads(self, *_args: object) -> None:
         """Every head's row labelled when the rows are a line of the font tall, else every few."""
         heads = self._strip.shape[0]
         pitch = self.plot_item.getViewBox().height() / max(1, heads)
-        step = next((s for s in range(1, heads + 1) if s * pitch >= 0.8 * QFontMetrics(self._tick_font).height()),
-                    heads)
-        ticks = [[(h + 0.5, str(h)) for h in range(0, heads, step)]]
+        ticks = head_ticks(heads, pitch, QFontMetrics(self._tick_font).height())
         if ticks != self._head_ticks:  # setting ticks repaints the axis, even the same ones
             self._head_ticks = ticks
             self.plot_item.getAxis("left").setTicks(ticks)
-
-    def _show_heading(self) -> None:
-        self.heading.setText(self._state.heading(self._layer))
-
-    def _show_top_list(self) -> None:
-        self.top_list.set_tops(self._state.tops(self._layer, None if self._head == ALL_HEADS else [self._head]))
 
     def _apply_theme(self) -> None:
         theme = self._theme
@@ -467,13 +283,15 @@ class AttentionView(QWidget):
     def _on_layer_spin(self, layer: int) -> None:
         if layer != self._layer:
             self._layer = layer
-            self._dirty, self._texts_shown_at = True, 0.0  # a choice shows at once
+            self._dirty = True
+            self._texts.show_next_at_once()  # a choice shows at once
             self.refresh()
             self.layer_shown.emit(layer)
 
     def _on_head_box(self, _index: int) -> None:
         self._head = int(self.head_box.currentData())
-        self._dirty, self._texts_shown_at = True, 0.0
+        self._dirty = True
+        self._texts.show_next_at_once()
         self.refresh()
 
     def showEvent(self, event: QShowEvent) -> None:

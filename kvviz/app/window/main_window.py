@@ -75,7 +75,6 @@ class MainWindow(QMainWindow):
         self.speed = SpeedPanel(self)  # View > Speed: the sweep runs in a process of its own
         self.presentation = Presentation(self, (*views, self.lesson_panel, self.speed.view), chrome)
         self.lesson = LessonMode(self, self.lesson_panel, lesson)
-        self.records: list[StepRecord] = []  # the current run's, for an animated export
         self.copier = ImageCopier(self)  # Ctrl+Shift+C, and "Copy image" on the plots
         self.actions = build_actions(self, window_slots(self))
         self.session.dtype = self.settings.dtype
@@ -98,8 +97,6 @@ class MainWindow(QMainWindow):
         s.model_load_failed.connect(self._on_model_load_failed)
         s.run_started.connect(self._on_run_started)
         s.record_computed.connect(self.scheduler.add)
-        s.run_started.connect(lambda _plan: self.records.clear())
-        s.record_computed.connect(self.records.append)
         s.run_finished.connect(self._on_run_finished)
         s.run_failed.connect(lambda message: self.banner.say(message, alert=True))
         s.playing_changed.connect(self._on_playing_changed)

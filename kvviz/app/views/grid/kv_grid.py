@@ -7,23 +7,29 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, QSize, Qt, Signal
-from PySide6.QtGui import QAction, QColor, QFont, QFontMetrics, QMouseEvent, QPen, QResizeEvent
-from PySide6.QtWidgets import QGraphicsRectItem, QVBoxLayout, QWidget
+from PySide6.QtCore import QRectF, QSize, Qt, Signal
+from PySide6.QtGui import QAction, QFont, QFontMetrics, QResizeEvent
+from PySide6.QtWidgets import QLayout, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
-from kvviz.app.views.base import CellTooltips, cache_axes, cell_plot, cell_under, style_plot
-from kvviz.app.views.grid.grid_cells import CellTiles, GridLegend
-from kvviz.app.views.grid.grid_rows import GridAxes, GridRows
+from kvviz.app.views.grid.grid_cells import GridLegend
+from kvviz.app.views.grid.grid_lockstep import (
+    check_lockstep,
+    lockstep_passes,
+    lockstep_plan,
+    no_twin_title,
+    waiting_title,
+)
+from kvviz.app.views.grid.grid_plot import GridPlot
+from kvviz.app.views.grid.grid_rows import GridRows
 from kvviz.app.views.grid.grid_state import GridState
-from kvviz.app.views.grid.grid_title import grid_title, mode_name
+from kvviz.app.views.grid.grid_title import grid_title
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.core.records import RunPlan, StepRecord
 
 PLOT_MIN_HEIGHT = 80  # pixels at zoom 1: the grid never collapses into a strip
 MIN_ROW_HEIGHT = 14  # pixels: no row of cells is drawn smaller, nor smaller than a line of its labels' font
-LOCKSTEP_RUNS = ("cached", "uncached")  # which run of a compare-mode lockstep a grid can show
 
 
 def least_row_height(font: QFont) -> int:
@@ -35,6 +41,17 @@ def least_plot_height(plot_item: object, rows: int, row_height: int) -> int:
     """The least height of a cell plot (the grid, the attention strip): `rows` rows of `row_height` pixels,
     its bottom axis (tick labels and title) and the plot's margins."""
     return rows * row_height + math.ceil(plot_item.getAxis("bottom").minimumHeight()) + 3
+
+
+def least_column_height(layout: QLayout, width: int, title: LiveLabel, plot_widget: QWidget,
+                        legend: GridLegend) -> int:
+    """The least height of a grid's column at `width`: its title and legend as they wrap there, its plot's least
+    height, and the layout's margins and spacing."""
+    margins = layout.contentsMargins()
+    inner = max(1, width - margins.left() - margins.right())
+    parts = [title.heightForWidth(inner), plot_widget.minimumHeight(), legend.heightForWidth(inner)]
+    parts = [part for part in parts if part > 0]
+    return margins.top() + margins.bottom() + sum(parts) + layout.spacing() * (len(parts) - 1)
 
 
 class KVGridView(QWidget):
@@ -60,12 +77,10 @@ class KVGridView(QWidget):
 
     def __init__(self, parent: QWidget | None = None, lockstep: str | None = None, legend: bool = True) -> None:
         super().__init__(parent)
-        if lockstep is not None and lockstep not in LOCKSTEP_RUNS:
-            raise ValueError(f"lockstep must be one of {LOCKSTEP_RUNS} or None, got {lockstep!r}")
+        check_lockstep(lockstep)
         self.lockstep = lockstep
         self._was_reset = False
         self._plan: RunPlan | None = None
-        self._framed_shape: tuple[int, int] | None = None  # (rows, width) the view box was last framed to
         self._colour_blind = False
         self._font_scale = 1.0
         self._theme = themes.current()
@@ -77,30 +92,22 @@ class KVGridView(QWidget):
         self._least_height = 0  # the height minimumSizeHint gave, for the width it was asked at
         self._set_rows()
 
-        self.plot_widget, self.plot_item, self.image_item = cell_plot(PLOT_MIN_HEIGHT)
-        self._axes = GridAxes(self.plot_widget, self.plot_item)  # the layer and position labels
-        self._tiles = CellTiles()
-        vb = self.plot_item.getViewBox()
-        self._outline = QGraphicsRectItem()  # the selected layer's rows
-        self._outline.setZValue(self.image_item.zValue() + 1)
-        self._outline.setVisible(False)
-        self.plot_item.addItem(self._outline, ignoreBounds=True)
-        vb.sigTransformChanged.connect(self._update_outline)  # its inset is a pixel: a new range or size moves it
+        self._plot = GridPlot(PLOT_MIN_HEIGHT, self._shown_cells, self)
+        self.plot_widget, self.plot_item, self.image_item = (
+            self._plot.plot_widget, self._plot.plot_item, self._plot.image_item)
+        self.tooltips = self._plot.tooltips
+        self._plot.layer_pressed.connect(self.set_selected_layer)
+        self._plot.layer_pressed.connect(self.layer_clicked.emit)
+        self._plot.layer_double_clicked.connect(self._toggle_heads_of)
+        # the outline's inset is a pixel: a new range or size moves it
+        self.plot_item.getViewBox().sigTransformChanged.connect(self._update_outline)
         self.plot_item.getAxis("bottom").geometryChanged.connect(self._fit_height)  # its height follows its font
-        self.plot_item.setLabel("left", "layer")
-        self.plot_item.setLabel("bottom", "token position")
-        self.plot_item.showGrid(False, False)
-        cache_axes(self.plot_item)
         self._export_action = QAction("Export view\u2026", self)
         self._export_action.triggered.connect(self.export_requested.emit)
         self.plot_widget.scene().contextMenu = [self._export_action]
-        self.tooltips = CellTooltips(self.plot_widget, self.plot_item, self._tooltip_text)
-        self.plot_widget.viewport().installEventFilter(self)  # clicks on rows
 
         # wrapped: a narrow screen wraps it instead of widening the window
-        own_mode = mode_name(lockstep != "uncached")
-        waiting = "K/V cache: no run yet" if lockstep is None else f"{own_mode}: no compare run"
-        self.title = LiveLabel(waiting, wrap=True)
+        self.title = LiveLabel(waiting_title(lockstep), wrap=True)
         self.legend_row = GridLegend(shown=legend)
 
         self.setObjectName("kvGrid")
@@ -119,7 +126,7 @@ class KVGridView(QWidget):
         """Start showing `plan`'s run: prompt positions pending, the rest empty. Expanded layers stay expanded
         when the run has them (and heads)."""
         self._was_reset = True
-        shown = self._shown_plan(plan)
+        shown = lockstep_plan(plan, self.lockstep)
         self._expanded = {layer for layer in self._expanded if layer < plan.n_layer} if plan.n_head > 0 else set()
         if shown is None:
             self._show_nothing()
@@ -128,7 +135,7 @@ class KVGridView(QWidget):
         self._cells = GridState(shown)
         self.legend_row.show_stale(plan.cache_broken)  # compare mode: the legend under both grids
         self._set_rows()
-        self._axes.reserve_width(self._plan)
+        self._plot.axes.reserve_width(self._plan)
         self._update_outline()
         self._dirty = True
         self.refresh()
@@ -140,19 +147,9 @@ class KVGridView(QWidget):
         if self._plan is None:  # a lockstep grid outside compare mode: nothing to show
             return
         for record in records:
-            if self.lockstep is None:
-                self._cells.apply(record)
-            else:
-                for run_pass in record.lockstep_passes()[LOCKSTEP_RUNS.index(self.lockstep)]:
-                    self._cells.apply(run_pass)
+            for run_pass in lockstep_passes(record, self.lockstep):
+                self._cells.apply(run_pass)
             self._dirty = True
-
-    def _shown_plan(self, plan: RunPlan) -> RunPlan | None:
-        if self.lockstep is None:
-            return plan
-        if plan.twin is None:
-            return None
-        return plan.cached_plan if self.lockstep == "cached" else plan.uncached_plan
 
     def _show_nothing(self) -> None:
         """An empty grid and a title that says why (a lockstep grid given a plan without a twin)."""
@@ -161,19 +158,15 @@ class KVGridView(QWidget):
         self._dirty = False
         self._set_rows()
         self._update_outline()
-        self._draw_image()
-        self._axes.update(self._cells, self._rows)
-        own_mode = mode_name(self.lockstep != "uncached")
-        self.title.setText(f"<b>{own_mode}</b> &nbsp; <span style='color:{self._theme.muted}'>"
-                           "no compare run: this grid shows one run of compare mode</span>")
+        self._plot.draw(self._cells, self._rows, self._colour_blind, self._theme)
+        self.title.setText(no_twin_title(self.lockstep, self._theme.muted))
 
     def refresh(self) -> None:
         """Draw the current state if it changed since the last draw."""
         if not self._dirty:
             return
         self._dirty = False
-        self._draw_image()
-        self._axes.update(self._cells, self._rows)
+        self._plot.draw(self._cells, self._rows, self._colour_blind, self._theme)
         self._update_title()
         self.tooltips.refresh()
 
@@ -200,12 +193,7 @@ class KVGridView(QWidget):
 
     def _apply_theme(self) -> None:
         theme = self._theme
-        self.plot_widget.setBackground(theme.background)
-        pen = QPen(QColor(theme.frame))
-        pen.setWidthF(2.0)
-        pen.setCosmetic(True)  # 2 pixels at any zoom
-        self._outline.setPen(pen)
-        style_plot(self.plot_item, theme)
+        self._plot.set_theme(theme)
         self.setStyleSheet(f"QWidget#kvGrid {{ background: {theme.background}; }} "
                            f"QWidget#kvGrid QLabel {{ color: {theme.foreground}; background: transparent; }} "
                            f"QWidget#kvGrid QLabel#muted {{ color: {theme.muted}; }}")
@@ -255,7 +243,10 @@ class KVGridView(QWidget):
         """Show or hide the heads of the selected layer (layer 0 when none is): View > Heads, key H."""
         layer = self._selected if self._selected is not None else 0
         if self._plan is not None and 0 <= layer < self._plan.n_layer:
-            self.expand_layer(layer, layer not in self._expanded)
+            self._toggle_heads_of(layer)
+
+    def _toggle_heads_of(self, layer: int) -> None:
+        self.expand_layer(layer, layer not in self._expanded)
 
     def expanded_layers(self) -> tuple[int, ...]:
         """The layers shown with their heads, in order."""
@@ -300,33 +291,15 @@ class KVGridView(QWidget):
         return QSize(hint.width(), max(hint.height(), self._least_height))
 
     def _height_at(self, width: int) -> int:
-        layout = self.layout()
-        margins = layout.contentsMargins()
-        inner = max(1, width - margins.left() - margins.right())
-        parts = [self.title.heightForWidth(inner), self.plot_widget.minimumHeight(),
-                 self.legend_row.heightForWidth(inner)]
-        parts = [part for part in parts if part > 0]
-        return margins.top() + margins.bottom() + sum(parts) + layout.spacing() * (len(parts) - 1)
+        return least_column_height(self.layout(), width, self.title, self.plot_widget, self.legend_row)
 
     def _update_outline(self) -> None:
         layer = self._selected
         if self._plan is None or layer is None or not 0 <= layer < self._cells.n_layer:
-            self._outline.setVisible(False)
+            self._plot.outline(None)
             return
         rows = 1 + (self._plan.n_head if layer in self._expanded else 0)
-        px, py = self.plot_item.getViewBox().viewPixelSize()  # one pixel, in cells: the pen inside the plot's edge
-        rect = QRectF(0, int(self._rows.layer_rows[layer]), self._cells.width, rows)
-        self._outline.setRect(rect.adjusted(px, py, -px, -py))
-        self._outline.setVisible(True)
-
-    def _draw_image(self) -> None:
-        rows, width = len(self._rows), self._cells.width
-        image = self._tiles.image(self._cells.states, self._rows, self._colour_blind, self._theme)
-        self.image_item.setImage(image, autoLevels=False, levels=(0, 255))
-        if self._framed_shape != (rows, width):  # a new frame repaints the axes: only when the shape changes
-            self._framed_shape = (rows, width)
-            self.image_item.setRect(QRectF(0, 0, width, rows))
-            self.plot_item.getViewBox().setRange(xRange=(0, width), yRange=(0, rows), padding=0)
+        self._plot.outline(QRectF(0, int(self._rows.layer_rows[layer]), self._cells.width, rows))
 
     def _update_title(self) -> None:
         if self._plan is not None:
@@ -338,7 +311,7 @@ class KVGridView(QWidget):
     def _apply_fonts(self) -> None:
         font = QFont(self.font())
         font.setPointSizeF(max(6.0, 9.0 * self._font_scale))
-        self._axes.set_font(font, self._plan)
+        self._plot.axes.set_font(font, self._plan)
         self._tick_font = font
         title_font = QFont(self.font())
         title_font.setPointSizeF(10.0 * self._font_scale)
@@ -350,35 +323,8 @@ class KVGridView(QWidget):
         if event.size().width() != event.oldSize().width() and self._height_at(self.width()) != self._least_height:
             self.updateGeometry()  # the title or the legend wraps onto more (or fewer) lines at this width
         if self._plan is not None:
-            self._axes.update(self._cells, self._rows)  # how many layer labels fit depends on the height
+            self._plot.axes.update(self._cells, self._rows)  # how many layer labels fit depends on the height
 
-    # ----- hover and clicks -----
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if (watched is self.plot_widget.viewport() and isinstance(event, QMouseEvent)
-                and event.type() in (QEvent.Type.MouseButtonPress, QEvent.Type.MouseButtonDblClick)
-                and event.button() == Qt.MouseButton.LeftButton):
-            cell = self._cell_at(self.plot_widget.mapToScene(event.position().toPoint()))
-            if cell is not None:
-                layer = int(self._rows.layers[cell[0]])
-                if event.type() == QEvent.Type.MouseButtonDblClick:
-                    self.expand_layer(layer, layer not in self._expanded)
-                else:
-                    self.set_selected_layer(layer)
-                    self.layer_clicked.emit(layer)
-        return super().eventFilter(watched, event)
-
-    def _cell_at(self, scene_pos: QPointF) -> tuple[int, int] | None:
-        """(display row, position) of the cell at `scene_pos`, or None off the cells."""
-        cell = cell_under(self.plot_item, scene_pos) if self._plan is not None else None
-        if cell is None:
-            return None
-        row, position = cell
-        if not (0 <= row < len(self._rows) and 0 <= position < self._cells.width):
-            return None
-        return row, position
-
-    def _tooltip_text(self, row: int, position: int) -> str:
-        if self._plan is None or not 0 <= row < len(self._rows):
-            return ""
-        head = int(self._rows.heads[row])
-        return self.cell_info(int(self._rows.layers[row]), position, None if head < 0 else head)
+    def _shown_cells(self) -> tuple[GridState, GridRows] | None:
+        """The cells and rows the plot shows to the mouse, None before a run (or for an empty lockstep grid)."""
+        return (self._cells, self._rows) if self._plan is not None else None

@@ -1,0 +1,108 @@
+"""What the memory view knows of a run and works out with no Qt: the bytes measured at each position filled, the
+model's line and the reference architectures', the formula text, linear byte ticks, and where stacked line
+names go."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvviz.app.theme import Theme
+from kvviz.core.memory import format_bytes, reference_architectures
+from kvviz.core.records import RunPlan, StepRecord
+
+MAX_CONTEXT = 131072  # the x axis ends at 128k tokens
+
+
+class MemoryState:
+    """A run's plan (the cached run's, in compare mode) and the cache bytes its records measured, by positions
+    filled."""
+
+    def __init__(self, plan: RunPlan | None = None) -> None:
+        self.plan = plan.cached_plan if plan is not None and plan.twin is not None else plan
+        self.points: dict[int, int] = {}  # positions filled -> measured bytes
+
+    def apply(self, record: StepRecord) -> bool:
+        """Take one record; True when it measured the cache (a point is added)."""
+        measured = False
+        passes = record.lockstep_passes()[0] if record.twin is not None else (record,)
+        for run_pass in passes:
+            if run_pass.use_cache and run_pass.cache_bytes > 0:
+                self.points[run_pass.fed_stop] = run_pass.cache_bytes
+                measured = True
+        return measured
+
+    def model_line(self) -> tuple[np.ndarray, np.ndarray]:
+        """The loaded model's line: positions, and the plan's bytes per cached position times them."""
+        if self.plan is None or self.plan.cache_bytes_per_position == 0:
+            return np.zeros(0), np.zeros(0)
+        x = contexts(sorted(self.points))
+        return x, x * self.plan.cache_bytes_per_position
+
+    def measured(self) -> tuple[np.ndarray, np.ndarray]:
+        """The measured points: positions filled, bytes read from the cache's tensors."""
+        positions = sorted(self.points)
+        return (np.array(positions, dtype=np.float64),
+                np.array([self.points[p] for p in positions], dtype=np.float64))
+
+    def formula_text(self, scale: str, theme: Theme) -> str:
+        """The formula of a cache's bytes per token and this run's (rich text), and how `scale`'s axes show it."""
+        plan, muted = self.plan, theme.muted
+        general = ("bytes per token = 2 \u00d7 layers \u00d7 KV heads \u00d7 head dim \u00d7 bytes per element "
+                   "(\u00d7 batch)")
+        if plan is None or plan.cache_bytes_per_position == 0:
+            return f"{general}<br><span style='color:{muted}'>no cache in this run: no measured points</span>"
+        last = max(self.points) if self.points else 0
+        measured = (f"; measured {format_bytes(self.points[last])} at {last} positions" if last else "")
+        axes = ("log axes: every line rises 10\u00d7 per 10\u00d7 tokens (linear growth), the gaps between them are "
+                "ratios" if scale == "log" else
+                "linear axes: each token adds the same bytes, so every line is straight")
+        return (f"{general}<br><span style='color:{theme.teal}'>{plan.model_name}: "
+                f"{plan.cache_bytes_per_position:,} bytes per token{measured}</span> "
+                f"<span style='color:{muted}'>(lines for other models: their published configs; {axes})</span>")
+
+
+def contexts(extra: Sequence[int] = ()) -> np.ndarray:
+    """Context lengths from 1 to MAX_CONTEXT, log-spaced, with `extra` ones (a sliding window's edge) in."""
+    points = {int(round(v)) for v in np.logspace(0, math.log10(MAX_CONTEXT), 64)} | {MAX_CONTEXT, *extra}
+    return np.array(sorted(p for p in points if 1 <= p <= MAX_CONTEXT), dtype=np.float64)
+
+
+def reference_bytes(name: str, dtype: str, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """The reference architecture `name`'s cache bytes at each context, for `dtype` and `batch`."""
+    arch = next(a for a in reference_architectures() if a.name == name)
+    x = contexts([arch.sliding_window] if arch.sliding_window else [])
+    return x, np.array([arch.cache_bytes(int(c), dtype, batch) for c in x], dtype=np.float64)
+
+
+def byte_ticks(top: float) -> list[tuple[float, str]]:
+    """Linear ticks from 0 to `top` bytes (a `nice_ceiling`), five steps, in decimal units as the GB lines."""
+    step = top / 5
+    unit, size = next(((u, s) for u, s in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if top >= 2 * s),
+                      ("B", 1.0))
+    return [(k * step, f"{k * step / size:g} {unit}" if k else "0") for k in range(6)]
+
+
+def spread(targets: Sequence[float], height: float, low: float, high: float) -> list[float]:
+    """Label centres as near `targets` (pixels, downwards) as they can be with `height` between any two, between
+    `low` and `high`: labels that would overlap are stacked around their targets' mean."""
+    order = sorted(range(len(targets)), key=lambda i: targets[i])
+    clusters: list[tuple[float, list[int]]] = []  # (first centre, members from the top)
+    for i in order:
+        members = [i]
+        while True:
+            n = len(members)
+            mean = sum(targets[j] for j in members) / n
+            first = min(max(mean - (n - 1) * height / 2, low + height / 2), high - height / 2 - (n - 1) * height)
+            if clusters and clusters[-1][0] + len(clusters[-1][1]) * height > first:
+                members = clusters.pop()[1] + members  # overlaps the cluster above: one stack
+                continue
+            clusters.append((first, members))
+            break
+    centres = [0.0] * len(targets)
+    for first, members in clusters:
+        for k, i in enumerate(members):
+            centres[i] = first + k * height
+    return centres

@@ -1,0 +1,36 @@
+"""The attention strip's pixels and head labels from numbers alone (no Qt): weights to an RGBA image, a square
+per weight with a gap line between squares, and which heads' rows are labelled."""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_CELL_PIXELS = 16  # a weight's square in the strip's image, at most (a 1-pixel gap line from 4 pixels)
+
+
+def cell_pixels(heads: int, width: int) -> int:
+    """A weight's square in the image of a heads × width strip, in pixels, as the K/V grid's cells."""
+    return max(1, min(MAX_CELL_PIXELS, 1800 // width, 900 // heads))
+
+
+def strip_image(strip: np.ndarray, brightest: float, table: np.ndarray, empty: np.ndarray,
+                gap: np.ndarray) -> np.ndarray:
+    """(heads, width) weights as an RGBA image: `table`'s shades from 0 to `brightest`, `empty` where a weight is
+    NaN, and from squares of 4 pixels a `gap` line between heads and between positions."""
+    shade = np.nan_to_num(strip, nan=0.0) / (brightest or 1.0)
+    index = np.clip(shade * (len(table) - 1), 0, len(table) - 1).astype(np.intp)
+    image = table[index]  # (heads, width, 4)
+    image[np.isnan(strip)] = empty
+    size = cell_pixels(*strip.shape)
+    if size >= 4:
+        image = np.repeat(np.repeat(image, size, axis=0), size, axis=1)  # (heads * s, width * s, 4)
+        image[size - 1::size, :] = gap
+        image[:, size - 1::size] = gap
+    return image
+
+
+def head_ticks(heads: int, pitch: float, line_height: float) -> list[list[tuple[float, str]]]:
+    """The left axis's ticks: every head's row labelled when rows `pitch` pixels apart are a line of the font
+    tall, else every few."""
+    step = next((s for s in range(1, heads + 1) if s * pitch >= 0.8 * line_height), heads)
+    return [[(h + 0.5, str(h)) for h in range(0, heads, step)]]
