@@ -4,11 +4,50 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One test process per core (pytest -n auto): each computes on one thread, so that none spins waiting for a
+    # core the other holds. Set before torch is first imported; `kvviz` processes the tests start inherit it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+
+# ----- the command line, in this process -----
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What `kvviz ARGS` did: its exit status and everything it wrote to stdout and stderr (the descriptors too)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def kvviz_cli(capfd, monkeypatch):
+    """`kvviz_cli(*args, cwd=None)`: `kvviz.cli.commands.main(args)` in this process, offline, in `cwd` (a
+    process is only needed where its standard streams, permissions or signals are under test)."""
+    from kvviz.cli.commands import main
+
+    def run(*args: str, cwd: Path | None = None) -> CliResult:
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        capfd.readouterr()
+        try:
+            status = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors and --help end the process this way
+            status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+        captured = capfd.readouterr()
+        return CliResult(status, captured.out, captured.err)
+
+    return run
 
 # ----- app (GUI) tests -----
 

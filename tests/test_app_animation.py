@@ -133,7 +133,7 @@ def test_steps_speed_and_hold_shape_both_files(tiny, qtbot, tmp_path):
     assert compare[0].name == "kvviz-compare-steps1-3.mp4" and mp4_facts(compare[0])["frames"] == 3 + 4
 
 
-def test_cli_rejects_bad_animation_options_in_one_line(tiny, tmp_path):
+def test_cli_rejects_bad_animation_options_in_one_line(tiny, tmp_path, kvviz_cli):
     base = ["export", "--prompt", PROMPT, "--new-tokens", str(N), "--out", str(tmp_path / "o"), "--model", tiny]
     cases = [
         (["--animate", "--steps", "9-3"], "runs backwards"),
@@ -150,7 +150,7 @@ def test_cli_rejects_bad_animation_options_in_one_line(tiny, tmp_path):
         (["--fps", "3"], "--fps is for an animation: add --animate"),
     ]
     for extra, message in cases:
-        done = kvviz(*base, *extra)
+        done = kvviz_cli(*base, *extra)
         assert done.returncode == 2, (extra, done.stderr)
         assert message in done.stderr and done.stderr.count("\n") == 1 and done.stdout == "", (extra, done.stderr)
     assert not (tmp_path / "o").exists()

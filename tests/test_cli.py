@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +19,6 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     """A random 3-layer model with 48 positions."""
     return save_kvviz_folder(tmp_path_factory.mktemp("cli-model") / "tiny", n_layer=3, n_head=2, n_embd=32, n_ctx=48,
                              seed=7)
-
-
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "kvviz", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=120)
 
 
 def test_count_reproduces_the_lab_example(capsys):
@@ -97,8 +88,8 @@ def test_generate_stops_at_the_context_length(tiny_checkpoint, capsys):
         (["export", "--prompt", "x", "--out", "o", "--format", "gif"], "--format gif: an animation; add --animate"),
     ],
 )
-def test_bad_input_gives_one_line_and_status_2(args, fragment):
-    result = run_cli(*args)
+def test_bad_input_gives_one_line_and_status_2(args, fragment, kvviz_cli):
+    result = kvviz_cli(*args)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -124,37 +115,37 @@ def test_any_kvviz_error_is_one_line_and_status_2(capsys, monkeypatch):
     assert captured.err == "kvviz: the frobnicator is out of range\n" and captured.out == ""
 
 
-def test_corrupt_checkpoint_and_long_prompt_are_refused(tiny_checkpoint, tmp_path):
+def test_corrupt_checkpoint_and_long_prompt_are_refused(tiny_checkpoint, tmp_path, kvviz_cli):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text((tiny_checkpoint / "config.json").read_text())
     data = (tiny_checkpoint / "model.safetensors").read_bytes()
     (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
-    result = run_cli("generate", "--model", str(broken), "--prompt", "x")
+    result = kvviz_cli("generate", "--model", str(broken), "--prompt", "x")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "model.safetensors" in result.stderr
 
-    result = run_cli("generate", "--model", str(tiny_checkpoint), "--prompt", "word " * 60)
+    result = kvviz_cli("generate", "--model", str(tiny_checkpoint), "--prompt", "word " * 60)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "context" in result.stderr
 
 
-def test_unavailable_device_is_refused(tiny_checkpoint):
+def test_unavailable_device_is_refused(tiny_checkpoint, kvviz_cli):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    result = run_cli("generate", "--model", str(tiny_checkpoint), "--prompt", "x", "--device", "cuda")
+    result = kvviz_cli("generate", "--model", str(tiny_checkpoint), "--prompt", "x", "--device", "cuda")
     assert result.returncode == 2 and "not available" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_help_explains_every_command():
-    top = run_cli("--help")
+def test_help_explains_every_command(kvviz_cli):
+    top = kvviz_cli("--help")
     assert top.returncode == 0
     for command in ("generate", "count", "bench", "export", "train"):
         assert command in top.stdout
-        sub = run_cli(command, "--help")
+        sub = kvviz_cli(command, "--help")
         assert sub.returncode == 0 and "usage: kvviz " + command in sub.stdout
-    assert "<|endoftext|>" in run_cli("generate", "--help").stdout
+    assert "<|endoftext|>" in kvviz_cli("generate", "--help").stdout
 
 
 def test_bench_reports_speed_and_identity(tiny_checkpoint, capsys):
@@ -270,11 +261,11 @@ def test_bench_peer_matches_transformers(tiny_checkpoint, capsys):
     assert result["peer_cached_tokens_per_second"] > 0
 
 
-def test_default_model_runs_from_any_directory(tmp_path):
+def test_default_model_runs_from_any_directory(tmp_path, kvviz_cli):
     from kvviz.core.resources import default_model_dir
 
     assert (default_model_dir() / "model.safetensors").is_file(), "the embedded model is not installed"
-    result = run_cli("generate", "--prompt", "Time flies", "--max-new-tokens", "5", "--json", cwd=tmp_path)
+    result = kvviz_cli("generate", "--prompt", "Time flies", "--max-new-tokens", "5", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["model"] == "kvviz-shakespeare" and len(out["output_ids"]) == 5
@@ -306,11 +297,11 @@ def test_generate_checks_the_request_before_echoing_the_prompt(tmp_path, capsys)
     assert captured.err == "kvviz: prompt token 15496 is outside the model's vocabulary of 300 tokens\n"
 
 
-def test_a_failed_export_keeps_none_of_its_images(tiny_checkpoint, tmp_path):
+def test_a_failed_export_keeps_none_of_its_images(tiny_checkpoint, tmp_path, kvviz_cli):
     pytest.importorskip("PySide6")
     out = tmp_path / "slides"
     (out / "kvviz-grid-step3.png").mkdir(parents=True)  # the chart is written first, then this fails
-    result = run_cli("export", "--model", str(tiny_checkpoint), "--prompt", "hi", "--new-tokens", "2",
+    result = kvviz_cli("export", "--model", str(tiny_checkpoint), "--prompt", "hi", "--new-tokens", "2",
                      "--out", str(out), "--format", "png,svg")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "kvviz-grid-step3.png: is a folder" in result.stderr

@@ -4,10 +4,7 @@ measured counts against hand counts, the table, and one-line errors with status 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 
 import pytest
 from helpers_checkpoints import save_kvviz_folder
@@ -41,12 +38,6 @@ def compare_json(capsys, *args: str) -> dict:
     status, out, err = compare(capsys, *args, "--json")
     assert (status, err) == (0, ""), err
     return json.loads(out)
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "kvviz", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
 
 
 def test_json_has_exactly_the_documented_keys_and_the_hand_counts(tiny, capsys):
@@ -212,17 +203,17 @@ def test_generate_with_a_broken_cache_gives_other_tokens(capsys):
     ],
     ids=["new-tokens-0", "unknown-dtype", "negative-temperature", "generate-break-cache-without-cache"],
 )
-def test_bad_input_gives_one_line_and_status_2(args, fragment):
-    result = run_cli(*args)
+def test_bad_input_gives_one_line_and_status_2(args, fragment, kvviz_cli):
+    result = kvviz_cli(*args)
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and fragment in lines[0], result.stderr
 
 
-def test_help_explains_compare():
-    result = run_cli("compare", "--help")
+def test_help_explains_compare(kvviz_cli):
+    result = kvviz_cli("compare", "--help")
     assert result.returncode == 0 and "usage: kvviz compare" in result.stdout
     for option in ("--new-tokens", "--dtype", "--break-cache", "--seed", "--json"):
         assert option in result.stdout
-    assert "compare" in run_cli("--help").stdout
+    assert "compare" in kvviz_cli("--help").stdout
