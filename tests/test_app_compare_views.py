@@ -8,6 +8,7 @@ import statistics
 
 import numpy as np
 import pytest
+from helpers_qt import settle_layouts
 from PySide6.QtCore import QEvent, QObject, QPointF, QRect
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea
 
@@ -446,7 +447,7 @@ def test_compare_view_fits_a_projector_screen(qtbot, lockstep, screen):
     view.apply(records)
     view.refresh()
     qtbot.waitUntil(lambda: scroll.viewport().width() == width, timeout=2_000)
-    qtbot.wait(50)  # let the layouts settle (a resize emits no signal)
+    settle_layouts()  # the layout passes a resize posts
     assert view.banner.label.isVisible()
     assert scroll.horizontalScrollBar().maximum() == 0, "the compare view is wider than the screen"
     assert scroll.verticalScrollBar().maximum() == 0, "the compare view does not fit the screen's height"

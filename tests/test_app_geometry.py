@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pyqtgraph as pg
 import pytest
-from PySide6.QtCore import QEvent, Qt
+from helpers_qt import settle_layouts
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QAbstractButton,
     QAbstractScrollArea,
     QAbstractSpinBox,
-    QApplication,
     QComboBox,
     QGraphicsTextItem,
     QLabel,
@@ -126,12 +126,6 @@ def settle(qtbot, window: MainWindow) -> None:
     qtbot.waitUntil(arrived, timeout=30_000)
     window.redraw()
     settle_layouts()
-
-
-def settle_layouts() -> None:
-    for _ in range(4):  # a layout that changes a size asks its parent for another pass
-        QApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest.value)
-        QApplication.processEvents()
 
 
 def geometry_problems(window: MainWindow, screen, where: str, sideways: bool) -> list[str]:

@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers_qt import LayoutRequests
+from helpers_qt import geometries, settle_layouts
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QImage, QPainter
 from PySide6.QtWidgets import QToolTip
@@ -352,13 +352,13 @@ def test_theme_patterns_and_font_scale_keep_the_head_rows(qtbot, grid, run):
         change()
         assert grid.image_item.image.shape[0] == rows * row_pixels(grid)
         assert grid.display_rows()[1] == (0, 0)
-    qtbot.wait(100)  # the new fonts' relayout is done
-    with LayoutRequests([grid, grid.plot_widget]) as requests:  # steps with heads open relayout nothing
-        for record in records[4:]:
-            grid.apply([record])
-            grid.refresh()
-            qtbot.wait(1)
-    assert requests.count == 0
+    settle_layouts()  # the new fonts' relayout is done
+    before = geometries([grid, grid.plot_widget])
+    for record in records[4:]:  # steps with heads open move nothing
+        grid.apply([record])
+        grid.refresh()
+        settle_layouts()
+        assert geometries([grid, grid.plot_widget]) == before
 
 
 def test_compare_grids_expand_each_on_their_own(qtbot, engine):

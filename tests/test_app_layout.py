@@ -4,6 +4,7 @@ panel keeps a size at which its numbers can be read."""
 from __future__ import annotations
 
 import pytest
+from helpers_qt import settle_layouts
 from PySide6.QtWidgets import QLabel, QScrollArea
 
 from kvviz.app.settings import app_settings
@@ -47,7 +48,7 @@ def test_every_panel_fits_a_projector_screen(qtbot, window, width, height, prese
     window.resize(width, height - TITLE_BAR)
     qtbot.waitUntil(lambda: window.width() == width and window.height() == height - TITLE_BAR, timeout=5_000)
     scroll = window.findChild(QScrollArea)
-    qtbot.wait(50)  # let the layouts settle (nothing to wait on: a resize emits no signal)
+    settle_layouts()  # the layout passes a resize posts
     assert scroll.horizontalScrollBar().maximum() == 0, "the views are wider than the screen"
     assert scroll.verticalScrollBar().maximum() == 0, "the views do not fit the screen's height"
     scale = window.presentation.zoom
@@ -62,7 +63,7 @@ def test_zooming_never_grows_the_window_past_its_screen(qtbot, window, zoom):
     screen = window.screen().availableGeometry()
     window.resize(screen.width(), screen.height())
     window.presentation.set_zoom(zoom)
-    qtbot.wait(20)
+    settle_layouts()  # the layout passes a resize posts
     assert window.width() <= screen.width() and window.height() <= screen.height()
     assert _labels_whole(window.counter) == [] or window.findChild(QScrollArea).verticalScrollBar().maximum() > 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers_qt import settle_layouts
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextLayout, QTextOption
 from PySide6.QtWidgets import QApplication, QMessageBox, QScrollArea
@@ -341,7 +342,7 @@ def test_the_lesson_column_leaves_the_views_their_size(qtbot, window, width, hei
     assert window.controls.isVisible() == panel.beside
     for slide in (0, 1, 6, 7, 8) if presenter else (0, 1, 6, 7):  # the longest text, an answer, compare mode
         press(qtbot, window, Qt.Key.Key_PageDown, slide - window.lesson.slide)
-        qtbot.wait(50)  # let the layouts settle (nothing to wait on: a resize emits no signal)
+        settle_layouts()  # the layout passes a resize posts
         where = f"at slide {slide}"
         assert scroll.horizontalScrollBar().maximum() == 0, f"the views are wider than the screen {where}"
         assert scroll.verticalScrollBar().maximum() == 0, f"the views do not fit the screen's height {where}"

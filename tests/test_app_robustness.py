@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers_qt import download_until_cancelled
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QMessageBox
@@ -473,17 +474,9 @@ def test_a_setting_changed_during_a_failed_load_still_applies(qtbot, window, tmp
 
 
 def test_ctrl_o_during_a_download_then_cancel_loads_the_checkpoint(qtbot, window, tmp_path, monkeypatch):
-    import time
-
     import kvviz.sources.weights
 
-    def fake_download(name, progress=None, **_kwargs):
-        for i in range(10_000):
-            progress(i * 2**20, 500 * 2**20)  # raises DownloadCancelled once the user cancels
-            time.sleep(0.01)
-        raise AssertionError("the download was not cancelled")
-
-    monkeypatch.setattr(kvviz.sources.weights, "download_hub_model", fake_download)
+    monkeypatch.setattr(kvviz.sources.weights, "download_hub_model", download_until_cancelled(lambda: window))
     errors: list[str] = []
     monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: errors.append(text))
     press(qtbot, window, Qt.Key.Key_Space, 2)
@@ -505,16 +498,9 @@ def test_ctrl_o_during_a_download_then_cancel_loads_the_checkpoint(qtbot, window
 
 
 def test_a_cancelled_download_mid_run_leaves_the_run_going(qtbot, window, monkeypatch):
-    import time
-
     import kvviz.sources.weights
 
-    def fake_download(name, progress=None, **_kwargs):
-        for i in range(10_000):
-            progress(i * 2**20, 500 * 2**20)
-            time.sleep(0.01)
-
-    monkeypatch.setattr(kvviz.sources.weights, "download_hub_model", fake_download)
+    monkeypatch.setattr(kvviz.sources.weights, "download_hub_model", download_until_cancelled(lambda: window))
     press(qtbot, window, Qt.Key.Key_Space, 2)
     wait_tokens(qtbot, window, 2)
     name = window.session.model_info.name

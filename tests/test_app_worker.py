@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from helpers_qt import download_until_cancelled
 from PySide6.QtWidgets import QMessageBox
 
 from kvviz.app.run.worker import describe_load_error
@@ -35,14 +36,7 @@ def test_error_sentences():
 def test_download_progress_and_cancel_keep_previous_model(qtbot, app_model, monkeypatch):
     import kvviz.sources.weights
 
-    def fake_download(name, progress=None, **_kwargs):
-        total = 500 * 2**20
-        for i in range(10_000):
-            progress(i * 2**20 % total, total)  # raises DownloadCancelled once the user cancels
-            time.sleep(0.01)
-        raise AssertionError("the download was not cancelled")
-
-    monkeypatch.setattr(kvviz.sources.weights, "download_hub_model", fake_download)
+    monkeypatch.setattr(kvviz.sources.weights, "download_hub_model", download_until_cancelled(lambda: win))
     errors: list[str] = []
     monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: errors.append(text))
     win = MainWindow(app_model, "Time flies fast", settings=app_settings())
@@ -97,31 +91,6 @@ def test_gui_bench_measures_a_stall_of_the_event_loop(qtbot, app_model, monkeypa
     result = run_gui_bench(app_model, "Time flies", 6, repeat=1)
     assert 50 <= result["max_stall_ms"] < 1000 and result["stalls_over_50ms"] >= 1
     assert result["max_tick_gap_ms"] >= result["max_stall_ms"] + 0.9 * result["stall_timer_ms"]
-    from kvviz.app.run.worker import running_threads
-
-    qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)
-
-
-def test_gui_bench_times_its_runs_without_the_stall_probe(qtbot, app_model, monkeypatch):
-    """The probe wakes the GUI thread 500 times a second, which slows the run it measures: the rates come
-    from runs without it, and the stall from one more run with it."""
-    from kvviz.app import gui_bench
-
-    timed = gui_bench._timed_gui_run
-    runs: list[tuple[bool, dict]] = []
-
-    def recorded(*args, probe: bool) -> dict:
-        run = timed(*args, probe=probe)
-        runs.append((probe, run))
-        return run
-
-    monkeypatch.setattr(gui_bench, "_timed_gui_run", recorded)
-    result = gui_bench.run_gui_bench(app_model, "Time flies", 4, repeat=2)
-    assert [probe for probe, _run in runs] == [False, False, True]
-    assert all(run["max_stall_ms"] == 0 and run["max_tick_gap_ms"] == 0 for probe, run in runs if not probe)
-    assert result["max_tick_gap_ms"] == round(runs[-1][1]["max_tick_gap_ms"], 2) > 0
-    rate = len(runs[0][1]["tokens"]) / runs[0][1]["seconds"]
-    assert result["gui_runs_tokens_per_second"][0] == round(rate, 3)
     from kvviz.app.run.worker import running_threads
 
     qtbot.waitUntil(lambda: not running_threads(), timeout=5_000)

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import tarfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -373,26 +372,30 @@ def test_hostile_command_line(hostile: Case, place, tmp_path, capfd, monkeypatch
     assert not lines[0].endswith(".."), err
 
 
-@pytest.fixture(scope="module")
-def startup() -> float:
-    """Seconds until a bare interpreter has run: an earlier interrupt hits Python itself, not kvviz."""
-    seconds = []
-    for _ in range(3):
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import runpy, importlib.util"], check=True)
-        seconds.append(time.perf_counter() - started)
-    return max(seconds)
+IMPORT_TIME = "import time:"  # the lines `python -X importtime` writes to stderr as each import ends
 
 
-@pytest.mark.parametrize("delay", [0.1, 0.2, 0.3, 0.6])  # earlier, a loaded machine may not have started Python yet
-def test_an_interrupt_in_the_first_moments_is_one_line_and_status_130(place, tmp_path, startup, delay):
-    command = [sys.executable, "-m", "kvviz", "train", "--corpus", place["texts"], "--out", str(tmp_path / "m"),
-               "--steps", "100000", "--batch-size", "1", "--block-size", "8"]
+# moments of a start: kvviz's first modules, its command line, inside torch's import, torch imported, training's
+@pytest.mark.parametrize("ready", ["kvviz.core.files", "kvviz.cli.commands", "torch.nn.modules", "torch",
+                                   "kvviz.training.corpus"])
+def test_an_interrupt_in_the_first_moments_is_one_line_and_status_130(place, tmp_path, ready):
+    """The interrupt comes as soon as `ready` is imported, told by `-X importtime`'s line for it."""
+    command = [sys.executable, "-X", "importtime", "-m", "kvviz", "train", "--corpus", place["texts"],
+               "--out", str(tmp_path / "m"), "--steps", "100000", "--batch-size", "1", "--block-size", "8"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=ENV)
-    time.sleep(startup + delay)
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=TIMEOUT)
-    assert (process.returncode, err.decode()) == (130, "kvviz: interrupted\n")
+    said = []
+    for line in iter(process.stderr.readline, b""):
+        text = line.decode()
+        if not text.startswith(IMPORT_TIME):
+            said.append(text)
+        elif text.rsplit("|", 1)[-1].strip() == ready:
+            process.send_signal(signal.SIGINT)
+            break
+    else:
+        raise AssertionError(f"kvviz train never imported {ready}: {''.join(said)}")
+    _, rest = process.communicate(timeout=TIMEOUT)
+    said += [line for line in rest.decode().splitlines(keepends=True) if not line.startswith(IMPORT_TIME)]
+    assert (process.returncode, "".join(said)) == (130, "kvviz: interrupted\n")
     assert not (tmp_path / "m").exists()
 
 
