@@ -234,7 +234,11 @@ def paint_scaled(device: QPaintDevice, page: Page, scale: float) -> None:
 
 def png_bytes(widget: QWidget, width: int, caption: str | None) -> bytes:
     """The PNG file of `render_png`."""
-    image = render_png(widget, width, caption)
+    return encode_png(render_png(widget, width, caption))
+
+
+def encode_png(image: QImage) -> bytes:
+    """`image` as the bytes of a PNG file (ExportError when Qt cannot encode it)."""
     array = QByteArray()
     buffer = QBuffer(array)
     buffer.open(QIODevice.OpenModeFlag.WriteOnly)

@@ -23,7 +23,7 @@ from PySide6.QtWidgets import QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.export.files import ExportError
-from kvviz.app.export.render import painting, prepared_for_export
+from kvviz.app.export.render import encode_png, painting, prepared_for_export
 
 SLIDE_SIZE = (1600, 900)  # logical pixels; PDF pages are as many points, PNGs scale the whole slide to --width
 MARGIN = 40
@@ -156,14 +156,7 @@ def slide_png(text: SlideText, view: QWidget, width: int) -> bytes:
     image.setDotsPerMeterX(dots_per_metre)
     image.setDotsPerMeterY(dots_per_metre)
     paint_slide_scaled(image, text, view, scale)
-    array = QByteArray()
-    buffer = QBuffer(array)
-    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
-    ok = image.save(buffer, "PNG")
-    buffer.close()
-    if not ok:
-        raise ExportError(f"Qt could not encode a {image.width()}x{image.height()} PNG")
-    return bytes(array.data())
+    return encode_png(image)
 
 
 class Deck:

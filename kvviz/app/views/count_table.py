@@ -3,10 +3,13 @@ per layer and over all layers. It shows the numbers a view gives it; it reads no
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QFont, QFontMetrics, QResizeEvent
-from PySide6.QtWidgets import QFrame, QGridLayout, QLabel
+from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QWidget
 
+from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.core.records import RunPlan
@@ -112,16 +115,71 @@ class CountTable(QGridLayout):
                 label.setStyleSheet(f"color: {getattr(theme, ROW_COLOURS[key])};")
 
 
+@dataclass(frozen=True)
+class CountFonts:
+    """A count panel's text sizes in points at zoom 1: its notes, its numbers (bold), its heading (bold)."""
+
+    normal: float
+    big: float
+    heading: float
+
+
 class CountPanel(QFrame):
-    """The framed panel both counters are: styled from the theme by its object name, and tall enough
-    for every line at its width (wrapped notes included), so that the splitter and the scroll area
-    around the views keep the numbers whole instead of squeezing them."""
+    """The framed panel both counters are: styled from the theme by its object name, its fonts sized by
+    its `fonts` and the zoom, and tall enough for every line at its width (wrapped notes included), so that
+    the splitter and the scroll area around the views keep the numbers whole instead of squeezing them.
+    A subclass lays out its `heading`, `table` and `notes`, then calls `show_parts`."""
+
+    fonts: CountFonts
+
+    def __init__(self, name: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName(name)
+        self._theme = themes.current()
+        self._font_scale = 1.0
+        self._dirty = False
+        self.heading: QLabel | None = None
+        self.table: CountTable | None = None
+        self._notes: tuple[QLabel, ...] = ()
+
+    def show_parts(self, heading: QLabel, table: CountTable, notes: tuple[QLabel, ...]) -> None:
+        """Style and size the panel's parts, from now on in its theme and at its zoom."""
+        self.heading, self.table, self._notes = heading, table, notes
+        self._apply_theme()
+        self._apply_fonts()
+
+    def set_font_scale(self, scale: float) -> None:
+        self._font_scale = scale
+        self._apply_fonts()
+
+    def set_theme(self, theme: Theme) -> None:
+        if theme != self._theme:
+            self._theme = theme
+            self._apply_theme()
 
     def panel_style(self, theme: Theme) -> str:
         name = self.objectName()
         return (f"QFrame#{name} {{ border: 1px solid {theme.border}; border-radius: 6px; "
                 f"background: {theme.surface}; }} QFrame#{name} QLabel {{ background: transparent; border: none; }}"
                 f" QFrame#{name} QLabel#muted {{ color: {theme.muted}; }}")
+
+    def _apply_theme(self) -> None:
+        self.setStyleSheet(self.panel_style(self._theme))
+        self.table.set_theme(self._theme)
+
+    def _apply_fonts(self) -> None:
+        normal = QFont(self.font())
+        normal.setPointSizeF(self.fonts.normal * self._font_scale)
+        big = QFont(normal)
+        big.setPointSizeF(self.fonts.big * self._font_scale)
+        big.setBold(True)
+        heading = QFont(normal)
+        heading.setPointSizeF(self.fonts.heading * self._font_scale)
+        heading.setBold(True)
+        self.heading.setFont(heading)
+        for label in self._notes:
+            label.setFont(normal)
+        self.table.set_fonts(normal, big)
 
     def minimumSizeHint(self) -> QSize:
         hint = super().minimumSizeHint()

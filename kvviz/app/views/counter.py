@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from kvviz.app import theme as themes
-from kvviz.app.theme import Theme
-from kvviz.app.views.count_table import ROW_TITLES, CountPanel, CountTable, final_values
+from kvviz.app.views.count_table import ROW_TITLES, CountFonts, CountPanel, CountTable, final_values
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.core.records import RunPlan, StepRecord
 
@@ -27,14 +24,12 @@ class CounterPanel(CountPanel):
     `values()` returns what is shown.
     """
 
+    fonts = CountFonts(normal=10.0, big=15.0, heading=12.0)
+
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("counter")
-        self._theme = themes.current()
+        super().__init__("counter", parent)
         self._plan: RunPlan | None = None
         self._record: StepRecord | None = None
-        self._dirty = False
-        self._font_scale = 1.0
 
         self.heading = QLabel("K/V computations")
         unit = "The unit of the lab: one key and value row, for one layer and one token position."
@@ -53,8 +48,7 @@ class CounterPanel(CountPanel):
         layout.addWidget(self.measured_note)
         layout.addWidget(self.progress)
         layout.addStretch(1)
-        self._apply_theme()
-        self._apply_fonts()
+        self.show_parts(self.heading, self.table, (self.measured_note, self.progress))
 
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
@@ -119,32 +113,3 @@ class CounterPanel(CountPanel):
         if stop_reason is None:
             return text
         return f"{text}; {STOP_REASONS.get(stop_reason, stop_reason).format(n_ctx=plan.n_ctx)}"
-
-    def set_font_scale(self, scale: float) -> None:
-        self._font_scale = scale
-        self._apply_fonts()
-
-    def set_theme(self, theme: Theme) -> None:
-        if theme != self._theme:
-            self._theme = theme
-            self._apply_theme()
-
-    def _apply_theme(self) -> None:
-        theme = self._theme
-        self.setStyleSheet(self.panel_style(theme))
-        self.table.set_theme(theme)
-
-    def _apply_fonts(self) -> None:
-        base = QFont(self.font())
-        big = QFont(base)
-        big.setPointSizeF(15.0 * self._font_scale)
-        big.setBold(True)
-        normal = QFont(base)
-        normal.setPointSizeF(10.0 * self._font_scale)
-        heading = QFont(base)
-        heading.setPointSizeF(12.0 * self._font_scale)
-        heading.setBold(True)
-        self.heading.setFont(heading)
-        for label in (self.measured_note, self.progress):
-            label.setFont(normal)
-        self.table.set_fonts(normal, big)

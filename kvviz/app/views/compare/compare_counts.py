@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from kvviz.app import theme as themes
-from kvviz.app.theme import Theme
-from kvviz.app.views.count_table import CountPanel, CountTable, final_values
+from kvviz.app.views.count_table import CountFonts, CountPanel, CountTable, final_values
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.core.records import RunPlan, StepRecord
 
@@ -23,15 +20,13 @@ class CompareCounts(CountPanel):
     leaves it empty.
     """
 
+    fonts = CountFonts(normal=9.5, big=12.0, heading=10.5)
+
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("compareCounts")
-        self._theme = themes.current()
+        super().__init__("compareCounts", parent)
         self._plan: RunPlan | None = None
         self._cached: StepRecord | None = None  # the cached run's latest pass
         self._uncached: StepRecord | None = None
-        self._dirty = False
-        self._font_scale = 1.0
 
         self.heading = QLabel("K/V computations, both measured")
         self.heading.setToolTip("One key and value row, for one layer and one token position; "
@@ -47,8 +42,7 @@ class CompareCounts(CountPanel):
         layout.addLayout(self.table)
         layout.addWidget(self.progress)
         layout.addStretch(1)
-        self._apply_theme()
-        self._apply_fonts()
+        self.show_parts(self.heading, self.table, (self.progress,))
 
     # ----- public interface -----
     def reset(self, plan: RunPlan) -> None:
@@ -107,30 +101,3 @@ class CompareCounts(CountPanel):
     @staticmethod
     def _progress_text(plan: RunPlan, steps: int) -> str:
         return f"P = {plan.prompt_tokens}, N = {steps} of {plan.budget} tokens; each run counts what it projected"
-
-    def set_font_scale(self, scale: float) -> None:
-        self._font_scale = scale
-        self._apply_fonts()
-
-    def set_theme(self, theme: Theme) -> None:
-        if theme != self._theme:
-            self._theme = theme
-            self._apply_theme()
-
-    def _apply_theme(self) -> None:
-        theme = self._theme
-        self.setStyleSheet(self.panel_style(theme))
-        self.table.set_theme(theme)
-
-    def _apply_fonts(self) -> None:
-        normal = QFont(self.font())
-        normal.setPointSizeF(9.5 * self._font_scale)
-        big = QFont(normal)
-        big.setPointSizeF(12.0 * self._font_scale)
-        big.setBold(True)
-        heading = QFont(normal)
-        heading.setPointSizeF(10.5 * self._font_scale)
-        heading.setBold(True)
-        self.heading.setFont(heading)
-        self.progress.setFont(normal)
-        self.table.set_fonts(normal, big)
