@@ -1,20 +1,14 @@
-"""The window's actions and menus, written once as a table (name, menu, text, keys), and what each does
-(`window_slots`)."""
+"""The window's actions and menus, written once as a table (name, menu, text, keys); the window says what each
+does (MainWindow._action_slots)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QMainWindow
-
-from kvviz.app.window.dialogs import AboutDialog, ShortcutsDialog
-
-if TYPE_CHECKING:
-    from kvviz.app.window.main_window import MainWindow
 
 
 @dataclass(frozen=True)
@@ -129,30 +123,3 @@ def set_lesson_keys(actions: Mapping[str, QAction], on: bool) -> None:
 
 def _set_keys(action: QAction, keys: tuple[str, ...]) -> None:
     action.setShortcuts([QKeySequence(k) for k in keys])
-
-
-def window_slots(window: MainWindow) -> dict[str, Callable]:
-    """What each action of ACTIONS does in `window`."""
-    s, c, p = window.session, window.controls, window.presentation
-    return {
-        "open_file": lambda: window.picker.open_checkpoint(False),
-        "open_folder": lambda: window.picker.open_checkpoint(True),
-        "choose_model": window.picker.pop_up, "export": window.export, "quit": window.close,
-        "copy_image": window.copier.copy_chart,
-        "step": s.step, "play": window.toggle_play, "faster": lambda: c.change_speed(+1),
-        "slower": lambda: c.change_speed(-1), "reset": window.reset_run, "toggle_cache": c.cache_check.toggle,
-        "edit_prompt": c.focus_prompt, "escape": window.escape, "presenter": p.set_presenter,
-        "lesson": window.lesson.set_active, "lesson_next": window.lesson.next, "lesson_back": window.lesson.back,
-        "colour_blind": window.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
-        "memory": lambda on: (window.workspace.show_memory(on), window.redraw()),
-        "attention": lambda on: (window.run_view.show_attention(on), c.set_attention(on)),
-        "heads": lambda: window.grid.toggle_heads(),
-        "speed": lambda: window.show_speed(),
-        "theme_dark": lambda on: on and window.set_theme("dark"),
-        "theme_light": lambda on: on and window.set_theme("light"),
-        "zoom_in": lambda: p.step_zoom(+1),
-        "zoom_out": lambda: p.step_zoom(-1), "zoom_reset": lambda: p.set_zoom(1.0),
-        "shortcuts": lambda: ShortcutsDialog(window.actions.values(), window).exec(),
-        "about": lambda: AboutDialog(window.session.model_info, window).exec(),
-    }
-

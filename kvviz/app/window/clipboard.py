@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QPoint, Qt
 from PySide6.QtGui import QImage
-from PySide6.QtWidgets import QApplication, QGraphicsView, QMenu, QWidget
+from PySide6.QtWidgets import QApplication, QGraphicsView, QMainWindow, QMenu, QWidget
 
 if TYPE_CHECKING:
-    from kvviz.app.window.main_window import MainWindow
+    from kvviz.app.window.workspace import Workspace
 
 COPY_TEXT = "Copy image"
 STATUS_MS = 4000
@@ -37,12 +37,13 @@ class ImageCopier(QObject):
     """Copies the window's views to the clipboard, from Ctrl+Shift+C (`copy_chart`) and from each plot's
     context menu; says what it copied in the status bar."""
 
-    def __init__(self, window: MainWindow) -> None:
+    def __init__(self, window: QMainWindow, workspace: Workspace) -> None:
         super().__init__(window)
-        self.window = window
+        self._window = window  # its status bar says what was copied; the menus are its children
+        self._workspace = workspace
         self.menu: QMenu | None = None  # the context menu last shown
-        self.add_context_menus((window.grid, window.chart))
-        window.workspace.panel_built.connect(self._on_panel_built)
+        self.add_context_menus((workspace.run_view.grid, workspace.run_view.chart))
+        workspace.panel_built.connect(self._on_panel_built)
 
     def add_context_menus(self, views: Sequence[QWidget]) -> None:
         """ "Copy image" and "Export..." on the plots of `views` (compare mode's join when it is built)."""
@@ -60,7 +61,7 @@ class ImageCopier(QObject):
 
     def chart(self) -> QWidget:
         """What Ctrl+Shift+C copies: the chart, or in compare mode the compare view."""
-        return self.window.workspace.compare_view if self.window.workspace.comparing else self.window.chart
+        return self._workspace.compare_view if self._workspace.comparing else self._workspace.run_view.chart
 
     def copy_chart(self) -> QImage | None:
         return self.copy(self.chart())
@@ -68,7 +69,7 @@ class ImageCopier(QObject):
     def copy(self, view: QWidget) -> QImage | None:
         """Put `view`'s image on the clipboard and return it; None (and a word in the status bar) when the
         view is not shown."""
-        bar = self.window.statusBar()
+        bar = self._window.statusBar()
         if not view.isVisible() or view.width() <= 0 or view.height() <= 0:
             bar.showMessage("Nothing to copy: the view is not shown.", STATUS_MS)
             return None
@@ -79,7 +80,7 @@ class ImageCopier(QObject):
 
     def context_menu(self, view: QWidget) -> QMenu:
         """The menu a right-click on `view`'s plot shows."""
-        menu = QMenu(self.window)
+        menu = QMenu(self._window)
         menu.addAction(COPY_TEXT, lambda: self.copy(view))
         export = getattr(view, "export_requested", None)
         if export is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import QMainWindow, QWidget
@@ -16,11 +18,11 @@ from kvviz.app.run.session import RunSession
 from kvviz.app.settings import AppSettings, SettingsFile, app_settings
 from kvviz.app.views.grid.kv_grid import KVGridView
 from kvviz.app.views.status import StatusLine
-from kvviz.app.window.actions import build_actions, window_slots
+from kvviz.app.window.actions import build_actions
 from kvviz.app.window.banner import Banner
 from kvviz.app.window.clipboard import ImageCopier
 from kvviz.app.window.controls import RunControls
-from kvviz.app.window.dialogs import show_error
+from kvviz.app.window.dialogs import AboutDialog, ShortcutsDialog, show_error
 from kvviz.app.window.model_picker import ModelPicker
 from kvviz.app.window.presentation import Presentation, fit_to_screen
 from kvviz.app.window.speed_panel import SpeedPanel
@@ -75,14 +77,15 @@ class MainWindow(QMainWindow):
         self.speed = SpeedPanel(self)  # View > Speed: the sweep runs in a process of its own
         self.presentation = Presentation(self, (*views, self.lesson_panel, self.speed.view), chrome)
         self.lesson = LessonMode(self, self.lesson_panel, lesson)
-        self.copier = ImageCopier(self)  # Ctrl+Shift+C, and "Copy image" on the plots
-        self.actions = build_actions(self, window_slots(self))
+        self.copier = ImageCopier(self, self.workspace)  # Ctrl+Shift+C, and "Copy image" on the plots
+        self.actions = build_actions(self, self._action_slots())
         self.session.dtype = self.settings.dtype
         self.precision = PrecisionMenu(self.session, self.actions,  # Run > Precision, shown where the run is
                                        (self.status.set_precision, self.controls.show_precision,
                                         self.lesson_panel.set_precision))
         self._wire()
-        restore_window(self, prompt)
+        restore_window(self, self.store, self.settings, self.controls, self.actions, self.presentation, self.run_view,
+                       prompt)
         if lesson is not None:
             self.lesson.open(lesson)
         source = self.settings.model_source if model is None else model
@@ -115,6 +118,31 @@ class MainWindow(QMainWindow):
         self.presentation.presenter_changed.connect(lambda on: on and self.lesson_panel.set_notes_shown(False))
         c.set_state(False, False, False)
 
+    def _action_slots(self) -> dict[str, Callable]:
+        """What each action of actions.ACTIONS does in this window."""
+        s, c, p = self.session, self.controls, self.presentation
+        return {
+            "open_file": lambda: self.picker.open_checkpoint(False),
+            "open_folder": lambda: self.picker.open_checkpoint(True),
+            "choose_model": self.picker.pop_up, "export": self.export, "quit": self.close,
+            "copy_image": self.copier.copy_chart,
+            "step": s.step, "play": self.toggle_play, "faster": lambda: c.change_speed(+1),
+            "slower": lambda: c.change_speed(-1), "reset": self.reset_run, "toggle_cache": c.cache_check.toggle,
+            "edit_prompt": c.focus_prompt, "escape": self.escape, "presenter": p.set_presenter,
+            "lesson": self.lesson.set_active, "lesson_next": self.lesson.next, "lesson_back": self.lesson.back,
+            "colour_blind": self.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
+            "memory": lambda on: (self.workspace.show_memory(on), self.redraw()),
+            "attention": lambda on: (self.run_view.show_attention(on), c.set_attention(on)),
+            "heads": lambda: self.grid.toggle_heads(),
+            "speed": lambda: self.show_speed(),
+            "theme_dark": lambda on: on and self.set_theme("dark"),
+            "theme_light": lambda on: on and self.set_theme("light"),
+            "zoom_in": lambda: p.step_zoom(+1),
+            "zoom_out": lambda: p.step_zoom(-1), "zoom_reset": lambda: p.set_zoom(1.0),
+            "shortcuts": lambda: ShortcutsDialog(self.actions.values(), self).exec(),
+            "about": lambda: AboutDialog(self.session.model_info, self).exec(),
+        }
+
     def _on_panel_built(self, panel: QWidget) -> None:
         self.painter.find_plots()
         for grid in panel.findChildren(KVGridView):  # compare mode's two
@@ -124,7 +152,8 @@ class MainWindow(QMainWindow):
     # ----- settings -----
     def save_settings(self) -> None:
         """Remember the run, the view and the window for the next launch (see window_state)."""
-        save_window(self)
+        save_window(self, self.store, self.settings, None if self.lesson.active else self.controls, self.actions,
+                    self.presentation, self.session)
 
     # ----- models -----
     def showEvent(self, event: QShowEvent) -> None:

@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QMainWindow
+
 from kvviz.app import theme
-from kvviz.app.settings import load_geometry, save_geometry
-from kvviz.app.window.presentation import fit_to_screen
+from kvviz.app.settings import AppSettings, SettingsFile, load_geometry, save_geometry
+from kvviz.app.window.presentation import Presentation, fit_to_screen
 
 if TYPE_CHECKING:
-    from kvviz.app.window.main_window import MainWindow
+    from kvviz.app.run.session import RunSession
+    from kvviz.app.views.run_view import RunView
+    from kvviz.app.window.controls import RunControls
 
 DEFAULT_SIZE = (1600, 1000)  # the first launch's window, or the screen if it is smaller
 
 
-def restore_window(window: MainWindow, prompt: str | None) -> None:
+def restore_window(window: QMainWindow, store: SettingsFile, settings: AppSettings, controls: RunControls,
+                   actions: Mapping[str, QAction], presentation: Presentation, run_view: RunView,
+                   prompt: str | None) -> None:
     """Set `window` as it was left: run settings (`prompt` unless None), view options, zoom, geometry."""
-    window.controls.restore(window.settings, prompt)
-    window.actions["colour_blind"].setChecked(window.settings.colour_blind)
-    window.actions["compare"].setChecked(window.settings.compare)
-    window.actions[f"theme_{theme.current().name}"].setChecked(True)
-    window.presentation.set_zoom(window.settings.zoom)
-    window.run_view.main_splitter.setSizes([430, 0, 520])
-    window.run_view.bottom_splitter.setSizes([1000, 360])
-    geometry = load_geometry(window.store)
+    controls.restore(settings, prompt)
+    actions["colour_blind"].setChecked(settings.colour_blind)
+    actions["compare"].setChecked(settings.compare)
+    actions[f"theme_{theme.current().name}"].setChecked(True)
+    presentation.set_zoom(settings.zoom)
+    run_view.main_splitter.setSizes([430, 0, 520])
+    run_view.bottom_splitter.setSizes([1000, 360])
+    geometry = load_geometry(store)
     if geometry is None or not window.restoreGeometry(geometry):
         screen = window.screen().availableGeometry()
         window.resize(min(DEFAULT_SIZE[0], screen.width()), min(DEFAULT_SIZE[1], screen.height()))
@@ -31,16 +39,18 @@ def restore_window(window: MainWindow, prompt: str | None) -> None:
     fit_to_screen(window)  # the geometry may come from a larger screen than this one
 
 
-def save_window(window: MainWindow) -> None:
-    """Remember what `restore_window` sets, the model and its precision; a lesson's run settings are its own."""
-    if not window.lesson.active:  # a lesson's settings are its own: the free app's were kept when it began
-        window.controls.store(window.settings)
-    window.settings.colour_blind = window.actions["colour_blind"].isChecked()
-    window.settings.zoom = window.presentation.remembered_zoom
-    window.settings.theme = window.presentation.theme.name
-    if window.session.source is not None:
-        window.settings.model_source = window.session.source
-    window.settings.dtype = window.session.model_info.dtype if window.session.model_info else window.session.dtype
-    window.settings.save(window.store)
-    if not window.presentation.presenter:
-        save_geometry(window.store, window.saveGeometry())
+def save_window(window: QMainWindow, store: SettingsFile, settings: AppSettings, controls: RunControls | None,
+                actions: Mapping[str, QAction], presentation: Presentation, session: RunSession) -> None:
+    """Remember what `restore_window` sets, the model and its precision; `controls` None: the run settings
+    are a lesson's, not remembered (the free app's were kept when it began)."""
+    if controls is not None:
+        controls.store(settings)
+    settings.colour_blind = actions["colour_blind"].isChecked()
+    settings.zoom = presentation.remembered_zoom
+    settings.theme = presentation.theme.name
+    if session.source is not None:
+        settings.model_source = session.source
+    settings.dtype = session.model_info.dtype if session.model_info else session.dtype
+    settings.save(store)
+    if not presentation.presenter:
+        save_geometry(store, window.saveGeometry())
