@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import QObject, QSignalBlocker
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QWidget
 
 from kvviz.app.lesson.focus import LessonFocus
@@ -17,7 +18,30 @@ from kvviz.core.lesson import Lesson, LessonError, LessonStep, format_answer, lo
 from kvviz.core.records import ModelInfo, RunPlan, StepRecord
 
 if TYPE_CHECKING:
-    from kvviz.app.window.main_window import MainWindow
+    from kvviz.app.run.session import RunSession
+    from kvviz.app.settings import AppSettings
+    from kvviz.app.window.controls import RunControls
+    from kvviz.app.window.speed_panel import SpeedPanel
+    from kvviz.app.window.workspace import Workspace
+
+
+class LessonHost(Protocol):
+    """What lesson mode uses of the window it walks through a lesson (kvviz.app.window.main_window.MainWindow)."""
+
+    session: RunSession
+    controls: RunControls
+    settings: AppSettings
+    workspace: Workspace
+    speed: SpeedPanel
+    actions: dict[str, QAction]
+
+    def centralWidget(self) -> QWidget: ...
+
+    def load_model(self, source: str) -> None: ...
+
+    def focus_grid(self) -> None: ...
+
+    def show_speed(self, activate: bool = True) -> None: ...
 
 BUILTIN = ("", "builtin")  # lesson sources that mean the built-in lesson
 
@@ -50,7 +74,7 @@ class LessonMode(QObject):
     prompt and run settings, compare mode and Break the cache, its model, and its run at the token it was at.
     """
 
-    def __init__(self, window: MainWindow, panel: LessonPanel, source: str | None = None) -> None:
+    def __init__(self, window: LessonHost, panel: LessonPanel, source: str | None = None) -> None:
         super().__init__(window)
         self._window = window
         self.panel = panel

@@ -276,7 +276,8 @@ class MainWindow(QMainWindow):
     def export(self) -> None:
         from kvviz.app.export import export_from_window
 
-        export_from_window(self)
+        export_from_window(self, self.session, self.status, self.export_targets, self.controls.prompt_edit.text(),
+                           self.redraw)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self._initial_source = None  # a window closed before its first load never starts one
