@@ -13,8 +13,7 @@ from kvviz.core.errors import KvvizError
 from kvviz.core.kv_cache import CACHES_BY_FAULT, KVCache
 from kvviz.core.records import CACHE_FAULTS, AttentionWeights, Candidate, RunPlan, StepRecord, describe_sampling
 from kvviz.core.tokenizer import Tokenizer, get_tokenizer
-from kvviz.models import gpt2_fast
-from kvviz.models.gpt2 import GPT
+from kvviz.models.families import family_of
 from kvviz.models.probe import PassProbe
 
 __all__ = ["Candidate", "Engine", "GenerationError", "RunPlan", "SamplingSettings", "StepRecord", "generate_ids"]
@@ -44,10 +43,13 @@ class SamplingSettings:
 
 
 class Engine:
-    """Runs a GPT and owns its KV cache; `generate` yields a StepRecord per forward pass."""
+    """Runs a model of any family (kvviz.models.families) and owns its KV cache; `generate` yields a StepRecord
+    per forward pass. One-token cached steps take the family's fast decode where it has one."""
 
-    def __init__(self, model: GPT, tokenizer: Tokenizer | None = None, device: str | torch.device = "cpu") -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer | None = None,
+                 device: str | torch.device = "cpu") -> None:
         self.model = model.eval()
+        self.fast = family_of(model).fast
         self.tokenizer = tokenizer or get_tokenizer()
         self.device = torch.device(device)
         self.kv_cache: KVCache | None = None
@@ -63,7 +65,7 @@ class Engine:
     @property
     def dtype(self) -> torch.dtype:
         """The number type of the weights and the cache."""
-        return self.model.transformer.wte.weight.dtype
+        return next(self.model.parameters()).dtype
 
     def warm_up(self, tokens: int = 4) -> None:
         """Run each kind of pass once, untimed, so that no timed pass pays a one-time cost (kernel set-up,
@@ -89,8 +91,8 @@ class Engine:
 
     def _new_cache(self, capacity: int, fault: str = "") -> KVCache:
         cfg = self.model.config
-        dtype = self.model.transformer.wte.weight.dtype
-        return CACHES_BY_FAULT[fault](cfg.n_layer, cfg.n_head, cfg.head_dim, capacity, dtype=dtype, device=self.device)
+        return CACHES_BY_FAULT[fault](cfg.n_layer, cfg.n_head, cfg.head_dim, capacity, dtype=self.dtype,
+                                      device=self.device)
 
     def _choose(
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
@@ -178,7 +180,7 @@ class Engine:
             final_with_cache=kv_with_cache(P, budget),
             final_without_cache=kv_without_cache(P, budget),
             cache_bytes_per_position=KVCache.bytes_per_position(
-                cfg.n_layer, cfg.n_head, cfg.head_dim, self.model.transformer.wte.weight.dtype) if use_cache else 0,
+                cfg.n_layer, cfg.n_head, cfg.head_dim, self.dtype) if use_cache else 0,
             stop_reason="max_new_tokens" if budget == max_new_tokens else "context_full",
             sampling=describe_sampling(sampling.temperature, sampling.top_k, sampling.seed),
             run_id=run_id,
@@ -186,7 +188,7 @@ class Engine:
             attention=attention,
             n_head=cfg.n_head,
             head_dim=cfg.head_dim,
-            dtype_bytes=self.model.transformer.wte.weight.element_size(),
+            dtype_bytes=torch.finfo(self.dtype).bits // 8,
         )
 
     def generate(
@@ -246,7 +248,8 @@ class Engine:
         model = self.model
         n_layer = model.config.n_layer
         tokens = list(plan.prompt_ids)
-        decode_weights = gpt2_fast.decode_weights(model) if use_cache else None
+        fast = self.fast if use_cache else None
+        decode_weights = fast.decode_weights(model) if fast is not None else None
         computed_total = reused_total = without_total = 0
         step = 0
         while True:
@@ -263,8 +266,8 @@ class Engine:
             probe = PassProbe(n_layer, record_attention, self.before_block)
             attention = None
             started = time.perf_counter()
-            if use_cache and len(fed) == 1:
-                logits = gpt2_fast.decode_one(model, fed[0], fed_start, cache, decode_weights, probe)[0]  # (V,)
+            if fast is not None and len(fed) == 1:
+                logits = fast.decode_one(model, fed[0], fed_start, cache, decode_weights, probe)[0]  # (V,)
             else:
                 idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
                 positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)

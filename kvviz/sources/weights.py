@@ -15,16 +15,9 @@ import torch
 from kvviz.core.errors import DownloadCancelled, ModelLoadError, first_line
 from kvviz.core.files import user_path, write_atomically
 from kvviz.core.resources import DEFAULT_MODEL_NAME, default_model_dir
+from kvviz.models.families import DEFAULT_FAMILY, Family, family_of, family_of_config
 from kvviz.models.gpt2 import GPT, PRESETS, GPTConfig
 from kvviz.models.products import column_major
-from kvviz.sources.gpt2_format import (
-    check_config_fits,
-    column_major_keys,
-    config_from_json,
-    config_to_json,
-    infer_config,
-    normalize_keys,
-)
 from kvviz.sources.hub import HUB_MODELS, ProgressCallback, cached_hub_model, download_hub_model
 
 __all__ = [  # the hub's and the errors' names are re-exported: loading a model is one import
@@ -39,10 +32,10 @@ RANDOM_SEED = 123
 class LoadedModel:
     """A ready model and where it came from."""
 
-    model: GPT
+    model: torch.nn.Module  # a family's teaching model (kvviz.models.families)
     name: str  # short name for display: "gpt2", "random:gpt2", a folder's name
     source: str  # where the weights came from, for Help > About
-    config: GPTConfig
+    config: GPTConfig  # the model's config (its family's config class)
 
     @property
     def num_parameters(self) -> int:
@@ -101,10 +94,10 @@ def _check_finite(state: dict[str, torch.Tensor], origin: str, where: str) -> No
                                  f"(train, save or download them again)")
 
 
-def build_model(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, dtype: torch.dtype) -> GPT:
-    """A GPT with `state` loaded, after checking every tensor's presence and shape."""
+def build_model(family: Family, config, state: dict[str, torch.Tensor], origin: str, dtype: torch.dtype):
+    """`family`'s model of `config` with `state` loaded, after checking every tensor's presence and shape."""
     with torch.device("meta"):
-        model = GPT(config)
+        model = family.model(config)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     for key, shape in expected.items():
         if key not in state:
@@ -117,41 +110,38 @@ def build_model(config: GPTConfig, state: dict[str, torch.Tensor], origin: str, 
     _check_finite(state, origin, "")
     state = {k: v.to(dtype) for k, v in state.items()}
     _check_finite(state, origin, f" once in {str(dtype).removeprefix('torch.')}")
-    for key in column_major_keys(state):
+    for key in family.checkpoint.column_major_keys(state):
         state[key] = column_major(state[key])  # the head shares wte; Conv1D multiplies by row blocks
     model.load_state_dict(state, assign=True)
     return model.eval()
 
 
-def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32) -> GPT:
-    """A checkpoint folder (config.json + model.safetensors) or a single weights file."""
+def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32):
+    """A checkpoint folder (config.json + model.safetensors) or a single weights file (its config.json beside
+    it, if any), of any family in FAMILIES (by the config's model_type; GPT-2 without a config)."""
     if path.is_dir():
         weights = path / "model.safetensors"
         if not weights.is_file():
             raise ModelLoadError(f"{path}: folder has no model.safetensors")
-        config_path = path / "config.json"
-        state = normalize_keys(_read_state_dict(weights))
-        if config_path.is_file():
-            config = config_from_json(config_path)
-            check_config_fits(config, state, str(weights), config_path)
-        else:
-            config = infer_config(state, path.name, str(weights))
-        return build_model(config.with_name(path.name), state, str(weights), dtype)
-    state = normalize_keys(_read_state_dict(path))
-    sibling = path.parent / "config.json"
-    if sibling.is_file():
-        config = config_from_json(sibling)
-        check_config_fits(config, state, str(path), sibling)
+        config_path, name = path / "config.json", path.name
     else:
-        config = infer_config(state, path.stem, str(path))
-    name = path.parent.name if path.stem == "model" else path.stem
-    return build_model(config.with_name(name), state, str(path), dtype)
+        weights, config_path = path, path.parent / "config.json"
+        name = path.parent.name if path.stem == "model" else path.stem
+    family = family_of_config(config_path) if config_path.is_file() else DEFAULT_FAMILY
+    checkpoint = family.checkpoint
+    state = checkpoint.normalize_keys(_read_state_dict(weights))
+    if config_path.is_file():
+        config = checkpoint.config_from_json(config_path)
+        checkpoint.check_config_fits(config, state, str(weights), config_path)
+    else:
+        config = checkpoint.infer_config(state, name, str(weights))
+    return build_model(family, config.with_name(name), state, str(weights), dtype)
 
 
 CHECKPOINT_FILES = ("model.safetensors", "config.json")
 
 
-def save_checkpoint(model: GPT, out_dir: Path, dtype: torch.dtype = torch.float32) -> Path:
+def save_checkpoint(model: torch.nn.Module, out_dir: Path, dtype: torch.dtype = torch.float32) -> Path:
     """Write `config.json` and `model.safetensors` as transformers' save_pretrained does: both or neither.
 
     Both files are written whole (and synced) into a temporary folder inside `out_dir` before
@@ -169,7 +159,8 @@ def save_checkpoint(model: GPT, out_dir: Path, dtype: torch.dtype = torch.float3
         save_file(state, str(weights), metadata={"format": "pt"})
         with open(weights, "rb") as handle:
             os.fsync(handle.fileno())
-        write_atomically(staging / "config.json", (json.dumps(config_to_json(model.config), indent=2) + "\n").encode())
+        config = family_of(model).checkpoint.config_to_json(model.config)
+        write_atomically(staging / "config.json", (json.dumps(config, indent=2) + "\n").encode())
         _move_in_together(staging, out_dir, CHECKPOINT_FILES)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

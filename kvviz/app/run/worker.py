@@ -81,11 +81,11 @@ def check_dtype_runs(model, dtype: str) -> None:
 
     try:
         with torch.inference_mode():
-            model(torch.zeros((1, 1), dtype=torch.long, device=model.transformer.wte.weight.device))
+            model(torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device))
     except (RuntimeError, TypeError) as exc:
         if is_out_of_memory(exc):
             raise
-        device = model.transformer.wte.weight.device.type
+        device = next(model.parameters()).device.type
         raise DtypeUnsupported(f"{dtype} cannot run on {device} here ({first_line(exc)}); "
                                "the previous precision is kept.") from exc
 

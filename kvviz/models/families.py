@@ -1,0 +1,65 @@
+"""The model families kvviz runs, one line each in FAMILIES.
+
+A family is three files: its teaching model (nanoGPT-shaped, what runs when a student steps), its checkpoint
+format (transformers' `config.json` fields and tensor names), and, where there is one, the fast one-token decode
+the engine takes for cached steps, checked bit-equal against the teaching forward. Loading dispatches on the
+checkpoint's `model_type`; the engine on the model's class.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from torch import nn
+
+from kvviz.core.errors import ModelLoadError
+from kvviz.models import gpt2, gpt2_fast, gpt2_format
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family. `checkpoint` reads and writes its checkpoints (`config_from_json`, `config_to_json`,
+    `normalize_keys`, `infer_config`, `check_config_fits`, `column_major_keys`); `fast` holds `decode_weights`
+    and `decode_one`, or is None and every pass runs the teaching forward."""
+
+    model_type: str  # config.json's model_type
+    title: str  # for messages: "GPT-2"
+    model: type[nn.Module]  # the teaching model; its instances have a `config`
+    checkpoint: ModuleType
+    fast: ModuleType | None = None
+
+
+FAMILIES: dict[str, Family] = {family.model_type: family for family in (
+    Family("gpt2", "GPT-2", gpt2.GPT, gpt2_format, gpt2_fast),
+)}
+DEFAULT_FAMILY = FAMILIES["gpt2"]  # what a weights file without a config.json is read as
+
+
+def family_of(model: nn.Module) -> Family:
+    """The family `model` belongs to."""
+    for family in FAMILIES.values():
+        if isinstance(model, family.model):
+            return family
+    raise TypeError(f"{type(model).__name__} is no model family kvviz knows")
+
+
+def family_of_config(path: Path) -> Family:
+    """The family of the checkpoint whose transformers `config.json` is `path` (ModelLoadError if kvviz runs
+    none of that model_type, or the file is no JSON object)."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ModelLoadError(f"{path}: not a readable JSON config ({exc.__class__.__name__})") from exc
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path}: the config is not a JSON object")
+    model_type = raw.get("model_type")
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        shown = json.dumps(model_type)[:40] if isinstance(model_type, (str, int, float, bool)) or model_type is None \
+            else type(model_type).__name__
+        titles = ", ".join(f.title for f in FAMILIES.values())
+        raise ModelLoadError(f"{path}: model_type is {shown}, but kvviz runs {titles} checkpoints only")
+    return family
