@@ -91,7 +91,7 @@ class Engine:
 
     def _new_cache(self, capacity: int, fault: str = "") -> KVCache:
         cfg = self.model.config
-        return CACHES_BY_FAULT[fault](cfg.n_layer, cfg.n_head, cfg.head_dim, capacity, dtype=self.dtype,
+        return CACHES_BY_FAULT[fault](cfg.n_layer, cfg.n_kv_head, cfg.head_dim, capacity, dtype=self.dtype,
                                       device=self.device)
 
     def _choose(
@@ -180,7 +180,7 @@ class Engine:
             final_with_cache=kv_with_cache(P, budget),
             final_without_cache=kv_without_cache(P, budget),
             cache_bytes_per_position=KVCache.bytes_per_position(
-                cfg.n_layer, cfg.n_head, cfg.head_dim, self.dtype) if use_cache else 0,
+                cfg.n_layer, cfg.n_kv_head, cfg.head_dim, self.dtype) if use_cache else 0,
             stop_reason="max_new_tokens" if budget == max_new_tokens else "context_full",
             sampling=describe_sampling(sampling.temperature, sampling.top_k, sampling.seed),
             run_id=run_id,

@@ -16,7 +16,7 @@ from types import ModuleType
 from torch import nn
 
 from kvviz.core.errors import ModelLoadError
-from kvviz.models import gpt2, gpt2_fast, gpt2_format
+from kvviz.models import gpt2, gpt2_fast, gpt2_format, llama, llama_format
 
 
 @dataclass(frozen=True)
@@ -25,16 +25,17 @@ class Family:
     `normalize_keys`, `infer_config`, `check_config_fits`, `column_major_keys`); `fast` holds `decode_weights`
     and `decode_one`, or is None and every pass runs the teaching forward."""
 
-    model_type: str  # config.json's model_type
+    model_types: tuple[str, ...]  # config.json's model_type values
     title: str  # for messages: "GPT-2"
     model: type[nn.Module]  # the teaching model; its instances have a `config`
     checkpoint: ModuleType
     fast: ModuleType | None = None
 
 
-FAMILIES: dict[str, Family] = {family.model_type: family for family in (
-    Family("gpt2", "GPT-2", gpt2.GPT, gpt2_format, gpt2_fast),
-)}
+FAMILIES: dict[str, Family] = {model_type: family for family in (
+    Family(("gpt2",), "GPT-2", gpt2.GPT, gpt2_format, gpt2_fast),
+    Family(llama_format.MODEL_TYPES, "Llama-family", llama.Llama, llama_format),
+) for model_type in family.model_types}
 DEFAULT_FAMILY = FAMILIES["gpt2"]  # what a weights file without a config.json is read as
 
 
@@ -60,6 +61,6 @@ def family_of_config(path: Path) -> Family:
     if family is None:
         shown = json.dumps(model_type)[:40] if isinstance(model_type, (str, int, float, bool)) or model_type is None \
             else type(model_type).__name__
-        titles = ", ".join(f.title for f in FAMILIES.values())
+        titles = " and ".join(dict.fromkeys(f.title for f in FAMILIES.values()))
         raise ModelLoadError(f"{path}: model_type is {shown}, but kvviz runs {titles} checkpoints only")
     return family

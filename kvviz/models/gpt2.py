@@ -42,6 +42,11 @@ class GPTConfig:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def n_kv_head(self) -> int:
+        """Heads whose keys and values the cache keeps: every head (multi-head attention)."""
+        return self.n_head
+
     def with_name(self, name: str) -> GPTConfig:
         return replace(self, name=name)
 

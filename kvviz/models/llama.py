@@ -1,0 +1,222 @@
+"""A Llama-style decoder in one readable file: RMSNorm, rotary positions (RoPE), SwiGLU, and grouped-query
+attention, with explicit positions and an optional KV cache.
+
+The family of Llama 2 and 3, SmolLM2, Qwen2 (biases on q, k and v) and Mistral. Its cache keeps one key and
+one value per *KV head*: with `n_kv_head` < `n_head`, each group of `n_head // n_kv_head` query heads reads the
+same cached K/V (GQA; MQA when there is one KV head), so a position costs `n_head // n_kv_head` times fewer
+bytes than in multi-head attention. Module names follow transformers' checkpoint keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvviz.core.kv_cache import KVCache
+from kvviz.models.probe import PassProbe
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Shape of a Llama-style model; transformers' names in the comments."""
+
+    vocab_size: int = 49152
+    n_ctx: int = 2048  # max_position_embeddings
+    n_layer: int = 30  # num_hidden_layers
+    n_head: int = 9  # num_attention_heads: query heads
+    n_kv_head: int = 3  # num_key_value_heads: the heads the cache keeps
+    n_embd: int = 576  # hidden_size
+    intermediate_size: int = 1536  # the SwiGLU's width
+    head_size: int = 0  # head_dim; 0: n_embd // n_head
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
+    o_bias: bool = False  # a bias on the output projection too (Llama's attention_bias)
+    tie_word_embeddings: bool = True  # the output head is the embedding matrix
+    name: str = field(default="custom", compare=False)
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "n_ctx", "n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size"):
+            if int(getattr(self, key)) <= 0:
+                raise ValueError(f"config {key} must be positive, got {getattr(self, key)}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"config n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
+        if not self.head_size and self.n_embd % self.n_head:
+            raise ValueError(f"config n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.head_size or self.n_embd // self.n_head
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head: 1 is multi-head attention, n_head is multi-query attention."""
+        return self.n_head // self.n_kv_head
+
+    def with_name(self, name: str) -> LlamaConfig:
+        return replace(self, name=name)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps), scaled per channel; computed in float32 whatever the weights' dtype."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos and sin (T, head_dim) of RoPE at `positions` (T,): pair i of a head turns by position * theta^(-2i/d)."""
+    inverse_frequencies = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    angles = positions.float()[:, None] * inverse_frequencies[None, :]  # (T, d/2)
+    angles = torch.cat((angles, angles), dim=-1)  # (T, d): the halves of a head rotate together
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn each pair (x[i], x[i + d/2]) of every head of `x` (B, h, T, d) by its position's angle."""
+    half = x.shape[-1] // 2
+    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + turned * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query causal self-attention: keys and values are projected for `n_kv_head` heads only, rotated
+    to their positions, written to the cache once, and read back by every query head of their group."""
+
+    def __init__(self, config: LlamaConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.rope_theta = config.rope_theta
+        C, hd, bias = config.n_embd, config.head_dim, config.qkv_bias
+        self.q_proj = nn.Linear(C, config.n_head * hd, bias=bias)
+        self.k_proj = nn.Linear(C, config.n_kv_head * hd, bias=bias)
+        self.v_proj = nn.Linear(C, config.n_kv_head * hd, bias=bias)
+        self.o_proj = nn.Linear(config.n_head * hd, C, bias=config.o_bias)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
+                probe: PassProbe | None = None) -> torch.Tensor:
+        B, T, C = x.shape  # (B, T, C)
+        hd = self.head_dim
+        q = self.q_proj(x).view(B, T, self.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        if probe is not None:
+            probe.projected(self.layer_index, B * T)
+        cos, sin = rope_angles(positions, hd, self.rope_theta, x.dtype)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # keys are cached already turned to their positions
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_index, positions, k, v)  # (B, nkv, S, hd), S = cached + T
+        group = self.n_head // self.n_kv_head
+        k = k.repeat_interleave(group, dim=1)  # (B, nh, S, hd): query head h reads KV head h // group
+        v = v.repeat_interleave(group, dim=1)  # (B, nh, S, hd)
+        if kv_cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+        elif T == 1:
+            y = F.scaled_dot_product_attention(q, k, v)
+        else:
+            key_positions = torch.arange(k.shape[2], device=x.device)
+            mask = key_positions[None, :] <= positions[:, None]  # (T, S)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if probe is not None:
+            probe.attended(q, k)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * hd)  # (B, T, nh * hd)
+        return self.o_proj(y)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_index: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_index)
+        self.post_attention_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
+        self.mlp = SwiGLU(config)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
+                probe: PassProbe | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, probe)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    """A Llama-style decoder: token embeddings (no learned positions: RoPE turns queries and keys), pre-RMSNorm
+    layers of grouped-query attention and SwiGLU, a final RMSNorm, and an output head tied to the embeddings
+    or its own (`lm_head`)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = nn.ModuleDict(dict(
+            embed_tokens=nn.Embedding(config.vocab_size, config.n_embd,
+                                      _weight=torch.empty(config.vocab_size, config.n_embd)),
+            layers=nn.ModuleList(DecoderLayer(config, i) for i in range(config.n_layer)),
+            norm=RMSNorm(config.n_embd, config.rms_norm_eps),
+        ))
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.n_embd, config.vocab_size, bias=False)
+
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Normal(0, 0.02) weights, zero biases, unit norms (transformers' initializer_range)."""
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, 0.02, generator=generator)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def hidden_states(self, idx: torch.Tensor, positions: torch.Tensor | None = None,
+                      kv_cache: KVCache | None = None, last_only: bool = False,
+                      probe: PassProbe | None = None) -> torch.Tensor:
+        """The final RMSNorm's output (B, T, C) for `idx` (B, T)."""
+        B, T = idx.shape
+        if positions is None:
+            start = 0 if kv_cache is None else kv_cache.length
+            positions = torch.arange(start, start + T, device=idx.device)
+        if int(positions[-1]) >= self.config.n_ctx:
+            raise ValueError(f"position {int(positions[-1])} is past the context length {self.config.n_ctx}")
+        x = self.model.embed_tokens(idx)  # (B, T, C)
+        for i, layer in enumerate(self.blocks):
+            if probe is not None:
+                probe.entering(i)
+            x = layer(x, positions, kv_cache, probe)
+        if last_only:
+            x = x[:, -1:, :]  # (B, 1, C)
+        return self.model.norm(x)
+
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                last_only: bool = False, probe: PassProbe | None = None) -> torch.Tensor:
+        """Logits (B, T, V) for `idx` (B, T) at `positions` (T,); with `kv_cache`, attend to cached keys too."""
+        x = self.hidden_states(idx, positions, kv_cache, last_only, probe)  # (B, T, C)
+        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # (V, C)
+        return F.linear(x, head)  # (B, T, V)

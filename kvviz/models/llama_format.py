@@ -1,0 +1,126 @@
+"""The Llama family's checkpoint format: transformers' `config.json` of model_type llama, qwen2 or mistral, and
+the state dict's keys (the same names as kvviz.models.llama's modules)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from kvviz.core.errors import ModelLoadError
+from kvviz.models.llama import LlamaConfig
+
+MODEL_TYPES = ("llama", "qwen2", "mistral")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # a buffer older checkpoints carry, recomputed from rope_theta
+
+
+def config_from_json(path: Path) -> LlamaConfig:
+    """A LlamaConfig from a transformers `config.json` (ModelLoadError naming what kvviz cannot run)."""
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    model_type = raw.get("model_type")
+    # transformers 5 writes RoPE's settings as rope_parameters, older configs as rope_scaling and rope_theta
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ModelLoadError(f"{path}: the RoPE settings {_shown(rope)} are not a JSON object")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise ModelLoadError(f"{path}: rope_type {_shown(kind)} is not supported; kvviz runs plain RoPE "
+                             "(rope_theta) only")
+    theta_from = rope if "rope_theta" in rope else raw
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"{path}: hidden_act {_shown(raw['hidden_act'])} is not SwiGLU's silu")
+    if raw.get("mlp_bias"):
+        raise ModelLoadError(f"{path}: mlp_bias is not supported")
+    window = raw.get("sliding_window")
+    if model_type == "mistral" and window is not None and window < raw.get("max_position_embeddings", 0):
+        raise ModelLoadError(f"{path}: a sliding window of {window} positions is not supported yet")
+    if model_type == "qwen2" and raw.get("use_sliding_window"):
+        raise ModelLoadError(f"{path}: use_sliding_window is not supported yet")
+    heads = _whole(raw, path, "num_attention_heads", 32)
+    try:
+        return LlamaConfig(
+            vocab_size=_whole(raw, path, "vocab_size", 32000),
+            n_ctx=_whole(raw, path, "max_position_embeddings", 2048),
+            n_layer=_whole(raw, path, "num_hidden_layers", 32),
+            n_head=heads,
+            n_kv_head=_whole(raw, path, "num_key_value_heads", heads),
+            n_embd=_whole(raw, path, "hidden_size", 4096),
+            intermediate_size=_whole(raw, path, "intermediate_size", 11008),
+            head_size=_whole(raw, path, "head_dim", 0) if raw.get("head_dim") is not None else 0,
+            rms_norm_eps=_positive(raw, path, "rms_norm_eps", 1e-6),
+            rope_theta=_positive(theta_from, path, "rope_theta", 10000.0),
+            qkv_bias=True if model_type == "qwen2" else bool(raw.get("attention_bias", False)),
+            o_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            name=path.parent.name,
+        )
+    except ValueError as exc:
+        raise ModelLoadError(f"{path}: {exc}") from exc
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, (int, float, str, bool, dict, list)) or value is None \
+        else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _whole(raw: dict, path: Path, key: str, default: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 10**9:
+        raise ModelLoadError(f"{path}: {key}={_shown(value)} is not a whole number kvviz can run")
+    return value
+
+
+def _positive(raw: dict, path: Path, key: str, default: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ModelLoadError(f"{path}: {key}={_shown(value)} is not a positive number")
+    return float(value)
+
+
+def config_to_json(config: LlamaConfig, model_type: str = "llama") -> dict:
+    """The transformers `config.json` for `config`, loadable by LlamaForCausalLM."""
+    return {
+        "architectures": [ARCHITECTURES[model_type]],
+        "model_type": model_type,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.n_ctx,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.n_kv_head,
+        "hidden_size": config.n_embd,
+        "intermediate_size": config.intermediate_size,
+        "head_dim": config.head_dim,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "attention_bias": config.qkv_bias and config.o_bias,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+
+
+def normalize_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict without the buffers checkpoints may carry besides weights."""
+    return {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
+
+
+def infer_config(state: dict[str, torch.Tensor], name: str, origin: str | None = None) -> LlamaConfig:
+    raise ModelLoadError(f"{origin or name}: a Llama-family checkpoint needs its config.json beside it")
+
+
+def check_config_fits(config: LlamaConfig, state: dict[str, torch.Tensor], origin: str, config_path: Path) -> None:
+    """Drop a tied head's copy of the embeddings some checkpoints carry; the shapes are checked by every load
+    (kvviz.sources.weights.build_model)."""
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+
+
+def column_major_keys(state: dict[str, torch.Tensor]) -> list[str]:
+    """None: the teaching model multiplies by transformers' (out, in) weights as they are."""
+    return []

@@ -1,0 +1,152 @@
+"""The Llama family (kvviz.models.llama) against transformers on the same random-weight checkpoints: Llama,
+Qwen2 and Mistral, with grouped-query, multi-query and multi-head attention, biases, tied and untied heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvviz.core.engine import Engine, generate_ids
+from kvviz.core.kv_cache import KVCache
+from kvviz.models.probe import PassProbe
+from kvviz.sources.weights import load_model
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT_IDS = [464, 290, 17, 818, 262, 329, 11]
+TOLERANCE = 1e-4
+
+# (class, n_head, n_kv_head, tied, extra config): three per class
+CASES = [
+    ("llama", 4, 2, False, {}),
+    ("llama", 4, 1, True, {"rope_theta": 500000.0}),
+    ("llama", 4, 4, False, {"attention_bias": True}),
+    ("qwen2", 4, 2, True, {}),
+    ("qwen2", 4, 1, False, {"rope_theta": 1000000.0}),
+    ("qwen2", 8, 2, True, {}),
+    ("mistral", 4, 2, False, {"sliding_window": None}),
+    ("mistral", 4, 1, True, {"sliding_window": None}),
+    ("mistral", 8, 2, False, {"sliding_window": None, "head_dim": 16}),
+]
+CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+           "mistral": ("MistralConfig", "MistralForCausalLM")}
+
+
+def case_id(case) -> str:
+    kind, heads, kv_heads, tied, extra = case
+    attention = "mqa" if kv_heads == 1 else "mha" if kv_heads == heads else "gqa"
+    return f"{kind}-{attention}-{'tied' if tied else 'untied'}{'-bias' if extra.get('attention_bias') else ''}"
+
+
+@pytest.fixture(scope="module", params=CASES, ids=case_id)
+def checkpoint(request, tmp_path_factory):
+    """A transformers model with random weights, saved as a Hugging Face folder, and kvviz's load of it."""
+    kind, heads, kv_heads, tied, extra = request.param
+    config_class, model_class = (getattr(transformers, name) for name in CLASSES[kind])
+    config = config_class(vocab_size=1000, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
+                          num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=64,
+                          tie_word_embeddings=tied, attn_implementation="eager", **extra)
+    torch.manual_seed(len(request.node.name))
+    peer = model_class(config).eval()
+    with torch.no_grad():  # less flat than the default initialisation: tokens that differ from step to step
+        for parameter in peer.parameters():
+            parameter.normal_(0.0, 0.15 if parameter.dim() > 1 else 0.05)
+    folder = tmp_path_factory.mktemp(kind) / "model"
+    peer.save_pretrained(folder)
+    return peer, load_model(str(folder)).model
+
+
+def peer_logits(peer, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return peer(torch.tensor([ids])).logits[0]  # (T, V)
+
+
+def test_logits_equal_transformers_without_the_cache(checkpoint):
+    peer, model = checkpoint
+    with torch.no_grad():
+        ours = model(torch.tensor([PROMPT_IDS]))[0]  # (T, V)
+    assert torch.allclose(ours, peer_logits(peer, PROMPT_IDS), atol=TOLERANCE, rtol=0)
+
+
+def test_logits_equal_transformers_through_the_cache(checkpoint):
+    """A prefill of three tokens, then one token a pass: every position's logits as transformers gives them."""
+    peer, model = checkpoint
+    cfg = model.config
+    cache = KVCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, len(PROMPT_IDS))
+    expected = peer_logits(peer, PROMPT_IDS)
+    with torch.no_grad():
+        ours = [model(torch.tensor([PROMPT_IDS[:3]]), torch.arange(3), cache)[0]]
+        for position in range(3, len(PROMPT_IDS)):
+            ours.append(model(torch.tensor([[PROMPT_IDS[position]]]), torch.tensor([position]), cache)[0])
+    assert torch.allclose(torch.cat(ours), expected, atol=TOLERANCE, rtol=0)
+
+
+def test_the_cache_holds_transformers_past_key_values(checkpoint):
+    """One key and value per KV head, rotated to their positions, as transformers caches them."""
+    peer, model = checkpoint
+    cfg = model.config
+    cache = KVCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, len(PROMPT_IDS))
+    with torch.no_grad():
+        model(torch.tensor([PROMPT_IDS]), torch.arange(len(PROMPT_IDS)), cache)
+        past = peer(torch.tensor([PROMPT_IDS]), use_cache=True).past_key_values
+    assert cache.keys.shape == (cfg.n_layer, 1, cfg.n_kv_head, len(PROMPT_IDS), cfg.head_dim)
+    for layer in range(cfg.n_layer):
+        keys, values = past_layer(past, layer)  # (1, nkv, T, hd) each
+        assert torch.allclose(cache.keys[layer], keys, atol=TOLERANCE, rtol=0)
+        assert torch.allclose(cache.values[layer], values, atol=TOLERANCE, rtol=0)
+
+
+def past_layer(past, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's keys and values from transformers' cache, whichever its version's layout."""
+    if hasattr(past, "layers"):
+        return past.layers[layer].keys, past.layers[layer].values
+    if hasattr(past, "key_cache"):
+        return past.key_cache[layer], past.value_cache[layer]
+    return past[layer][0], past[layer][1]
+
+
+def test_the_newest_querys_attention_equals_transformers(checkpoint):
+    peer, model = checkpoint
+    probe = PassProbe(model.config.n_layer, record_attention=True)
+    with torch.no_grad():
+        model(torch.tensor([PROMPT_IDS]), probe=probe)
+        attentions = peer(torch.tensor([PROMPT_IDS]), output_attentions=True).attentions
+    for layer, weights in enumerate(probe.attention):
+        assert weights.shape == (model.config.n_head, len(PROMPT_IDS))  # every query head, over every position
+        assert torch.allclose(weights, attentions[layer][0, :, -1, :], atol=TOLERANCE, rtol=0)
+
+
+def test_greedy_tokens_are_the_same_with_and_without_the_cache_and_in_transformers(checkpoint):
+    peer, model = checkpoint
+    engine = Engine(model)
+    cached, records = generate_ids(engine, PROMPT_IDS, 20, use_cache=True)
+    uncached, _ = generate_ids(engine, PROMPT_IDS, 20, use_cache=False)
+    with torch.no_grad():
+        reference = peer.generate(torch.tensor([PROMPT_IDS]), max_new_tokens=20, do_sample=False,
+                                  pad_token_id=0)[0, len(PROMPT_IDS):].tolist()
+    assert cached == uncached == reference
+    assert len(set(cached)) > 1, "weights this flat would not test much"
+    cfg = model.config  # the cache keeps the KV heads only: 2 * L * nkv * hd * 4 bytes a position
+    assert records[-1].cache_bytes == 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * 4 * (len(PROMPT_IDS) + 20)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}},
+     'rope_type "llama3" is not supported; kvviz runs plain RoPE (rope_theta) only'),
+    ({"hidden_act": "gelu"}, 'hidden_act "gelu" is not SwiGLU\'s silu'),
+    ({"num_key_value_heads": 3}, "config n_head=4 is not a multiple of n_kv_head=3"),
+], ids=["rope-scaling", "activation", "heads"])
+def test_what_kvviz_cannot_run_is_named_in_one_line(tmp_path, changes, message):
+    import json
+
+    from kvviz.core.errors import ModelLoadError
+
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    folder = tmp_path / "model"
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, **changes}))
+    with pytest.raises(ModelLoadError) as failed:
+        load_model(str(folder))
+    assert str(failed.value) == f"{folder / 'config.json'}: {message}"
