@@ -9,7 +9,7 @@ import torch
 from kvviz.core.engine import Engine, generate_ids
 from kvviz.core.kv_cache import KVCache
 from kvviz.models.probe import PassProbe
-from kvviz.sources.weights import load_model
+from kvviz.sources.weights import load_checkpoint, load_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,7 +40,7 @@ def case_id(case) -> str:
 
 @pytest.fixture(scope="module", params=CASES, ids=case_id)
 def checkpoint(request, tmp_path_factory):
-    """A transformers model with random weights, saved as a Hugging Face folder, and kvviz's load of it."""
+    """A transformers model with random weights, saved as a Hugging Face folder, and kvviz's load of its weights."""
     kind, heads, kv_heads, tied, extra = request.param
     config_class, model_class = (getattr(transformers, name) for name in CLASSES[kind])
     config = config_class(vocab_size=1000, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
@@ -53,7 +53,7 @@ def checkpoint(request, tmp_path_factory):
             parameter.normal_(0.0, 0.15 if parameter.dim() > 1 else 0.05)
     folder = tmp_path_factory.mktemp(kind) / "model"
     peer.save_pretrained(folder)
-    return peer, load_model(str(folder)).model
+    return peer, load_checkpoint(folder)  # the weights alone: these tests feed ids, and need no tokenizer.json
 
 
 def peer_logits(peer, ids: list[int]) -> torch.Tensor:
@@ -150,3 +150,77 @@ def test_what_kvviz_cannot_run_is_named_in_one_line(tmp_path, changes, message):
     with pytest.raises(ModelLoadError) as failed:
         load_model(str(folder))
     assert str(failed.value) == f"{folder / 'config.json'}: {message}"
+
+
+# ----- a Hugging Face folder as a user has it: weights, config.json, tokenizer.json -----
+
+
+def byte_level_tokenizer(vocab_size: int = 400):
+    """A byte-level BPE trained on a few lines, with a beginning-of-text token its post-processor adds, as
+    Llama's does, and an end-of-text token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["Time flies like an arrow.", "Fruit flies like a banana.", "The cache keeps "
+                                   "every key and value it has computed."] * 20, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    config = transformers.LlamaConfig(vocab_size=400, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=True)
+    torch.manual_seed(5)
+    peer = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in peer.parameters():
+            parameter.normal_(0.0, 0.15 if parameter.dim() > 1 else 0.05)
+    folder = tmp_path_factory.mktemp("hub") / "tiny-llama"
+    peer.save_pretrained(folder)
+    byte_level_tokenizer().save(str(folder / "tokenizer.json"))
+    return folder, peer
+
+
+def test_a_llama_folder_generates_with_its_own_tokenizer(llama_folder, kvviz_cli):
+    import json
+
+    folder, peer = llama_folder
+    done = kvviz_cli("generate", "--model", str(folder), "--prompt", "Time flies", "--max-new-tokens", "8", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    own = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    assert result["prompt_ids"] == own("Time flies")["input_ids"] and result["prompt_ids"][0] == 0  # <s> first
+    with torch.no_grad():
+        reference = peer.generate(torch.tensor([result["prompt_ids"]]), max_new_tokens=8, do_sample=False,
+                                  pad_token_id=1)[0, len(result["prompt_ids"]):].tolist()
+    assert result["output_ids"] == reference
+    assert result["text"] == own.decode(reference)
+    # 2 layers x 2 KV heads x 16 numbers, keys and values, 4 bytes: 512 bytes a position
+    assert result["cache_bytes"] == 512 * (len(result["prompt_ids"]) + 8)
+
+
+def test_a_llama_folder_without_its_tokenizer_is_one_line(llama_folder, tmp_path, kvviz_cli):
+    import shutil
+
+    folder = tmp_path / "no-tokenizer"
+    shutil.copytree(llama_folder[0], folder)
+    (folder / "tokenizer.json").unlink()
+    done = kvviz_cli("generate", "--model", str(folder), "--prompt", "x")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"kvviz: {folder}: no tokenizer.json beside the weights; kvviz tokenizes a prompt with "
+                           "the model's own tokenizer\n")
+
+
+def test_memory_sizes_a_llama_folders_cache_by_its_kv_heads(llama_folder, kvviz_cli):
+    import json
+
+    done = kvviz_cli("memory", "--model", str(llama_folder[0]), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # keys and values x 2 layers x 2 KV heads x 16 x 4 bytes

@@ -168,7 +168,8 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
             from kvviz.core.run import start_run
 
             loaded = session.controller.worker.loaded_model
-            headless_engine = Engine(loaded.model)  # the same weights, driven from this thread while the worker idles
+            # the same weights, driven from this thread while the worker idles
+            headless_engine = Engine(loaded.model, loaded.tokenizer)
             prompt_ids = headless_engine.encode_prompt(prompt)
 
             def headless_tokens(n: int) -> list[int]:

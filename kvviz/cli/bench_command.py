@@ -83,7 +83,7 @@ def _bench_sweep(args: argparse.Namespace) -> int:
 
     with dtype_honoured(args.dtype, args.device):
         loaded = load_model(args.model, device=args.device, dtype=torch_dtype(args.dtype))
-        result = run_sweep(Engine(loaded.model, device=args.device), args.max_length,
+        result = run_sweep(Engine(loaded.model, loaded.tokenizer, device=args.device), args.max_length,
                                  repeat=args.repeat or speed.SWEEP_REPEAT, model_name=loaded.name,
                                  progress=progress if args.background else None)
     if args.json:

@@ -150,7 +150,7 @@ def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None
     from kvviz.core.run import start_run
 
     loaded = load(args.model, args.device, args.dtype)
-    engine = Engine(loaded.model, device=args.device)
+    engine = Engine(loaded.model, loaded.tokenizer, device=args.device)
     request = RunRequest(0, args.prompt, True, args.new_tokens, args.temperature, args.top_k, args.seed,
                          compare=True, break_cache=args.break_cache)
     run = start_run(engine, request, loaded.name, top_candidates=1)

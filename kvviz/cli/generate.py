@@ -29,7 +29,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
     if args.attention and not args.json:
         raise UsageError("--attention goes with --json")
     loaded = load(args.model, args.device, args.dtype)
-    engine = Engine(loaded.model, device=args.device)
+    engine = Engine(loaded.model, loaded.tokenizer, device=args.device)
     use_cache = not args.no_cache
     request = RunRequest(0, args.prompt, use_cache, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                          break_cache=args.break_cache, attention=args.attention)

@@ -33,7 +33,7 @@ def model_architecture(source: str | None) -> Architecture:
             config = family_of_config(path / "config.json").checkpoint.config_from_json(path / "config.json")
         else:  # a .safetensors file, or a folder without config.json: the shapes come from its tensors
             config = load_model(name).config
-    return architecture_of(name, config.n_layer, config.n_head, config.n_embd, config.n_ctx)
+    return architecture_of(name, config.n_layer, config.n_head, config.n_kv_head, config.head_dim, config.n_ctx)
 
 
 def cmd_memory(args: argparse.Namespace) -> int:

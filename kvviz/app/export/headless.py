@@ -162,7 +162,7 @@ def planned_run(model: str | None, prompt: str, new_tokens: int, use_cache: bool
 
     loaded = load_model(model, dtype=torch_dtype(dtype))
     request = RunRequest(0, prompt, use_cache, new_tokens, compare=compare, break_cache=break_cache)
-    run = start_run(Engine(loaded.model), request, loaded.name)
+    run = start_run(Engine(loaded.model, loaded.tokenizer), request, loaded.name)
     return run.plan, run.passes
 
 

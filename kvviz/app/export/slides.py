@@ -150,7 +150,7 @@ def _step_engines(lesson: Lesson, model: str | None, dtype: str = "float32") -> 
                 if not named_at:
                     raise
                 raise LessonError(f"{lesson.source}: step {named_at}: model: {first_line(exc)}") from exc
-            loaded[current] = (ready.name, Engine(ready.model))
+            loaded[current] = (ready.name, Engine(ready.model, ready.tokenizer))
         engines.append(loaded[current])
     return engines
 

@@ -156,7 +156,6 @@ class GenerationWorker(QObject):
             import torch
 
             from kvviz.core.engine import Engine
-            from kvviz.core.tokenizer import get_tokenizer
             from kvviz.sources.weights import load_model
 
             if not self._compute_threads_set:
@@ -165,7 +164,7 @@ class GenerationWorker(QObject):
                 torch.set_num_threads(torch.get_num_threads())
                 self._compute_threads_set = True
             loaded = load_model(source or None, progress=self._on_download_progress, dtype=getattr(torch, dtype))
-            engine = Engine(loaded.model, get_tokenizer())
+            engine = Engine(loaded.model, loaded.tokenizer)
             check_dtype_runs(loaded.model, dtype)
             engine.warm_up()  # the first step of the first run is timed like every other
         except Exception as exc:  # any failure keeps the previous model; the GUI says why in one sentence
