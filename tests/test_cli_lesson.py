@@ -342,8 +342,9 @@ INSTRUCTION = re.compile(r"\bpress|\bSpace\b|Page ?(Down|Up)|PgDn|PgUp|Ctrl\+|\b
 
 
 @pytest.fixture(scope="module")
-def builtin_texts(app_model, tmp_path_factory):
-    """Every text the built-in lesson's slides draw, as a 1920x1080 slide receives it, slide by slide."""
+def builtin_deck(tmp_path_factory):
+    """The README's command as a lecturer types it, `kvviz lesson --export DIR` (the embedded model, 1920 pixels,
+    PNG and PDF): the folder, the printed lines and the status, and every text each slide draws, slide by slide."""
     from helpers_text import TextRecorder
 
     texts = []
@@ -355,11 +356,20 @@ def builtin_texts(app_model, tmp_path_factory):
         texts.append(recorder.texts)
         return original(text, view, width)
 
+    out = tmp_path_factory.mktemp("readme") / "slides"
     slides.slide_png = recording
     try:
-        export_lesson(load_lesson(), tmp_path_factory.mktemp("readable"), "png", width=320, model=app_model)
+        with mock.patch("sys.stdout", new=StringIO()) as stdout, mock.patch("sys.stderr", new=StringIO()) as stderr:
+            status = main(["lesson", "--export", str(out)])
     finally:
         slides.slide_png = original
+    return out, status, stdout.getvalue(), stderr.getvalue(), texts
+
+
+@pytest.fixture(scope="module")
+def builtin_texts(builtin_deck):
+    """Every text the built-in lesson's slides draw, as a 1920x1080 slide receives it, slide by slide."""
+    texts = builtin_deck[-1]
     assert len(texts) == BUILTIN_SLIDES
     return texts
 
@@ -385,14 +395,12 @@ def test_no_slide_carries_an_app_instruction(builtin_texts):
 
 
 
-def test_the_builtin_lesson_exports_on_the_embedded_model(tmp_path):
-    """The README's command as a lecturer types it: the default model, 1920 pixels, PNG and PDF."""
-    out = tmp_path / "slides"
-    result = subprocess.run([sys.executable, "-m", "kvviz", "lesson", "--export", str(out)], capture_output=True,
-                            text=True, env=ENV, timeout=180, cwd=tmp_path)
-    assert result.returncode == 0 and result.stderr == "", result.stderr
-    assert len(result.stdout.splitlines()) == BUILTIN_SLIDES + 2
-    assert "answer: 87 (measured)" in result.stdout  # P = 3, N = 12 on the embedded model
+def test_the_builtin_lesson_exports_on_the_embedded_model(builtin_deck):
+    """The README's command: every slide a PNG of 1920x1080, the deck a PDF, the answers measured."""
+    out, status, printed, said, _texts = builtin_deck
+    assert status == 0 and said == "", said
+    assert len(printed.splitlines()) == BUILTIN_SLIDES + 2
+    assert "answer: 87 (measured)" in printed  # P = 3, N = 12 on the embedded model
     assert pdf_pages((out / "kvviz-lesson.pdf").read_bytes()) == BUILTIN_SLIDES
     assert QImage(str(out / "kvviz-lesson-01.png")).size().toTuple() == (1920, 1080)
 
