@@ -224,3 +224,24 @@ def test_memory_sizes_a_llama_folders_cache_by_its_kv_heads(llama_folder, kvviz_
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # keys and values x 2 layers x 2 KV heads x 16 x 4 bytes
+
+
+def test_a_checkpoint_in_shards_loads_and_a_missing_shard_is_one_line(llama_folder, tmp_path, kvviz_cli):
+    import json
+    import shutil
+
+    folder, peer = llama_folder
+    sharded = tmp_path / "sharded"
+    peer.save_pretrained(sharded, max_shard_size="100KB")
+    shutil.copy(folder / "tokenizer.json", sharded)
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and not (sharded / "model.safetensors").exists()
+    model = load_model(str(sharded)).model
+    with torch.no_grad():
+        ids = [4, 29, 17, 81, 26]  # within the 400-token vocabulary
+        assert torch.allclose(model(torch.tensor([ids]))[0], peer_logits(peer, ids), atol=TOLERANCE, rtol=0)
+    (sharded / shards[-1]).unlink()
+    done = kvviz_cli("generate", "--model", str(sharded), "--prompt", "x")
+    assert done.returncode == 2
+    assert done.stderr == f"kvviz: {sharded / shards[-1]}: shard missing (named in model.safetensors.index.json)\n"

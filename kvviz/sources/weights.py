@@ -122,7 +122,7 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32):
     it, if any), of any family in FAMILIES (by the config's model_type; GPT-2 without a config)."""
     if path.is_dir():
         weights = path / "model.safetensors"
-        if not weights.is_file():
+        if not weights.is_file() and not (path / SHARD_INDEX).is_file():
             raise ModelLoadError(f"{path}: folder has no model.safetensors")
         config_path, name = path / "config.json", path.name
     else:
@@ -130,7 +130,10 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32):
         name = path.parent.name if path.stem == "model" else path.stem
     family = family_of_config(config_path) if config_path.is_file() else DEFAULT_FAMILY
     checkpoint = family.checkpoint
-    state = checkpoint.normalize_keys(_read_state_dict(weights))
+    state = _read_shards(path) if path.is_dir() and not weights.is_file() else _read_state_dict(weights)
+    if not weights.is_file():
+        weights = path / SHARD_INDEX
+    state = checkpoint.normalize_keys(state)
     if config_path.is_file():
         config = checkpoint.config_from_json(config_path)
         checkpoint.check_config_fits(config, state, str(weights), config_path)
@@ -139,6 +142,31 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32):
     return build_model(family, config.with_name(name), state, str(weights), dtype)
 
 
+def _read_shards(folder: Path) -> dict[str, torch.Tensor]:
+    """The weights of a checkpoint saved in shards: every file its `model.safetensors.index.json` names, each
+    holding the tensors the index says (ModelLoadError naming a shard that is missing or holds others)."""
+    index_path = folder / SHARD_INDEX
+    try:
+        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise TypeError("weight_map is not a map of tensor names to file names")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise ModelLoadError(f"{index_path}: not a readable shard index ({first_line(exc)})") from exc
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = folder / shard
+        if Path(shard).name != shard or not shard.endswith(".safetensors"):
+            raise ModelLoadError(f"{index_path}: shard {shard!r} is not a .safetensors file in the folder")
+        if not shard_path.is_file():
+            raise ModelLoadError(f"{shard_path}: shard missing (named in {SHARD_INDEX})")
+        state.update(_read_state_dict(shard_path))
+    missing = sorted(set(weight_map) - set(state))
+    if missing:
+        raise ModelLoadError(f"{index_path}: tensor {missing[0]} is in none of its shards ({len(missing)} in all)")
+    return state
+
+
+SHARD_INDEX = "model.safetensors.index.json"
 CHECKPOINT_FILES = ("model.safetensors", "config.json")
 
 
