@@ -334,7 +334,7 @@ def test_expansion_survives_a_new_run_and_is_dropped_with_its_layer(grid, run):
 
     grid.reset(dataclasses.replace(plan, n_layer=plan.n_layer - 1))  # a model without the last layer
     assert grid.expanded_layers() == (1,)
-    grid.reset(dataclasses.replace(plan, n_head=0))  # a plan that does not know its heads: nothing to open
+    grid.reset(dataclasses.replace(plan, n_head=0, n_kv_head=0))  # a plan that does not know its heads: nothing to open
     assert grid.expanded_layers() == ()
     grid.expand_layer(1)
     assert grid.expanded_layers() == () and len(grid.display_rows()) == plan.n_layer

@@ -245,3 +245,37 @@ def test_a_checkpoint_in_shards_loads_and_a_missing_shard_is_one_line(llama_fold
     done = kvviz_cli("generate", "--model", str(sharded), "--prompt", "x")
     assert done.returncode == 2
     assert done.stderr == f"kvviz: {sharded / shards[-1]}: shard missing (named in model.safetensors.index.json)\n"
+
+
+def test_the_grid_opens_a_layer_into_its_kv_heads_named_by_the_query_heads_that_read_them(qtbot):
+    """6 query heads, 2 KV heads: a layer opens into two rows, "L0 kv0 ← q0 q1 q2" and "L0 kv1 ← q3 q4 q5",
+    and a cell's bytes are the KV heads' (2 x 2 x 8 numbers x 4 bytes)."""
+    from helpers_qt import settle_layouts
+    from test_app_grid_heads import drawn_left_labels
+
+    from kvviz.app.views.grid.kv_grid import KVGridView
+    from kvviz.models.llama import Llama, LlamaConfig
+
+    model = Llama(LlamaConfig(vocab_size=1000, n_ctx=32, n_layer=2, n_head=6, n_kv_head=2, n_embd=48,
+                              intermediate_size=64))
+    model.init_weights(torch.Generator().manual_seed(0))
+    engine = Engine(model)
+    plan = engine.plan(PROMPT_IDS[:3], 2)
+    assert (plan.n_head, plan.cache_heads, plan.query_group) == (6, 2, 3)
+    grid = KVGridView()
+    qtbot.addWidget(grid)
+    grid.resize(900, 500)
+    grid.show()
+    grid.reset(plan)
+    grid.apply(list(engine.run(plan)))
+    grid.expand_layer(0)
+    grid.refresh()
+    qtbot.waitExposed(grid)
+    settle_layouts()
+    assert grid.display_rows() == [(0, None), (0, 0), (0, 1), (1, None)]
+
+    drawn = [text for text, *_ in drawn_left_labels(grid.plot_widget)]  # the left axis's text, top to bottom
+    assert drawn == ["L0", "L0 kv0 \u2190 q0 q1 q2", "L0 kv1 \u2190 q3 q4 q5", "L1"]
+    info = grid.cell_info(0, 1)
+    assert "K and V: 2 \u00d7 2 KV heads \u00d7 8 \u00d7 4 bytes = 128 bytes" in info, info
+    assert "KV head 1 (read by query heads 3, 4, 5)" in grid.cell_info(0, 1, head=1)

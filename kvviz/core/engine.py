@@ -187,6 +187,7 @@ class Engine:
             cache_fault=cache_fault if use_cache else "",
             attention=attention,
             n_head=cfg.n_head,
+            n_kv_head=cfg.n_kv_head,
             head_dim=cfg.head_dim,
             dtype_bytes=torch.finfo(self.dtype).bits // 8,
         )

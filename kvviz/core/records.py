@@ -132,9 +132,20 @@ class RunPlan:
     cache_fault: str = ""  # a key of CACHE_FAULTS when this run's cache is broken on purpose, else ""
     twin: RunPlan | None = None  # compare mode: the other mode's run of the same request, in lockstep
     attention: bool = False  # every record carries its newest query's AttentionWeights
-    n_head: int = 0  # attention heads per layer
+    n_head: int = 0  # attention (query) heads per layer
+    n_kv_head: int = 0  # heads whose keys and values the cache keeps (fewer under GQA, one under MQA); 0: n_head
     head_dim: int = 0  # numbers per key (and per value) per head
     dtype_bytes: int = 4  # bytes per number of the weights and the cache
+
+    @property
+    def cache_heads(self) -> int:
+        """Heads whose keys and values the cache keeps per layer."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def query_group(self) -> int:
+        """Query heads reading each cached head: 1 under multi-head attention."""
+        return self.n_head // self.cache_heads if self.cache_heads else 1
 
     @property
     def cached_plan(self) -> RunPlan | None:

@@ -20,9 +20,14 @@ MIN_LABEL_POINTS = 6.0  # the left labels shrink to fit their rows, down to this
 LABEL_SHARE = 0.8  # of a font's line height, what a label takes on the axis (as pyqtgraph measures it)
 
 
-def row_label(layer: int, head: int = -1) -> str:
-    """A row's label on the left axis: "L2" for layer 2, "L2 h0" for its head 0."""
-    return f"L{layer}" if head < 0 else f"L{layer} h{head}"
+def row_label(layer: int, head: int = -1, group: int = 1) -> str:
+    """A row's label on the left axis: "L2" for layer 2, "L2 h0" for its head 0; a KV head that `group` query
+    heads share names them: "L2 kv0 ← q0 q1 q2"."""
+    if head < 0:
+        return f"L{layer}"
+    if group == 1:
+        return f"L{layer} h{head}"
+    return f"L{layer} kv{head} ← " + " ".join(f"q{q}" for q in range(head * group, (head + 1) * group))
 
 
 class GridRows:
@@ -33,7 +38,7 @@ class GridRows:
     layer (its own row and its heads), a wider gap around it; `layer_rows[layer]` is a layer's own row.
     """
 
-    def __init__(self, n_layer: int, n_head: int = 0, expanded: Collection[int] = ()) -> None:
+    def __init__(self, n_layer: int, n_head: int = 0, expanded: Collection[int] = (), group: int = 1) -> None:
         layers: list[int] = []
         heads: list[int] = []
         kinds: list[int] = []
@@ -49,6 +54,7 @@ class GridRows:
                 heads += range(n_head)
                 kinds += [HEAD_ROW] * (n_head - 1) + [LAST_HEAD_ROW]
         self.n_layer = n_layer
+        self.group = group  # query heads per cached head, for the labels
         self.layers = np.array(layers, dtype=np.intp)  # display row -> layer
         self.heads = np.array(heads, dtype=np.intp)  # display row -> head, -1 on a layer's row
         self.kinds = np.array(kinds, dtype=np.intp)[:, None]  # (rows, 1)
@@ -59,7 +65,7 @@ class GridRows:
 
     def labels(self) -> list[tuple[float, str]]:
         """Every row's label at its middle: "L2", then "L2 h0", "L2 h1"... when layer 2 is open."""
-        return [(r + 0.5, row_label(int(layer), int(head)))
+        return [(r + 0.5, row_label(int(layer), int(head), self.group))
                 for r, (layer, head) in enumerate(zip(self.layers, self.heads, strict=True))]
 
     def left_ticks(self, label_rows: int) -> list[tuple[float, str]]:
@@ -81,7 +87,7 @@ class GridRows:
                 last = max(last, labelled[above - 1])
             below = labelled[above] if above < len(labelled) else np.inf
             if r - last >= gap and below - r >= gap:
-                ticks.append((float(r) + 0.5, row_label(int(self.layers[r]), int(self.heads[r]))))
+                ticks.append((float(r) + 0.5, row_label(int(self.layers[r]), int(self.heads[r]), self.group)))
                 last = r
         return sorted(ticks)
 
@@ -153,8 +159,9 @@ class GridAxes:
         """Room on the left axis for its widest label, a head's ("L5 h11") too: opening a layer does not move
         the columns (nor part them from another grid's)."""
         width = None
-        if plan is not None and plan.n_head > 0:
-            width = 2 + QFontMetrics(self._font).horizontalAdvance(row_label(plan.n_layer - 1, plan.n_head - 1))
+        if plan is not None and plan.cache_heads > 0:
+            widest = row_label(plan.n_layer - 1, plan.cache_heads - 1, plan.query_group)
+            width = 2 + QFontMetrics(self._font).horizontalAdvance(widest)
         if width != self._tick_width:
             self._tick_width = width
             self._plot_item.getAxis("left").setStyle(autoExpandTextSpace=width is None, tickTextWidth=width or 30)

@@ -81,10 +81,14 @@ class GridState:
         plan = self.plan
         if plan is None or not (0 <= layer < self.n_layer and 0 <= position < self.width):
             return ""
-        if head is not None and not 0 <= head < plan.n_head:
+        if head is not None and not 0 <= head < plan.cache_heads:
             return ""
         token = self.label(position) if position < len(self.labels) else "(not generated yet)"
-        where = f"layer {layer}" if head is None else f"layer {layer}, head {head}"
+        group = plan.query_group
+        shared = "" if group == 1 or head is None else \
+            f" (read by query heads {', '.join(str(q) for q in range(head * group, (head + 1) * group))})"
+        head_kind = "KV head" if group > 1 else "head"
+        where = f"layer {layer}" if head is None else f"layer {layer}, {head_kind} {head}{shared}"
         lines = [f"{where}, position {position}", f"token: {token}"]
         state = int(self.states[layer, position])
         at = int(self.computed_at[layer, position])
@@ -106,11 +110,13 @@ class GridState:
         if state != EMPTY:
             lines.append(STATE_NAMES[state])
         kv = "K and V" if head is None else f"K and V of head {head}"
-        if plan.use_cache and state in (COMPUTED, REUSED, STALE) and plan.n_head > 0:  # in the cache: their bytes
+        heads = plan.cache_heads
+        if plan.use_cache and state in (COMPUTED, REUSED, STALE) and heads > 0:  # in the cache: their bytes
             b, d = plan.dtype_bytes, plan.head_dim
             if head is None:
-                total = 2 * plan.n_head * d * b
-                lines.append(f"{kv}: 2 \u00d7 {plan.n_head} heads \u00d7 {d} \u00d7 {b} bytes = {total:,} bytes")
+                total = 2 * heads * d * b
+                kind = "heads" if group == 1 else "KV heads"
+                lines.append(f"{kv}: 2 \u00d7 {heads} {kind} \u00d7 {d} \u00d7 {b} bytes = {total:,} bytes")
             else:
                 lines.append(f"{kv}: 2 \u00d7 {d} \u00d7 {b} bytes = {2 * d * b:,} bytes")
         elif not plan.use_cache and at >= 0:

@@ -127,7 +127,7 @@ class KVGridView(QWidget):
         when the run has them (and heads)."""
         self._was_reset = True
         shown = lockstep_plan(plan, self.lockstep)
-        self._expanded = {layer for layer in self._expanded if layer < plan.n_layer} if plan.n_head > 0 else set()
+        self._expanded = {layer for layer in self._expanded if layer < plan.n_layer} if plan.cache_heads > 0 else set()
         if shown is None:
             self._show_nothing()
             return
@@ -223,7 +223,7 @@ class KVGridView(QWidget):
 
     def expand_layer(self, layer: int, expanded: bool = True) -> None:
         """Show `layer`'s heads as rows under it (or hide them). A run without heads (n_head 0) shows none."""
-        if self._plan is None or self._plan.n_head == 0:
+        if self._plan is None or self._plan.cache_heads == 0:
             return
         if not 0 <= layer < self._plan.n_layer:
             raise ValueError(f"layer {layer} is outside the run's {self._plan.n_layer} layers")
@@ -268,8 +268,8 @@ class KVGridView(QWidget):
     # ----- drawing -----
     def _set_rows(self) -> None:
         """The display rows: each layer, followed by its heads when it is expanded."""
-        n_head = self._plan.n_head if self._plan is not None else 0
-        self._rows = GridRows(self._cells.n_layer, n_head, self._expanded)
+        heads, group = (self._plan.cache_heads, self._plan.query_group) if self._plan is not None else (0, 1)
+        self._rows = GridRows(self._cells.n_layer, heads, self._expanded, group)
         if hasattr(self, "plot_widget"):
             self._fit_height()
 
@@ -298,7 +298,7 @@ class KVGridView(QWidget):
         if self._plan is None or layer is None or not 0 <= layer < self._cells.n_layer:
             self._plot.outline(None)
             return
-        rows = 1 + (self._plan.n_head if layer in self._expanded else 0)
+        rows = 1 + (self._plan.cache_heads if layer in self._expanded else 0)
         self._plot.outline(QRectF(0, int(self._rows.layer_rows[layer]), self._cells.width, rows))
 
     def _update_title(self) -> None:
