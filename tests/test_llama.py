@@ -279,3 +279,17 @@ def test_the_grid_opens_a_layer_into_its_kv_heads_named_by_the_query_heads_that_
     info = grid.cell_info(0, 1)
     assert "K and V: 2 \u00d7 2 KV heads \u00d7 8 \u00d7 4 bytes = 128 bytes" in info, info
     assert "KV head 1 (read by query heads 3, 4, 5)" in grid.cell_info(0, 1, head=1)
+
+
+def test_a_byte_level_tokenizer_gives_each_tokens_own_bytes(llama_folder):
+    """A character the vocabulary splits into bytes shows them as <0xNN>; the tokens' bytes make the text."""
+    from tokenizers import pre_tokenizers
+
+    from kvviz.core.tokenizer import JsonTokenizer, byte_level_alphabet
+
+    assert set(byte_level_alphabet()) == set(pre_tokenizers.ByteLevel.alphabet())
+    tokenizer = JsonTokenizer(llama_folder[0] / "tokenizer.json")
+    ids = tokenizer.encode("Time flies \u2713")
+    assert tokenizer.token_label(ids[0]) == "<s>"
+    assert b"".join(tokenizer.token_bytes(i) for i in ids[1:]) == "Time flies \u2713".encode()
+    assert [tokenizer.token_label(i) for i in ids[-3:]] == ["<0xE2>", "<0x9C>", "<0x93>"]

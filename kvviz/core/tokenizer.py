@@ -4,6 +4,7 @@ model's own `tokenizer.json` through the `tokenizers` library (the Llama family'
 from __future__ import annotations
 
 import hashlib
+import re
 from functools import lru_cache
 from importlib import resources as importlib_resources
 from pathlib import Path
@@ -61,26 +62,43 @@ class Tokenizer:
 
     def token_label(self, token_id: int) -> str:
         """One token as readable text; bytes that are only part of a UTF-8 character show as <0xNN>."""
-        raw = self.token_bytes(token_id)
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-        out: list[str] = []
-        i = 0
-        while i < len(raw):
-            for width in (4, 3, 2, 1):
-                chunk = raw[i : i + width]
-                try:
-                    out.append(chunk.decode("utf-8"))
-                    i += width
-                    break
-                except UnicodeDecodeError:
-                    continue
-            else:
-                out.append(f"<0x{raw[i]:02X}>")
-                i += 1
-        return "".join(out)
+        return readable(self.token_bytes(token_id))
+
+
+def readable(raw: bytes) -> str:
+    """A token's bytes as text, a byte that is only part of a UTF-8 character as <0xNN>."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    out: list[str] = []
+    i = 0
+    while i < len(raw):
+        for width in (4, 3, 2, 1):
+            chunk = raw[i : i + width]
+            try:
+                out.append(chunk.decode("utf-8"))
+                i += width
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            out.append(f"<0x{raw[i]:02X}>")
+            i += 1
+    return "".join(out)
+
+
+def byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's printable stand-in for each byte, as byte-level BPE vocabularies write them: character -> byte."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    alphabet = {chr(b): b for b in kept}
+    alphabet.update({chr(256 + n): b for n, b in enumerate(shifted)})
+    return alphabet
+
+
+BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 END_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "</s>", "<eos>")  # the end-of-text tokens seen
@@ -100,6 +118,10 @@ class JsonTokenizer:
             raise TokenizerFilesError(f"{path}: not a tokenizer.json the tokenizers library reads "
                                       f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from exc
         self.vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
+        from tokenizers import decoders
+
+        self._byte_level = isinstance(self._backend.decoder, decoders.ByteLevel)
+        self._alphabet = byte_level_alphabet()
         ends = [self._backend.token_to_id(token) for token in END_TOKENS]
         self.eot_id = next((i for i in ends if i is not None), 0)
 
@@ -109,12 +131,22 @@ class JsonTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=False)
 
-    def token_label(self, token_id: int) -> str:
-        """One token as the text it decodes to (a byte-level piece of a character shows as U+FFFD)."""
-        return self.decode([token_id])
-
     def token_bytes(self, token_id: int) -> bytes:
-        return self.token_label(token_id).encode("utf-8")
+        """The bytes one token stands for: from a byte-level vocabulary's stand-in characters, a byte-fallback
+        token's <0xNN>, or a SentencePiece piece's text (its \u2581 a space); a special token's own name."""
+        piece = self._backend.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level and all(c in self._alphabet for c in piece):
+            return bytes(self._alphabet[c] for c in piece)
+        fallback = BYTE_FALLBACK.fullmatch(piece)
+        if fallback:
+            return bytes([int(fallback.group(1), 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    def token_label(self, token_id: int) -> str:
+        """One token as readable text; bytes that are only part of a UTF-8 character show as <0xNN>."""
+        return readable(self.token_bytes(token_id))
 
 
 @lru_cache(maxsize=1)
