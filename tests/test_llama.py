@@ -293,3 +293,23 @@ def test_a_byte_level_tokenizer_gives_each_tokens_own_bytes(llama_folder):
     assert tokenizer.token_label(ids[0]) == "<s>"
     assert b"".join(tokenizer.token_bytes(i) for i in ids[1:]) == "Time flies \u2713".encode()
     assert [tokenizer.token_label(i) for i in ids[-3:]] == ["<0xE2>", "<0x9C>", "<0x93>"]
+
+
+def test_bench_times_a_llama_model_against_transformers_on_the_same_weights(llama_folder, kvviz_cli):
+    import json
+
+    done = kvviz_cli("bench", "--model", str(llama_folder[0]), "--new-tokens", "6", "--peer", "--repeat", "1",
+                     "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["peer_identical"] is True and result["identical"] is True
+    assert result["peer_cached_tokens_per_second"] > 0
+
+
+def test_smollm2_135m_caches_46080_bytes_a_token(kvviz_cli):
+    """2 x 30 layers x 3 KV heads x 64 x 4 bytes, read from the preset's published shape (no weights made)."""
+    import json
+
+    done = kvviz_cli("memory", "--model", "random:smollm2-135m", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["bytes_per_token"] == 46_080

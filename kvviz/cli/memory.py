@@ -14,8 +14,7 @@ def model_architecture(source: str | None) -> Architecture:
     """The KV-cache shape of a `--model` value, read from its config: no weights are loaded and nothing
     is downloaded (the GPT-2 names and random:<preset> use their published configs)."""
     from kvviz.core.resources import DEFAULT_MODEL_NAME, default_model_dir
-    from kvviz.models.families import family_of_config
-    from kvviz.models.gpt2 import PRESETS
+    from kvviz.models.families import PRESETS, family_of_config
     from kvviz.sources.weights import load_model
 
     name = source or DEFAULT_MODEL_NAME
@@ -24,7 +23,7 @@ def model_architecture(source: str | None) -> Architecture:
         config_path = default_model_dir() / "config.json"
         config = family_of_config(config_path).checkpoint.config_from_json(config_path)
     elif preset in PRESETS:
-        config = PRESETS[preset]
+        config = PRESETS[preset][1]
     elif name.startswith("random:"):
         raise ModelLoadError(f"{name}: unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     else:

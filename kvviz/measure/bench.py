@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, NamedTuple
 from kvviz.core.errors import KvvizError
 
 if TYPE_CHECKING:  # torch loads with the first benchmark, not with this module (the CLI reads its defaults)
-    from transformers import GPT2LMHeadModel
+    from transformers import PreTrainedModel
 
     from kvviz.core.engine import Engine
-    from kvviz.models.gpt2 import GPT
 
 WARMUP_TOKENS = 8
 MAX_REPEAT = 100  # turns per configuration: more would only wait longer for the same fastest run
@@ -26,8 +25,38 @@ def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bo
     return ids, seconds, records[-1].cache_bytes
 
 
-def to_transformers(model: GPT):
-    """transformers' GPT2LMHeadModel holding exactly `model`'s weights, in the same dtype."""
+def to_transformers(model):
+    """transformers' model of `model`'s family (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM) holding
+    exactly its weights, in the same dtype."""
+    from kvviz.models.gpt2 import GPT
+
+    peer = _gpt2_peer(model) if isinstance(model, GPT) else _llama_peer(model)
+    weights = next(model.parameters())
+    return peer.eval().to(device=weights.device, dtype=weights.dtype)
+
+
+def _llama_peer(model):
+    import transformers
+
+    from kvviz.models import llama_format
+
+    cfg = model.config
+    model_type = "qwen2" if cfg.qkv_bias and not cfg.o_bias else "llama"
+    fields = {k: v for k, v in llama_format.config_to_json(cfg, model_type).items()
+              if k not in ("architectures", "model_type", "torch_dtype")}
+    config_class, model_class = ((transformers.Qwen2Config, transformers.Qwen2ForCausalLM) if model_type == "qwen2"
+                                 else (transformers.LlamaConfig, transformers.LlamaForCausalLM))
+    peer = model_class(config_class(**fields))
+    missing, unexpected = peer.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
+    missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"weights do not map onto {model_class.__name__}: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
+    peer.tie_weights()
+    return peer
+
+
+def _gpt2_peer(model):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = model.config
@@ -44,8 +73,7 @@ def to_transformers(model: GPT):
             f"weights do not map onto GPT2LMHeadModel: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
     peer.tie_weights()
-    wte = model.transformer.wte.weight
-    return peer.eval().to(device=wte.device, dtype=wte.dtype)
+    return peer
 
 
 def _time_peer(peer, prompt_ids: list[int], new_tokens: int, use_cache: bool) -> tuple[list[int], float]:
@@ -53,7 +81,7 @@ def _time_peer(peer, prompt_ids: list[int], new_tokens: int, use_cache: bool) ->
 
     device = next(peer.parameters()).device
     idx = torch.tensor([prompt_ids], device=device)
-    kwargs = dict(do_sample=False, use_cache=use_cache, pad_token_id=50256, eos_token_id=None,
+    kwargs = dict(do_sample=False, use_cache=use_cache, pad_token_id=0, eos_token_id=None,
                   min_new_tokens=new_tokens, max_new_tokens=new_tokens)
     with torch.inference_mode():
         peer.generate(idx, **{**kwargs, "min_new_tokens": WARMUP_TOKENS, "max_new_tokens": WARMUP_TOKENS})
@@ -72,7 +100,7 @@ class Timing(NamedTuple):
 
 
 def best_of(
-    repeat: int, engine: Engine, peer: GPT2LMHeadModel | None, prompt_ids: list[int], new_tokens: int,
+    repeat: int, engine: Engine, peer: PreTrainedModel | None, prompt_ids: list[int], new_tokens: int,
     use_cache: bool, float32_engine: Engine | None = None,
 ) -> dict[str, Timing]:
     """Time kvviz `repeat` times, and right after each run the peer and kvviz in float32 (where given);
@@ -145,7 +173,8 @@ def run_bench(
             raise KvvizError(f"--peer needs transformers: pip install transformers ({exc})") from exc
     float32_engine = None
     if dtype != "float32":  # the figure a half-precision run is compared with, timed in turns with it
-        float32_engine = Engine(load_model(model, device=device, dtype=torch.float32).model, device=device)
+        float32 = load_model(model, device=device, dtype=torch.float32)
+        float32_engine = Engine(float32.model, float32.tokenizer, device=device)
         generate_ids(float32_engine, prompt_ids, WARMUP_TOKENS, True)
     cached_repeat = repeat or CACHED_REPEAT
     uncached_repeat = repeat or UNCACHED_REPEAT

@@ -37,6 +37,10 @@ FAMILIES: dict[str, Family] = {model_type: family for family in (
     Family(llama_format.MODEL_TYPES, "Llama-family", llama.Llama, llama_format),
 ) for model_type in family.model_types}
 DEFAULT_FAMILY = FAMILIES["gpt2"]  # what a weights file without a config.json is read as
+PRESETS: dict[str, tuple[Family, object]] = {  # random:<name>: a family and one of its published shapes
+    **{name: (FAMILIES["gpt2"], config) for name, config in gpt2.PRESETS.items()},
+    **{name: (FAMILIES["llama"], config) for name, config in llama.PRESETS.items()},
+}
 
 
 def family_of(model: nn.Module) -> Family:

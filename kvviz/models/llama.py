@@ -60,6 +60,17 @@ class LlamaConfig:
         return replace(self, name=name)
 
 
+PRESETS: dict[str, LlamaConfig] = {  # published shapes, for untrained weights (random:<name>)
+    "smollm2-135m": LlamaConfig(vocab_size=49152, n_ctx=8192, n_layer=30, n_head=9, n_kv_head=3, n_embd=576,
+                                intermediate_size=1536, rope_theta=100000.0, name="smollm2-135m"),
+    "smollm2-360m": LlamaConfig(vocab_size=49152, n_ctx=8192, n_layer=32, n_head=15, n_kv_head=5, n_embd=960,
+                                intermediate_size=2560, rope_theta=100000.0, name="smollm2-360m"),
+    "qwen2.5-0.5b": LlamaConfig(vocab_size=151936, n_ctx=32768, n_layer=24, n_head=14, n_kv_head=2, n_embd=896,
+                                intermediate_size=4864, rms_norm_eps=1e-6, rope_theta=1000000.0, qkv_bias=True,
+                                name="qwen2.5-0.5b"),
+}
+
+
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x²) + eps), scaled per channel; computed in float32 whatever the weights' dtype."""
 

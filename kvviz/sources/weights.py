@@ -15,8 +15,8 @@ import torch
 from kvviz.core.errors import DownloadCancelled, ModelLoadError, first_line
 from kvviz.core.files import user_path, write_atomically
 from kvviz.core.resources import DEFAULT_MODEL_NAME, default_model_dir
-from kvviz.models.families import DEFAULT_FAMILY, Family, family_of, family_of_config
-from kvviz.models.gpt2 import GPT, PRESETS, GPTConfig
+from kvviz.models.families import DEFAULT_FAMILY, PRESETS, Family, family_of, family_of_config
+from kvviz.models.gpt2 import GPTConfig
 from kvviz.models.products import column_major
 from kvviz.sources.hub import HUB_MODELS, ProgressCallback, cached_hub_model, download_hub_model
 
@@ -219,12 +219,13 @@ def _move_in_together(staging: Path, out_dir: Path, names: tuple[str, ...]) -> N
         raise
 
 
-def random_model(preset: str, dtype: torch.dtype = torch.float32) -> GPT:
-    """Untrained weights from a fixed seed, GPT-2's initialisation (the book's benchmark setup)."""
+def random_model(preset: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Untrained weights of a published shape from a fixed seed, its family's initialisation (the book's
+    benchmark setup). Their tokens are shown with GPT-2's tokenizer: untrained weights have none of their own."""
     if preset not in PRESETS:
         raise ModelLoadError(f"random:{preset}: unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    config = PRESETS[preset].with_name(f"random:{preset}")
-    model = GPT(config)
+    family, config = PRESETS[preset]
+    model = family.model(config.with_name(f"random:{preset}"))
     model.init_weights(torch.Generator().manual_seed(RANDOM_SEED))
     return model.to(dtype).eval()
 
@@ -264,7 +265,7 @@ def load_model(
     elif source.startswith("random:"):
         preset = source.split(":", 1)[1]
         model = random_model(preset, dtype)
-        name, origin = source, f"untrained GPT-2 {preset} weights, seed {RANDOM_SEED}"
+        name, origin = source, f"untrained {PRESETS[preset][0].title} {preset} weights, seed {RANDOM_SEED}"
     elif source in HUB_MODELS:
         folder = download_hub_model(source, progress)
         model = load_checkpoint(folder, dtype)
