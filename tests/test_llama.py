@@ -313,3 +313,34 @@ def test_smollm2_135m_caches_46080_bytes_a_token(kvviz_cli):
     done = kvviz_cli("memory", "--model", "random:smollm2-135m", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["bytes_per_token"] == 46_080
+
+
+def test_the_attention_strip_sets_each_kv_heads_query_heads_apart():
+    """6 query heads reading 2 KV heads: rows labelled "3 kv1", and a double line under each group of three."""
+    import numpy as np
+
+    from kvviz.app.views.strip_image import head_ticks, strip_image
+
+    assert head_ticks(6, 20.0, 10.0, group=3) == [[(0.5, "0 kv0"), (1.5, "1 kv0"), (2.5, "2 kv0"),
+                                                   (3.5, "3 kv1"), (4.5, "4 kv1"), (5.5, "5 kv1")]]
+    table = np.array([[200, 200, 200, 255]] * 8, dtype=np.uint8)
+    gap = np.array([0, 0, 0, 255], dtype=np.uint8)
+    image = strip_image(np.full((6, 4), 0.5, dtype=np.float32), 1.0, table, gap, gap, group=3)
+    size = image.shape[0] // 6
+    lines = [row for row in range(image.shape[0]) if (image[row, 0] == gap).all()]
+    assert lines == sorted({*range(size - 1, 6 * size, size), 3 * size - 2, 6 * size - 2})
+
+
+def test_the_attention_views_head_list_names_each_query_heads_kv_head(qtbot):
+    from kvviz.app.views.attention_view import AttentionView
+    from kvviz.models.llama import Llama, LlamaConfig
+
+    model = Llama(LlamaConfig(vocab_size=1000, n_ctx=32, n_layer=1, n_head=4, n_kv_head=2, n_embd=32,
+                              intermediate_size=64))
+    model.init_weights(torch.Generator().manual_seed(0))
+    plan = Engine(model).plan(PROMPT_IDS[:3], 2, attention=True)
+    view = AttentionView()
+    qtbot.addWidget(view)
+    view.reset(plan)
+    names = [view.head_box.itemText(i) for i in range(view.head_box.count())]
+    assert names == ["all heads", "head 0 (kv0)", "head 1 (kv0)", "head 2 (kv1)", "head 3 (kv1)"]

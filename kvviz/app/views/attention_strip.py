@@ -44,13 +44,13 @@ def strip_plot(min_height: int) -> tuple[pg.PlotWidget, pg.PlotItem, pg.ImageIte
 
 
 def draw_strip(plot_item: pg.PlotItem, image_item: pg.ImageItem, strip: np.ndarray, brightest: float,
-               theme: Theme) -> None:
+               theme: Theme, group: int = 1) -> None:
     """`strip`'s (heads, width) weights in shades from 0 to `brightest` (NaN: empty), a row a head, the plot's
     height."""
     heads, width = strip.shape
     empty = np.array(QColor(theme.empty).getRgb(), dtype=np.uint8)
     gap = np.array(QColor(theme.grid_line).getRgb(), dtype=np.uint8)
-    image = strip_image(strip, brightest, shade_table(theme), empty, gap)
+    image = strip_image(strip, brightest, shade_table(theme), empty, gap, group)
     image_item.setImage(image, autoLevels=False, levels=(0, 255))
     image_item.setRect(QRectF(0, 0, width, heads))
     plot_item.getViewBox().setYRange(0, heads, padding=0)

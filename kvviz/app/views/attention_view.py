@@ -55,6 +55,7 @@ class AttentionView(QWidget):
         self._head = ALL_HEADS
         self._strip = np.zeros((1, 1), dtype=np.float32)  # (heads, width) of the shown layer
         self._heads = 1  # rows of the strip
+        self._group = 1  # query heads a KV head, as the plan says
         self._head_ticks: list | None = None  # the left axis's, last set
         self._tick_font = QFont(self.font())
         self._least_height = 0  # the height minimumSizeHint gave, for the width it was asked at
@@ -102,7 +103,8 @@ class AttentionView(QWidget):
         self._layer = min(self._layer, plan.n_layer - 1)
         self.layer_spin.setValue(self._layer)
         self.layer_spin.blockSignals(False)
-        if self.head_box.set_heads(heads):
+        self._group = plan.query_group
+        if self.head_box.set_heads(heads, self._group):
             self._head = ALL_HEADS
         self._strip = np.zeros((heads, max(1, plan.width)), dtype=np.float32)
         self._heads = heads
@@ -244,7 +246,7 @@ class AttentionView(QWidget):
     # ----- drawing -----
     def _draw(self) -> None:
         # shades run from 0 to the largest weight shown, which the heading gives
-        draw_strip(self.plot_item, self.image_item, self._strip, self.brightest(), self._theme)
+        draw_strip(self.plot_item, self.image_item, self._strip, self.brightest(), self._theme, self._group)
         self._label_heads()
         outline_head(self.head_outline, self._head, self._strip.shape, self._theme)
 
@@ -252,7 +254,7 @@ class AttentionView(QWidget):
         """Every head's row labelled when the rows are a line of the font tall, else every few."""
         heads = self._strip.shape[0]
         pitch = self.plot_item.getViewBox().height() / max(1, heads)
-        ticks = head_ticks(heads, pitch, QFontMetrics(self._tick_font).height())
+        ticks = head_ticks(heads, pitch, QFontMetrics(self._tick_font).height(), self._group)
         if ticks != self._head_ticks:  # setting ticks repaints the axis, even the same ones
             self._head_ticks = ticks
             self.plot_item.getAxis("left").setTicks(ticks)

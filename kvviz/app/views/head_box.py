@@ -15,14 +15,16 @@ class HeadBox(QComboBox):
         self.addItem("all heads", ALL_HEADS)
         self.setToolTip("Outline one head and list its top positions")
 
-    def set_heads(self, heads: int) -> bool:
-        """Offer `heads` heads, with no signal; True when the items changed (and "all heads" is chosen)."""
-        if self.count() == heads + 1:
+    def set_heads(self, heads: int, group: int = 1) -> bool:
+        """Offer `heads` query heads (`group` of them sharing each KV head), with no signal; True when the items
+        changed (and "all heads" is chosen)."""
+        names = [f"head {h}" if group == 1 else f"head {h} (kv{h // group})" for h in range(heads)]
+        if [self.itemText(i) for i in range(1, self.count())] == names:
             return False
         self.blockSignals(True)
         self.clear()
         self.addItem("all heads", ALL_HEADS)
-        for head in range(heads):
-            self.addItem(f"head {head}", head)
+        for head, name in enumerate(names):
+            self.addItem(name, head)
         self.blockSignals(False)
         return True

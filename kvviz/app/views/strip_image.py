@@ -14,9 +14,10 @@ def cell_pixels(heads: int, width: int) -> int:
 
 
 def strip_image(strip: np.ndarray, brightest: float, table: np.ndarray, empty: np.ndarray,
-                gap: np.ndarray) -> np.ndarray:
+                gap: np.ndarray, group: int = 1) -> np.ndarray:
     """(heads, width) weights as an RGBA image: `table`'s shades from 0 to `brightest`, `empty` where a weight is
-    NaN, and from squares of 4 pixels a `gap` line between heads and between positions."""
+    NaN, and from squares of 4 pixels a `gap` line between heads and between positions; query heads that share a
+    KV head (`group` a KV head) are set apart from the next group by a double line."""
     shade = np.nan_to_num(strip, nan=0.0) / (brightest or 1.0)
     index = np.clip(shade * (len(table) - 1), 0, len(table) - 1).astype(np.intp)
     image = table[index]  # (heads, width, 4)
@@ -26,11 +27,13 @@ def strip_image(strip: np.ndarray, brightest: float, table: np.ndarray, empty: n
         image = np.repeat(np.repeat(image, size, axis=0), size, axis=1)  # (heads * s, width * s, 4)
         image[size - 1::size, :] = gap
         image[:, size - 1::size] = gap
+        if group > 1:
+            image[size * group - 2::size * group, :] = gap  # the last row of a group: a second line above its gap
     return image
 
 
-def head_ticks(heads: int, pitch: float, line_height: float) -> list[list[tuple[float, str]]]:
+def head_ticks(heads: int, pitch: float, line_height: float, group: int = 1) -> list[list[tuple[float, str]]]:
     """The left axis's ticks: every head's row labelled when rows `pitch` pixels apart are a line of the font
-    tall, else every few."""
+    tall, else every few; a query head that shares its KV head with others (`group` a KV head) names it: "3 kv1"."""
     step = next((s for s in range(1, heads + 1) if s * pitch >= 0.8 * line_height), heads)
-    return [[(h + 0.5, str(h)) for h in range(0, heads, step)]]
+    return [[(h + 0.5, str(h) if group == 1 else f"{h} kv{h // group}") for h in range(0, heads, step)]]
