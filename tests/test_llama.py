@@ -344,3 +344,19 @@ def test_the_attention_views_head_list_names_each_query_heads_kv_head(qtbot):
     view.reset(plan)
     names = [view.head_box.itemText(i) for i in range(view.head_box.count())]
     assert names == ["all heads", "head 0 (kv0)", "head 1 (kv0)", "head 2 (kv1)", "head 3 (kv1)"]
+
+
+def test_break_the_cache_breaks_a_llama_models_cache_too(llama_folder):
+    """The teaching bug reaches the teaching forward's one-position writes, not only a fast path's: the cached
+    run's logits part from the uncached run's after the prefill."""
+    from kvviz.core.compare import summarize
+    from kvviz.core.records import RunRequest
+    from kvviz.core.run import start_run
+
+    loaded = load_model(str(llama_folder[0]))
+    run = start_run(Engine(loaded.model, loaded.tokenizer), RunRequest(0, "Time flies", True, 6, compare=True,
+                                                                       break_cache=True))
+    records = list(run.passes())
+    summary = summarize(records)
+    assert not summary.identical and summary.first_logit_divergence == 2  # step 1 is the prefill's, unbroken
+    assert records[1].kv_written == (records[1].fed_start + 1, records[1].fed_start + 2)  # one slot late

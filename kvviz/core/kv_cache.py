@@ -99,7 +99,24 @@ class KVCache:
 
 class LateWriteCache(KVCache):
     """The teaching bug of kvviz.core.records.CACHE_FAULTS["late_write"]: each decoded token's key and value
-    are written one slot late, so the query at `position` reads whatever that row held before."""
+    are written one slot late, so the query at `position` reads whatever that row held before; the prefill
+    is written where it belongs. Both writes are broken alike: `append` (a fast path's) and a one-position
+    `update` (a teaching forward's)."""
+
+    def update(
+        self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if k.shape[2] != 1:
+            return super().update(layer, positions, k, v)
+        position = int(positions[0])
+        end = self._claim(layer, position, 1)
+        keys, values = self._layer_kv[layer].unbind(0)  # (B, nh, S, hs) each
+        if position + 1 < self.capacity:
+            keys.narrow(2, position + 1, 1).copy_(k)
+            values.narrow(2, position + 1, 1).copy_(v)
+        self.last_written = (position + 1, min(position + 2, self.capacity))
+        self.reused[layer] = end - 1
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)  # (B, nh, end, hs)
 
     def append(self, layer: int, position: int, kv: torch.Tensor) -> torch.Tensor:
         end = self._claim(layer, position, 1)
