@@ -135,9 +135,12 @@ def test_greedy_tokens_are_the_same_with_and_without_the_cache_and_in_transforme
      'rope_type "llama3" is not supported; kvviz runs plain RoPE (rope_theta) only'),
     ({"hidden_act": "gelu"}, 'hidden_act "gelu" is not SwiGLU\'s silu'),
     ({"num_key_value_heads": 3}, "config n_head=4 is not a multiple of n_kv_head=3"),
-], ids=["rope-scaling", "activation", "heads"])
+    ({"num_hidden_layers": 10**9}, "num_hidden_layers=1000000000 is more than the weights in model.safetensors have"),
+    ({"num_key_value_heads": 4}, "num_key_value_heads=4 is more than the weights in model.safetensors have"),
+], ids=["rope-scaling", "activation", "heads", "a-billion-layers", "more-kv-heads"])
 def test_what_kvviz_cannot_run_is_named_in_one_line(tmp_path, changes, message):
     import json
+    import signal
 
     from kvviz.core.errors import ModelLoadError
 
@@ -147,8 +150,17 @@ def test_what_kvviz_cannot_run_is_named_in_one_line(tmp_path, changes, message):
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     raw = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**raw, **changes}))
-    with pytest.raises(ModelLoadError) as failed:
-        load_model(str(folder))
+    def hanging(signum, frame):  # a config that builds a billion layers before checking them would never end
+        raise TimeoutError("the load still ran after 30 s")
+
+    previous = signal.signal(signal.SIGALRM, hanging)
+    signal.alarm(30)
+    try:
+        with pytest.raises(ModelLoadError) as failed:
+            load_model(str(folder))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     assert str(failed.value) == f"{folder / 'config.json'}: {message}"
 
 

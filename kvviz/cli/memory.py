@@ -14,14 +14,13 @@ def model_architecture(source: str | None) -> Architecture:
     """The KV-cache shape of a `--model` value, read from its config: no weights are loaded and nothing
     is downloaded (the GPT-2 names and random:<preset> use their published configs)."""
     from kvviz.core.resources import DEFAULT_MODEL_NAME, default_model_dir
-    from kvviz.models.families import PRESETS, family_of_config
+    from kvviz.models.families import PRESETS, read_family_config
     from kvviz.sources.weights import load_model
 
     name = source or DEFAULT_MODEL_NAME
     preset = name.split(":", 1)[1] if name.startswith("random:") else name
     if name == DEFAULT_MODEL_NAME:
-        config_path = default_model_dir() / "config.json"
-        config = family_of_config(config_path).checkpoint.config_from_json(config_path)
+        config = read_family_config(default_model_dir() / "config.json")[1]
     elif preset in PRESETS:
         config = PRESETS[preset][1]
     elif name.startswith("random:"):
@@ -29,7 +28,7 @@ def model_architecture(source: str | None) -> Architecture:
     else:
         path = user_path(name)
         if path.is_dir() and (path / "config.json").is_file():
-            config = family_of_config(path / "config.json").checkpoint.config_from_json(path / "config.json")
+            config = read_family_config(path / "config.json")[1]
         else:  # a .safetensors file, or a folder without config.json: the shapes come from its tensors
             config = load_model(name).config
     return architecture_of(name, config.n_layer, config.n_head, config.n_kv_head, config.head_dim, config.n_ctx)

@@ -8,7 +8,6 @@ checkpoint's `model_type`; the engine on the model's class.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +16,7 @@ from torch import nn
 
 from kvviz.core.errors import ModelLoadError
 from kvviz.models import gpt2, gpt2_fast, gpt2_format, llama, llama_format
+from kvviz.models.config_json import read_config, shown
 
 
 @dataclass(frozen=True)
@@ -54,17 +54,15 @@ def family_of(model: nn.Module) -> Family:
 def family_of_config(path: Path) -> Family:
     """The family of the checkpoint whose transformers `config.json` is `path` (ModelLoadError if kvviz runs
     none of that model_type, or the file is no JSON object)."""
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ModelLoadError(f"{path}: not a readable JSON config ({exc.__class__.__name__})") from exc
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{path}: the config is not a JSON object")
-    model_type = raw.get("model_type")
+    model_type = read_config(path).get("model_type")
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is None:
-        shown = json.dumps(model_type)[:40] if isinstance(model_type, (str, int, float, bool)) or model_type is None \
-            else type(model_type).__name__
         titles = " and ".join(dict.fromkeys(f.title for f in FAMILIES.values()))
-        raise ModelLoadError(f"{path}: model_type is {shown}, but kvviz runs {titles} checkpoints only")
+        raise ModelLoadError(f"{path}: model_type is {shown(model_type)}, but kvviz runs {titles} checkpoints only")
     return family
+
+
+def read_family_config(path: Path) -> tuple[Family, object]:
+    """The family of the checkpoint whose `config.json` is `path`, and the config it reads from it."""
+    family = family_of_config(path)
+    return family, family.checkpoint.config_from_json(path)

@@ -6,13 +6,13 @@ What a model family's checkpoints look like, apart from how files are read, chec
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import torch
 
 from kvviz.core.errors import ModelLoadError
+from kvviz.models.config_json import read_config, shown
 from kvviz.models.gpt2 import GPTConfig
 
 # Buffers some checkpoints carry that are not weights (causal masks).
@@ -22,21 +22,16 @@ HEADS_BY_WIDTH = {768: 12, 1024: 16, 1280: 20, 1600: 25}
 
 def config_from_json(path: Path) -> GPTConfig:
     """A GPTConfig from a transformers GPT-2 `config.json`."""
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ModelLoadError(f"{path}: not a readable JSON config ({exc.__class__.__name__})") from exc
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{path}: the config is not a JSON object")
+    raw = read_config(path)
     model_type = raw.get("model_type")
     if model_type != "gpt2":
-        raise ModelLoadError(f"{path}: model_type is {_shown(model_type)}, but kvviz runs GPT-2 checkpoints only")
+        raise ModelLoadError(f"{path}: model_type is {shown(model_type)}, but kvviz runs GPT-2 checkpoints only")
     activation = raw.get("activation_function", "gelu_new")
     if activation not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ModelLoadError(f"{path}: activation_function {_shown(activation)} is not GPT-2's tanh GELU")
+        raise ModelLoadError(f"{path}: activation_function {shown(activation)} is not GPT-2's tanh GELU")
     n_embd = _positive_whole(raw, path, 768, "n_embd")
     if raw.get("n_inner") is not None and raw.get("n_inner") != 4 * n_embd:
-        raise ModelLoadError(f"{path}: n_inner={_shown(raw['n_inner'])} is not 4 * n_embd, which kvviz requires")
+        raise ModelLoadError(f"{path}: n_inner={shown(raw['n_inner'])} is not 4 * n_embd, which kvviz requires")
     try:
         return GPTConfig(
             vocab_size=_positive_whole(raw, path, 50257, "vocab_size"),
@@ -58,20 +53,15 @@ def _positive_whole(raw: dict, path: Path, default: int, *keys: str) -> int:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelLoadError(f"{path}: {key}={_shown(value)} is not a positive whole number")
+        raise ModelLoadError(f"{path}: {key}={shown(value)} is not a positive whole number")
     return value
 
 
 def _layer_norm_epsilon(raw: dict, path: Path) -> float:
     value = raw.get("layer_norm_epsilon", 1e-5)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ModelLoadError(f"{path}: layer_norm_epsilon={_shown(value)} is not a number between 0 and 1")
+        raise ModelLoadError(f"{path}: layer_norm_epsilon={shown(value)} is not a number between 0 and 1")
     return float(value)
-
-
-def _shown(value: object) -> str:
-    text = json.dumps(value) if isinstance(value, (int, float, str, bool)) or value is None else type(value).__name__
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def config_to_json(config: GPTConfig) -> dict:
@@ -155,7 +145,7 @@ def check_config_fits(config: GPTConfig, state: dict[str, torch.Tensor], origin:
     for key, said, found in (("vocab_size", config.vocab_size, vocab_size), ("n_embd", config.n_embd, n_embd),
                              ("n_positions", config.n_ctx, n_ctx), ("n_layer", config.n_layer, n_layer)):
         if said > found:
-            raise ModelLoadError(f"{config_path}: {key}={_shown(said)}, more than the weights in "
+            raise ModelLoadError(f"{config_path}: {key}={shown(said)}, more than the weights in "
                                  f"{Path(origin).name} have ({found})")
 
 

@@ -3,13 +3,13 @@ the state dict's keys (the same names as kvviz.models.llama's modules)."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import torch
 
 from kvviz.core.errors import ModelLoadError
+from kvviz.models.config_json import read_config, shown
 from kvviz.models.llama import LlamaConfig
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -19,19 +19,19 @@ IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # a buffer older checkpoints carry
 
 def config_from_json(path: Path) -> LlamaConfig:
     """A LlamaConfig from a transformers `config.json` (ModelLoadError naming what kvviz cannot run)."""
-    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw = read_config(path)
     model_type = raw.get("model_type")
     # transformers 5 writes RoPE's settings as rope_parameters, older configs as rope_scaling and rope_theta
     rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     if not isinstance(rope, dict):
-        raise ModelLoadError(f"{path}: the RoPE settings {_shown(rope)} are not a JSON object")
+        raise ModelLoadError(f"{path}: the RoPE settings {shown(rope)} are not a JSON object")
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind != "default":
-        raise ModelLoadError(f"{path}: rope_type {_shown(kind)} is not supported; kvviz runs plain RoPE "
+        raise ModelLoadError(f"{path}: rope_type {shown(kind)} is not supported; kvviz runs plain RoPE "
                              "(rope_theta) only")
     theta_from = rope if "rope_theta" in rope else raw
     if raw.get("hidden_act", "silu") != "silu":
-        raise ModelLoadError(f"{path}: hidden_act {_shown(raw['hidden_act'])} is not SwiGLU's silu")
+        raise ModelLoadError(f"{path}: hidden_act {shown(raw['hidden_act'])} is not SwiGLU's silu")
     if raw.get("mlp_bias"):
         raise ModelLoadError(f"{path}: mlp_bias is not supported")
     window = raw.get("sliding_window")
@@ -61,25 +61,19 @@ def config_from_json(path: Path) -> LlamaConfig:
         raise ModelLoadError(f"{path}: {exc}") from exc
 
 
-def _shown(value: object) -> str:
-    text = json.dumps(value) if isinstance(value, (int, float, str, bool, dict, list)) or value is None \
-        else type(value).__name__
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _whole(raw: dict, path: Path, key: str, default: int) -> int:
     value = raw.get(key, default)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 10**9:
-        raise ModelLoadError(f"{path}: {key}={_shown(value)} is not a whole number kvviz can run")
+        raise ModelLoadError(f"{path}: {key}={shown(value)} is not a whole number kvviz can run")
     return value
 
 
 def _positive(raw: dict, path: Path, key: str, default: float) -> float:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ModelLoadError(f"{path}: {key}={_shown(value)} is not a positive number")
+        raise ModelLoadError(f"{path}: {key}={shown(value)} is not a positive number")
     return float(value)
 
 
@@ -115,8 +109,33 @@ def infer_config(state: dict[str, torch.Tensor], name: str, origin: str | None =
 
 
 def check_config_fits(config: LlamaConfig, state: dict[str, torch.Tensor], origin: str, config_path: Path) -> None:
-    """Drop a tied head's copy of the embeddings some checkpoints carry; the shapes are checked by every load
-    (kvviz.sources.weights.build_model)."""
+    """A config.json may not describe a model larger than the tensors beside it: checked before anything of its
+    size is built (a smaller one fails `build_model`'s tensor checks, which name the tensor). A tied head's copy
+    of the embeddings, which some checkpoints carry, is dropped."""
+    layers = {k.split(".")[2] for k in state if k.startswith("model.layers.")}
+    try:
+        vocab_size, width = (int(n) for n in state["model.embed_tokens.weight"].shape)
+        queries = int(state["model.layers.0.self_attn.q_proj.weight"].shape[0])
+        keys = int(state["model.layers.0.self_attn.k_proj.weight"].shape[0])
+        hidden = int(state["model.layers.0.mlp.gate_proj.weight"].shape[0])
+    except KeyError as exc:
+        raise ModelLoadError(f"{origin}: tensor {exc.args[0]} is missing; not a Llama-family checkpoint") from exc
+    except (ValueError, IndexError) as exc:
+        raise ModelLoadError(f"{origin}: tensor model.embed_tokens.weight is not a matrix") from exc
+    if not all(layer.isdigit() for layer in layers):
+        raise ModelLoadError(f"{origin}: unexpected tensor names under model.layers; not a Llama-family checkpoint")
+    hd = config.head_dim
+    for key, value, needs, found in (
+        ("vocab_size", config.vocab_size, config.vocab_size, vocab_size),
+        ("hidden_size", config.n_embd, config.n_embd, width),
+        ("num_hidden_layers", config.n_layer, config.n_layer, len(layers)),
+        ("num_attention_heads", config.n_head, config.n_head * hd, queries),
+        ("num_key_value_heads", config.n_kv_head, config.n_kv_head * hd, keys),
+        ("intermediate_size", config.intermediate_size, config.intermediate_size, hidden),
+    ):
+        if needs > found:
+            raise ModelLoadError(f"{config_path}: {key}={shown(value)} is more than the weights in "
+                                 f"{Path(origin).name} have")
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
 

@@ -121,18 +121,20 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32):
     """A checkpoint folder (config.json + model.safetensors) or a single weights file (its config.json beside
     it, if any), of any family in FAMILIES (by the config's model_type; GPT-2 without a config)."""
     if path.is_dir():
-        weights = path / "model.safetensors"
-        if not weights.is_file() and not (path / SHARD_INDEX).is_file():
-            raise ModelLoadError(f"{path}: folder has no model.safetensors")
         config_path, name = path / "config.json", path.name
+        weights = path / "model.safetensors"
+        if weights.is_file():
+            state = _read_state_dict(weights)
+        elif (path / SHARD_INDEX).is_file():
+            weights, state = path / SHARD_INDEX, _read_shards(path)
+        else:
+            raise ModelLoadError(f"{path}: folder has no model.safetensors")
     else:
         weights, config_path = path, path.parent / "config.json"
         name = path.parent.name if path.stem == "model" else path.stem
+        state = _read_state_dict(weights)
     family = family_of_config(config_path) if config_path.is_file() else DEFAULT_FAMILY
     checkpoint = family.checkpoint
-    state = _read_shards(path) if path.is_dir() and not weights.is_file() else _read_state_dict(weights)
-    if not weights.is_file():
-        weights = path / SHARD_INDEX
     state = checkpoint.normalize_keys(state)
     if config_path.is_file():
         config = checkpoint.config_from_json(config_path)
