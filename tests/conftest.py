@@ -29,21 +29,35 @@ class CliResult:
     stderr: str
 
 
+CLI_TIMEOUT_S = 120
+
+
 @pytest.fixture
 def kvviz_cli(capfd, monkeypatch):
     """`kvviz_cli(*args, cwd=None)`: `kvviz.cli.commands.main(args)` in this process, offline, in `cwd` (a
-    process is only needed where its standard streams, permissions or signals are under test)."""
+    process is only needed where its standard streams, permissions or signals are under test). A command still
+    running after CLI_TIMEOUT_S fails the test instead of hanging it (a FIFO opened for reading waits forever)."""
+    import signal
+
     from kvviz.cli.commands import main
+
+    def hanging(signum, frame):
+        raise TimeoutError(f"kvviz still ran after {CLI_TIMEOUT_S} s")
 
     def run(*args: str, cwd: Path | None = None) -> CliResult:
         if cwd is not None:
             monkeypatch.chdir(cwd)
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         capfd.readouterr()
+        previous = signal.signal(signal.SIGALRM, hanging)
+        signal.alarm(CLI_TIMEOUT_S)
         try:
             status = main(list(args))
         except SystemExit as exc:  # argparse's usage errors and --help end the process this way
             status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
         captured = capfd.readouterr()
         return CliResult(status, captured.out, captured.err)
 

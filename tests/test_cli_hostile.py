@@ -338,37 +338,15 @@ def needs_a_process(hostile: Case) -> bool:
     return hostile.stdout != "pipe" or hostile.locked or hostile.args[0].startswith("--") or "--gui" in hostile.args
 
 
-def run_in_process(args: list[str], cwd: Path, capfd, monkeypatch) -> tuple[int, str]:
-    """`main(args)` in this process, in `cwd`, offline: its status and everything written to stderr (fd 2 too)."""
-    from kvviz.cli.commands import main
-
-    monkeypatch.chdir(cwd)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    capfd.readouterr()
-
-    def hanging(signum, frame):  # a FIFO opened for reading waits for a writer: a regression would hang
-        raise TimeoutError(f"kvviz {' '.join(args)} still ran after {TIMEOUT} s")
-
-    previous = signal.signal(signal.SIGALRM, hanging)
-    signal.alarm(TIMEOUT)
-    try:
-        status = main(args)
-    except SystemExit as exc:  # argparse's usage errors end the process this way
-        status = exc.code
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-    return status, capfd.readouterr().err
-
-
 @pytest.mark.parametrize("hostile", CASES)
-def test_hostile_command_line(hostile: Case, place, tmp_path, capfd, monkeypatch):
+def test_hostile_command_line(hostile: Case, place, tmp_path, kvviz_cli):
     args = [arg.format(tmp=tmp_path, **place) for arg in hostile.args]
     if needs_a_process(hostile):
         command = [*(unprivileged() if hostile.locked else []), sys.executable, "-m", "kvviz", *args]
         status, err = run(command, hostile.stdout, tmp_path)
     else:
-        status, err = run_in_process(args, tmp_path, capfd, monkeypatch)
+        done = kvviz_cli(*args, cwd=tmp_path)
+        status, err = done.returncode, done.stderr
     lines = err.splitlines()
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert status == hostile.status, err

@@ -138,11 +138,8 @@ def test_greedy_tokens_are_the_same_with_and_without_the_cache_and_in_transforme
     ({"num_hidden_layers": 10**9}, "num_hidden_layers=1000000000 is more than the weights in model.safetensors have"),
     ({"num_key_value_heads": 4}, "num_key_value_heads=4 is more than the weights in model.safetensors have"),
 ], ids=["rope-scaling", "activation", "heads", "a-billion-layers", "more-kv-heads"])
-def test_what_kvviz_cannot_run_is_named_in_one_line(tmp_path, changes, message):
+def test_what_kvviz_cannot_run_is_named_in_one_line(tmp_path, changes, message, kvviz_cli):
     import json
-    import signal
-
-    from kvviz.core.errors import ModelLoadError
 
     config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
@@ -150,18 +147,9 @@ def test_what_kvviz_cannot_run_is_named_in_one_line(tmp_path, changes, message):
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     raw = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**raw, **changes}))
-    def hanging(signum, frame):  # a config that builds a billion layers before checking them would never end
-        raise TimeoutError("the load still ran after 30 s")
-
-    previous = signal.signal(signal.SIGALRM, hanging)
-    signal.alarm(30)
-    try:
-        with pytest.raises(ModelLoadError) as failed:
-            load_model(str(folder))
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-    assert str(failed.value) == f"{folder / 'config.json'}: {message}"
+    done = kvviz_cli("generate", "--model", str(folder), "--prompt", "x")  # a hang fails (a billion layers built)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"kvviz: {folder / 'config.json'}: {message}\n"
 
 
 # ----- a Hugging Face folder as a user has it: weights, config.json, tokenizer.json -----
@@ -372,3 +360,21 @@ def test_break_the_cache_breaks_a_llama_models_cache_too(llama_folder):
     summary = summarize(records)
     assert not summary.identical and summary.first_logit_divergence == 2  # step 1 is the prefill's, unbroken
     assert records[1].kv_written == (records[1].fed_start + 1, records[1].fed_start + 2)  # one slot late
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda folder: (folder / "tokenizer.json").write_bytes(b"\xff\xfe"),
+     "tokenizer.json: not a tokenizer.json the tokenizers library reads (stream did not contain valid UTF-8)"),
+    (lambda folder: ((folder / "model.safetensors").unlink(), (folder / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"lm_head.weight": "../model.safetensors"}}')),
+     "model.safetensors.index.json: shard '../model.safetensors' is not a .safetensors file in the folder"),
+], ids=["tokenizer-not-utf8", "shard-outside-the-folder"])
+def test_a_damaged_llama_folder_is_one_line(llama_folder, tmp_path, kvviz_cli, damage, message):
+    import shutil
+
+    folder = tmp_path / "damaged"
+    shutil.copytree(llama_folder[0], folder)
+    damage(folder)
+    done = kvviz_cli("generate", "--model", str(folder), "--prompt", "x")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"kvviz: {folder}/{message}\n"
