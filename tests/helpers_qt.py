@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QObject
+from PySide6.QtCore import QEvent, QObject, QPointF
+from PySide6.QtGui import QImage, QPainter
 from PySide6.QtWidgets import QApplication
 
 
@@ -55,3 +56,19 @@ def download_until_cancelled(window, total: int = 500 * 2**20):
         raise AssertionError("a cancelled download went on")
 
     return fake_download
+
+
+def drawn_left_labels(plot_widget) -> list[tuple[str, float, float]]:
+    """A cell plot's left-axis labels as pyqtgraph draws them: (text, top, bottom) in the viewport's pixels."""
+    axis = plot_widget.getPlotItem().getAxis("left")
+    image = QImage(max(1, int(axis.width())), max(1, int(axis.height())), QImage.Format.Format_ARGB32)
+    painter = QPainter(image)
+    painter.setFont(axis.style["tickFont"])  # as AxisItem.paint does
+    _axis_spec, _tick_specs, text_specs = axis.generateDrawSpecs(painter)
+    painter.end()
+    labels = []
+    for rect, _flags, text in text_specs:
+        top, bottom = (plot_widget.mapFromScene(axis.mapToScene(QPointF(0, y))).y()
+                       for y in (rect.top(), rect.bottom()))
+        labels.append((text, top, bottom))
+    return sorted(labels, key=lambda label: label[1])

@@ -7,9 +7,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers_qt import geometries, settle_layouts
+from helpers_qt import drawn_left_labels, geometries, settle_layouts
 from PySide6.QtCore import QPoint, QPointF, Qt
-from PySide6.QtGui import QImage, QPainter
 from PySide6.QtWidgets import QToolTip
 
 from kvviz.app import theme
@@ -107,22 +106,6 @@ def test_expanding_a_layer_shows_its_heads_and_collapsing_restores_it(grid, run)
     assert grid.expanded_layers() == ()
     assert grid.display_rows() == [(layer, None) for layer in range(n_layer)]
     assert np.array_equal(grid.image_item.image, before_image)
-
-
-def drawn_left_labels(plot_widget) -> list[tuple[str, float, float]]:
-    """A cell plot's left-axis labels as pyqtgraph draws them: (text, top, bottom) in the viewport's pixels."""
-    axis = plot_widget.getPlotItem().getAxis("left")
-    image = QImage(max(1, int(axis.width())), max(1, int(axis.height())), QImage.Format.Format_ARGB32)
-    painter = QPainter(image)
-    painter.setFont(axis.style["tickFont"])  # as AxisItem.paint does
-    _axis_spec, _tick_specs, text_specs = axis.generateDrawSpecs(painter)
-    painter.end()
-    labels = []
-    for rect, _flags, text in text_specs:
-        top, bottom = (plot_widget.mapFromScene(axis.mapToScene(QPointF(0, y))).y()
-                       for y in (rect.top(), rect.bottom()))
-        labels.append((text, top, bottom))
-    return sorted(labels, key=lambda label: label[1])
 
 
 def row_band(plot_widget, row: int) -> tuple[float, float]:

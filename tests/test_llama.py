@@ -250,8 +250,7 @@ def test_a_checkpoint_in_shards_loads_and_a_missing_shard_is_one_line(llama_fold
 def test_the_grid_opens_a_layer_into_its_kv_heads_named_by_the_query_heads_that_read_them(qtbot):
     """6 query heads, 2 KV heads: a layer opens into two rows, "L0 kv0 ← q0 q1 q2" and "L0 kv1 ← q3 q4 q5",
     and a cell's bytes are the KV heads' (2 x 2 x 8 numbers x 4 bytes)."""
-    from helpers_qt import settle_layouts
-    from test_app_grid_heads import drawn_left_labels
+    from helpers_qt import drawn_left_labels, settle_layouts
 
     from kvviz.app.views.grid.kv_grid import KVGridView
     from kvviz.models.llama import Llama, LlamaConfig

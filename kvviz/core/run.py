@@ -3,7 +3,7 @@ mode) and hands out the plan, its passes and its token steps. Every front end st
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 
 from kvviz.core.compare import Lockstep, plan_lockstep
 from kvviz.core.engine import Engine, SamplingSettings
@@ -14,7 +14,7 @@ class Run:
     """A planned run: its `plan`, the `sampling` both runs of a lockstep share, and one stream of records,
     read as passes (`passes`) or as token steps (`token_steps`, `next_token_step`), not both."""
 
-    def __init__(self, plan: RunPlan, sampling: SamplingSettings, records: Iterator[StepRecord]) -> None:
+    def __init__(self, plan: RunPlan, sampling: SamplingSettings, records: Generator[StepRecord, None, None]) -> None:
         self.plan = plan
         self.sampling = sampling
         self._records = records
@@ -38,7 +38,7 @@ class Run:
 
     def close(self) -> None:
         """Stop the run where it is; its cache goes."""
-        self._records.close()  # type: ignore[attr-defined]
+        self._records.close()
 
 
 def start_run(
