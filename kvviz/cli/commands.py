@@ -123,6 +123,7 @@ def cmd_count(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from dataclasses import replace
+    from pathlib import Path
 
     from kvviz.core.counting import plural
     from kvviz.training import train
@@ -139,14 +140,15 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"margin           {result['margin']:.3f} nats/token below the baseline")
         return 0
     _check_device(args.device)
-    settings = train.TrainSettings()
+    settings = train.TrainSettings(preset=args.preset)
+    out = args.out if args.out is not None else Path(args.preset)
     changes = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size),
                                  ("block_size", args.block_size), ("seed", args.seed),
                                  ("max_minutes", args.max_minutes)) if v is not None}
     settings = replace(settings, **changes)
-    figures = train.train(settings, args.corpus, args.out, device=args.device)
-    print(f"saved {args.out}: validation loss {figures['validation_loss']:.3f}, "
-          f"unigram entropy {figures['unigram_entropy']:.3f} nats/token; see {args.out / 'MODEL_CARD.md'}")
+    figures = train.train(settings, args.corpus, out, device=args.device)
+    print(f"saved {out}: validation loss {figures['validation_loss']:.3f}, "
+          f"unigram entropy {figures['unigram_entropy']:.3f} nats/token; see {out / 'MODEL_CARD.md'}")
     return 0
 
 

