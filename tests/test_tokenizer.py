@@ -58,6 +58,20 @@ def test_round_trip(tok, text):
     assert tok.decode(ids) == text
 
 
+def test_gpt2s_bpe_as_a_tokenizer_json_splits_as_tiktoken(tok, tmp_path):
+    """What the embedded Llama-style model ships: the tokenizers library reads it into tiktoken's ids and labels."""
+    from kvviz.core.tokenizer import JsonTokenizer, gpt2_tokenizer_json
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(gpt2_tokenizer_json(), encoding="utf-8")
+    shipped = JsonTokenizer(path)
+    text = ("  leading spaces and\ttabs\nand newlines\n\n naïve café, 日本語, emoji 🙂👍🏽 it's they'll 1234567 "
+            "~!@#$%^&*() <|endoftext|>after    trailing   ")
+    assert shipped.encode(text) == tok.encode(text) and shipped.vocab_size == 50257
+    assert shipped.eot_id == ENDOFTEXT_ID and shipped.decode(tok.encode(text)) == text
+    assert [shipped.token_label(i) for i in tok.encode(text)] == [tok.token_label(i) for i in tok.encode(text)]
+
+
 def test_token_splitting_a_multibyte_character_is_readable(tok):
     ids = tok.encode("🙂")
     assert len(ids) > 1, "the emoji should take several byte-level tokens"

@@ -53,12 +53,13 @@ def _tiny_corpus(folder: Path) -> Path:
     return folder
 
 
-def test_a_short_training_run_learns_and_writes_a_loadable_model(tmp_path):
+@pytest.mark.parametrize("preset", ["kvviz-shakespeare", "kvviz-shakespeare-gqa"])
+def test_a_short_training_run_learns_and_writes_a_loadable_model(tmp_path, preset):
     (tmp_path / "texts").mkdir()
     corpus = _tiny_corpus(tmp_path / "texts")
     assert "ROMEO:" in read_corpus(corpus)["romeo_and_juliet"]
-    settings = TrainSettings(steps=12, batch_size=2, block_size=32, learning_rate=3e-3, warmup_steps=1,
-                             eval_every=100, seed=3)
+    settings = TrainSettings(preset=preset, steps=12, batch_size=2, block_size=32, learning_rate=3e-3,
+                             warmup_steps=1, eval_every=100, seed=3)
     out = tmp_path / "model"
     figures = train(settings, corpus, out)
 
@@ -67,7 +68,13 @@ def test_a_short_training_run_learns_and_writes_a_loadable_model(tmp_path):
     assert json.loads((out / "training.json").read_text())["figures"]["validation_loss"] == figures["validation_loss"]
     card = (out / "MODEL_CARD.md").read_text()
     assert f"{figures['validation_loss']:.3f}" in card and "--steps 12" in card
-    assert load_model(str(out)).config.n_layer == 6
+    loaded = load_model(str(out))
+    assert loaded.config.n_layer == 6 and loaded.config.n_head == 6
+    if preset == "kvviz-shakespeare-gqa":  # a Llama folder with GPT-2's tokens, its GPT-2 pair measured beside it
+        assert loaded.config.n_kv_head == 2 and loaded.tokenizer.encode("ROMEO:") == [33676, 4720, 25]
+        assert "3 query heads\nper KV head" in card and "3,072 bytes per token" in card
+        pair = figures["default_model_validation_loss"]
+        assert f"(the GPT-2 of this shape, same data and steps) | {pair:.3f}" in card
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

@@ -13,14 +13,14 @@ from kvviz.core.memory import Architecture, architecture_of, find_architecture, 
 def model_architecture(source: str | None) -> Architecture:
     """The KV-cache shape of a `--model` value, read from its config: no weights are loaded and nothing
     is downloaded (the GPT-2 names and random:<preset> use their published configs)."""
-    from kvviz.core.resources import DEFAULT_MODEL_NAME, default_model_dir
+    from kvviz.core.resources import DEFAULT_MODEL_NAME, EMBEDDED_MODELS, embedded_model_dir
     from kvviz.models.families import PRESETS, read_family_config
     from kvviz.sources.weights import load_model
 
     name = source or DEFAULT_MODEL_NAME
     preset = name.split(":", 1)[1] if name.startswith("random:") else name
-    if name == DEFAULT_MODEL_NAME:
-        config = read_family_config(default_model_dir() / "config.json")[1]
+    if name in EMBEDDED_MODELS:
+        config = read_family_config(embedded_model_dir(name) / "config.json")[1]
     elif preset in PRESETS:
         config = PRESETS[preset][1]
     elif name.startswith("random:"):

@@ -14,7 +14,7 @@ import torch
 
 from kvviz.core.errors import DownloadCancelled, ModelLoadError, first_line
 from kvviz.core.files import user_path, write_atomically
-from kvviz.core.resources import DEFAULT_MODEL_NAME, default_model_dir
+from kvviz.core.resources import DEFAULT_MODEL_NAME, EMBEDDED_MODELS, embedded_model_dir
 from kvviz.models.families import DEFAULT_FAMILY, PRESETS, Family, family_of, family_of_config
 from kvviz.models.gpt2 import GPTConfig
 from kvviz.models.products import column_major
@@ -44,7 +44,8 @@ class LoadedModel:
 
 
 def describe_sources() -> str:
-    return (f"the embedded default ({DEFAULT_MODEL_NAME}), {', '.join(HUB_MODELS)} (downloaded once), "
+    return (f"the embedded models ({DEFAULT_MODEL_NAME}, the default, and {', '.join(EMBEDDED_MODELS[1:])}), "
+            f"{', '.join(HUB_MODELS)} (downloaded once), "
             f"random:<{'|'.join(PRESETS)}>, or a path to a checkpoint folder or .safetensors file")
 
 
@@ -258,12 +259,14 @@ def load_model(
     """Resolve a `--model` value to a ready model. `None` means the embedded default."""
     check_device(device)
     tokenizer = None
-    if source is None or source == "" or source == DEFAULT_MODEL_NAME:
-        folder = default_model_dir()
+    if source is None or source == "" or source in EMBEDDED_MODELS:
+        name = source or DEFAULT_MODEL_NAME
+        folder = embedded_model_dir(name)
         if not (folder / "model.safetensors").is_file():
-            raise ModelLoadError(f"{DEFAULT_MODEL_NAME}: the embedded model is missing from {folder}; reinstall kvviz")
+            raise ModelLoadError(f"{name}: the embedded model is missing from {folder}; reinstall kvviz")
         model = load_checkpoint(folder, dtype)
-        name, origin = DEFAULT_MODEL_NAME, f"embedded in kvviz ({folder})"
+        origin = f"embedded in kvviz ({folder})"
+        tokenizer = checkpoint_tokenizer(folder, model)
     elif source.startswith("random:"):
         preset = source.split(":", 1)[1]
         model = random_model(preset, dtype)

@@ -8,11 +8,13 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QWidget
 
 from kvviz.app.run.session import EMBEDDED
+from kvviz.core.resources import EMBEDDED_MODELS
 
 HUB_CHOICES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 HUB_SIZES = {"gpt2": "0.5 GB", "gpt2-medium": "1.5 GB", "gpt2-large": "3.2 GB", "gpt2-xl": "6.4 GB"}
 RANDOM_CHOICES = ("random:kvviz-shakespeare", "random:gpt2", "random:gpt2-medium", "random:gpt2-large",
-                  "random:gpt2-xl")
+                  "random:gpt2-xl", "random:kvviz-shakespeare-gqa", "random:smollm2-135m", "random:smollm2-360m",
+                  "random:qwen2.5-0.5b")
 OPEN_FILE, OPEN_FOLDER = "\0open-file", "\0open-folder"
 
 
@@ -32,10 +34,12 @@ class ModelPicker(QComboBox):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setMinimumContentsLength(22)
-        self.setToolTip("Model: the embedded default, GPT-2 from the hub, random weights, or a checkpoint")
+        self.setToolTip("Model: the embedded models, GPT-2 from the hub, random weights, or a checkpoint")
         self._shown: str | None = None
         self._paths: set[str] = set()  # sources with an entry added for them (checkpoints)
         self.addItem(f"{source_label(EMBEDDED)} (embedded)", EMBEDDED)
+        for name in EMBEDDED_MODELS[1:]:
+            self.addItem(f"{name} (embedded, grouped-query attention)", name)
         self.insertSeparator(self.count())
         for name in HUB_CHOICES:
             self.addItem(f"{name} (hub, {HUB_SIZES[name]})", name)
