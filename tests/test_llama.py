@@ -377,3 +377,48 @@ def test_a_damaged_llama_folder_is_one_line(llama_folder, tmp_path, kvviz_cli, d
     done = kvviz_cli("generate", "--model", str(folder), "--prompt", "x")
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == f"kvviz: {folder}/{message}\n"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_fast_decode_step_equals_the_teaching_forward_bit_for_bit(dtype):
+    """llama_fast.decode_one against Llama.forward on one token: logits, cache and attention weights equal bit
+    for bit, with grouped-query, multi-query (and biases) and multi-head attention (and an untied head)."""
+    from kvviz.models import llama_fast
+    from kvviz.models.llama import Llama, LlamaConfig
+
+    for shape in ({"n_kv_head": 2}, {"n_kv_head": 1, "qkv_bias": True},
+                  {"n_kv_head": 6, "qkv_bias": True, "o_bias": True, "tie_word_embeddings": False}):
+        cfg = LlamaConfig(vocab_size=300, n_ctx=64, n_layer=3, n_head=6, n_embd=96, intermediate_size=160, **shape)
+        model = Llama(cfg)
+        model.init_weights(torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if name.endswith("bias"):
+                    parameter.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(2))
+        model = model.to(dtype).eval()
+        ids = [i % cfg.vocab_size for i in PROMPT_IDS]
+        caches = [KVCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, len(ids), dtype=dtype) for _ in range(2)]
+        with torch.inference_mode():
+            for cache in caches:
+                model(torch.tensor([ids[:2]]), torch.arange(2), cache)
+            for position in range(2, len(ids)):
+                probes = [PassProbe(cfg.n_layer, record_attention=True) for _ in range(2)]
+                token = ids[position]
+                expected = model(torch.tensor([[token]]), torch.tensor([position]), caches[0], probe=probes[0])[0]
+                got = llama_fast.decode_one(model, token, position, caches[1], probe=probes[1])  # (1, V)
+                assert got.dtype == dtype and torch.equal(got, expected), shape
+                assert all(torch.equal(a, b) for a, b in zip(*(p.attention for p in probes), strict=True))
+        assert torch.equal(caches[0].kv, caches[1].kv)
+
+
+def test_the_bench_peer_is_transformers_as_from_pretrained_makes_it_in_bfloat16(llama_folder):
+    """The peer holds RoPE's frequencies in float32 as from_pretrained does; rounded to bfloat16 with the weights,
+    it turned other angles, and its tokens parted from kvviz's for that reason alone."""
+    from kvviz.measure.bench import to_transformers
+
+    folder, _ = llama_folder
+    reference = transformers.LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16).eval()
+    peer = to_transformers(load_model(str(folder), dtype=torch.bfloat16).model)
+    ids = torch.tensor([list(range(3, 40))])
+    with torch.no_grad():
+        assert torch.equal(peer(ids).logits, reference(ids).logits)

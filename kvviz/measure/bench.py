@@ -27,12 +27,18 @@ def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bo
 
 def to_transformers(model):
     """transformers' model of `model`'s family (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM) holding
-    exactly its weights, in the same dtype."""
+    exactly its weights, in the same dtype, as `from_pretrained(dtype=...)` makes it: RoPE's frequencies stay
+    float32 (a plain `.to(bfloat16)` would round them, and the peer would compute other angles)."""
     from kvviz.models.gpt2 import GPT
 
     peer = _gpt2_peer(model) if isinstance(model, GPT) else _llama_peer(model)
     weights = next(model.parameters())
-    return peer.eval().to(device=weights.device, dtype=weights.dtype)
+    frequencies = {name: b.clone() for name, b in peer.named_buffers() if name.endswith("inv_freq")}
+    peer = peer.eval().to(device=weights.device, dtype=weights.dtype)
+    for name, float32 in frequencies.items():
+        owner, _, attribute = name.rpartition(".")
+        setattr(peer.get_submodule(owner), attribute, float32.to(weights.device))
+    return peer
 
 
 def _llama_peer(model):

@@ -15,7 +15,7 @@ from types import ModuleType
 from torch import nn
 
 from kvviz.core.errors import ModelLoadError
-from kvviz.models import gpt2, gpt2_fast, gpt2_format, llama, llama_format
+from kvviz.models import gpt2, gpt2_fast, gpt2_format, llama, llama_fast, llama_format
 from kvviz.models.config_json import read_config, shown
 
 
@@ -34,7 +34,7 @@ class Family:
 
 FAMILIES: dict[str, Family] = {model_type: family for family in (
     Family(("gpt2",), "GPT-2", gpt2.GPT, gpt2_format, gpt2_fast),
-    Family(llama_format.MODEL_TYPES, "Llama-family", llama.Llama, llama_format),
+    Family(llama_format.MODEL_TYPES, "Llama-family", llama.Llama, llama_format, llama_fast),
 ) for model_type in family.model_types}
 DEFAULT_FAMILY = FAMILIES["gpt2"]  # what a weights file without a config.json is read as
 PRESETS: dict[str, tuple[Family, object]] = {  # random:<name>: a family and one of its published shapes

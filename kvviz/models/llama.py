@@ -17,6 +17,7 @@ from torch import nn
 
 from kvviz.core.kv_cache import KVCache
 from kvviz.models.probe import PassProbe
+from kvviz.models.products import Linear, tied_head
 
 
 @dataclass(frozen=True)
@@ -111,15 +112,14 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_index = layer_index
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
-        self.rope_theta = config.rope_theta
         C, hd, bias = config.n_embd, config.head_dim, config.qkv_bias
-        self.q_proj = nn.Linear(C, config.n_head * hd, bias=bias)
-        self.k_proj = nn.Linear(C, config.n_kv_head * hd, bias=bias)
-        self.v_proj = nn.Linear(C, config.n_kv_head * hd, bias=bias)
-        self.o_proj = nn.Linear(config.n_head * hd, C, bias=config.o_bias)
+        self.q_proj = Linear(C, config.n_head * hd, bias=bias)
+        self.k_proj = Linear(C, config.n_kv_head * hd, bias=bias)
+        self.v_proj = Linear(C, config.n_kv_head * hd, bias=bias)
+        self.o_proj = Linear(config.n_head * hd, C, bias=config.o_bias)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
-                probe: PassProbe | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                kv_cache: KVCache | None, probe: PassProbe | None = None) -> torch.Tensor:
         B, T, C = x.shape  # (B, T, C)
         hd = self.head_dim
         q = self.q_proj(x).view(B, T, self.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
@@ -127,8 +127,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_head, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if probe is not None:
             probe.projected(self.layer_index, B * T)
-        cos, sin = rope_angles(positions, hd, self.rope_theta, x.dtype)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # keys are cached already turned to their positions
+        q, k = rotate(q, *rope), rotate(k, *rope)  # keys are cached already turned to their positions
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_index, positions, k, v)  # (B, nkv, S, hd), S = cached + T
         group = self.n_head // self.n_kv_head
@@ -153,9 +152,9 @@ class SwiGLU(nn.Module):
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+        self.gate_proj = Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.up_proj = Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -169,9 +168,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
         self.mlp = SwiGLU(config)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
-                probe: PassProbe | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, probe)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                kv_cache: KVCache | None, probe: PassProbe | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv_cache, probe)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -189,7 +188,7 @@ class Llama(nn.Module):
             layers=nn.ModuleList(DecoderLayer(config, i) for i in range(config.n_layer)),
             norm=RMSNorm(config.n_embd, config.rms_norm_eps),
         ))
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.n_embd, config.vocab_size, bias=False)
 
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """Normal(0, 0.02) weights, zero biases, unit norms (transformers' initializer_range)."""
@@ -220,10 +219,11 @@ class Llama(nn.Module):
         if int(positions[-1]) >= self.config.n_ctx:
             raise ValueError(f"position {int(positions[-1])} is past the context length {self.config.n_ctx}")
         x = self.model.embed_tokens(idx)  # (B, T, C)
+        rope = rope_angles(positions, self.config.head_dim, self.config.rope_theta, x.dtype)  # cos, sin (T, hd)
         for i, layer in enumerate(self.blocks):
             if probe is not None:
                 probe.entering(i)
-            x = layer(x, positions, kv_cache, probe)
+            x = layer(x, positions, rope, kv_cache, probe)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
         return self.model.norm(x)
@@ -232,5 +232,9 @@ class Llama(nn.Module):
                 last_only: bool = False, probe: PassProbe | None = None) -> torch.Tensor:
         """Logits (B, T, V) for `idx` (B, T) at `positions` (T,); with `kv_cache`, attend to cached keys too."""
         x = self.hidden_states(idx, positions, kv_cache, last_only, probe)  # (B, T, C)
-        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # (V, C)
-        return F.linear(x, head)  # (B, T, V)
+        return tied_head(x.flatten(0, 1), self.head_weight).view(*x.shape[:2], -1)  # (B, T, V)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output head's (V, C) matrix: the token embeddings when tied, else `lm_head`'s."""
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

@@ -99,6 +99,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return project(flat, weight, bias, packed).view(*x.shape[:-1], weight.shape[1])  # (..., out)
 
 
+class Linear(torch.nn.Linear):
+    """`nn.Linear` (its (out, in) weight, its state-dict keys) whose product is `linear`'s: column blocks over
+    torch's threads in float32, the packed copy in bfloat16; what the Llama family's projections are."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight.t(), self.bias)  # x @ weightᵀ + bias
+
+
 def tied_head(x: torch.Tensor, wte: torch.Tensor) -> torch.Tensor:
     """Logits `x` (M, C) @ `wte` (V, C)ᵀ: the output head that shares the token embedding."""
     if torch.is_grad_enabled():

@@ -1,0 +1,94 @@
+"""The Llama family's one-token cached step, fast: the arithmetic of `llama.Llama.forward` on a (1, 1) input,
+written as plain tensor calls on weights gathered once per run, with RoPE's angles computed once per step
+instead of once per layer and the query heads reading their group's K/V in place (no repeated copy).
+The tests check it against the teaching forward bit for bit, in every dtype."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from kvviz.core.kv_cache import KVCache
+from kvviz.models.llama import Llama, rope_angles, rotate
+from kvviz.models.probe import PassProbe, newest_query_weights
+from kvviz.models.products import packed_copy, project, tied_head
+
+
+class Projection(NamedTuple):
+    """One product's tensors: the (in, out) weight, its bias or None, and its packed copy or None."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    packed: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return project(x, self.weight, self.bias, self.packed)
+
+
+class LayerWeights(NamedTuple):
+    """One decoder layer's tensors, read once per run by `decode_one` instead of once per token."""
+
+    input_norm: torch.Tensor
+    q: Projection
+    k: Projection
+    v: Projection
+    o: Projection
+    post_norm: torch.Tensor
+    gate: Projection
+    up: Projection
+    down: Projection
+
+
+def _projection(linear: torch.nn.Linear) -> Projection:
+    weight = linear.weight.t()  # (in, out), as `products.Linear` multiplies by it
+    return Projection(weight, linear.bias, packed_copy(weight))
+
+
+def decode_weights(model: Llama) -> list[LayerWeights]:
+    """Every layer's tensors for `decode_one`; take them again if the parameters are replaced."""
+    return [LayerWeights(
+        layer.input_layernorm.weight, *(_projection(getattr(layer.self_attn, f"{n}_proj")) for n in "qkvo"),
+        layer.post_attention_layernorm.weight, _projection(layer.mlp.gate_proj), _projection(layer.mlp.up_proj),
+        _projection(layer.mlp.down_proj),
+    ) for layer in model.blocks]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`llama.RMSNorm` as one function: the same operations in the same order."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def decode_one(model: Llama, token: int, position: int, kv_cache: KVCache, weights: list[LayerWeights] | None = None,
+               probe: PassProbe | None = None) -> torch.Tensor:
+    """Logits (1, V) for one token of a single sequence at `position`, attending to the cache: equal to
+    `model(torch.tensor([[token]]), torch.tensor([position]), kv_cache, probe=probe)[0]`."""
+    cfg = model.config
+    nh, nkv, hd, eps = cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rms_norm_eps
+    if position >= cfg.n_ctx:
+        raise ValueError(f"position {position} is past the context length {cfg.n_ctx}")
+    embeddings = model.model.embed_tokens.weight
+    positions = torch.tensor([position], device=embeddings.device)
+    cos, sin = rope_angles(positions, hd, cfg.rope_theta, embeddings.dtype)  # (1, hd) each
+    recording = probe is not None and probe.attention is not None
+    x = embeddings[token].view(1, -1)  # (1, C)
+    for i, w in enumerate(weights or decode_weights(model)):
+        if probe is not None:
+            probe.entering(i)
+        h = rms_norm(x, w.input_norm, eps)
+        q = rotate(w.q(h).view(1, nh, 1, hd), cos, sin)  # (1, nh, 1, hd)
+        k = rotate(w.k(h).view(1, nkv, 1, hd), cos, sin)  # (1, nkv, 1, hd)
+        if probe is not None:
+            probe.projected(i, 1)
+        keys, values = kv_cache.update(i, positions, k, w.v(h).view(1, nkv, 1, hd))  # (1, nkv, S, hd) each
+        y = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # (1, nh, 1, hd): head h reads h // group
+        if recording:
+            probe.attention.append(newest_query_weights(q, keys.repeat_interleave(nh // nkv, dim=1))[0])  # (nh, S)
+        x = x + w.o(y.view(1, nh * hd))
+        h = rms_norm(x, w.post_norm, eps)
+        x = x + w.down(F.silu(w.gate(h)) * w.up(h))
+    x = rms_norm(x, model.model.norm.weight, eps)
+    return tied_head(x, model.head_weight)  # (1, V)
