@@ -120,3 +120,19 @@ def embedded_or_tiny_folder(tmp_path: Path) -> Path:
     if folder is not None and (folder / "model.safetensors").is_file() and (folder / "config.json").is_file():
         return folder
     return save_kvviz_folder(tmp_path / "kvviz-tiny", n_layer=4, n_head=4, n_embd=64, n_ctx=128)
+
+
+def byte_level_tokenizer(vocab_size: int = 400):
+    """A byte-level BPE trained on a few lines, with a beginning-of-text token its post-processor adds, as
+    Llama's does, and an end-of-text token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["Time flies like an arrow.", "Fruit flies like a banana.", "The cache keeps "
+                                   "every key and value it has computed."] * 20, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    return tokenizer

@@ -348,3 +348,108 @@ def test_a_reference_that_is_not_text_names_the_file_to_delete(hub, hf_cache):
     message = str(info.value)
     assert message.startswith(f"gpt2: the Hugging Face cache entry {ref} is damaged (") and "\n" not in message
     assert message.endswith(f"; delete {ref} to download it again")
+
+
+SMOLLM2_135M_CONFIG = """{
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 0,
+  "eos_token_id": 0,
+  "hidden_act": "silu",
+  "hidden_size": 576,
+  "initializer_range": 0.041666666666666664,
+  "intermediate_size": 1536,
+  "is_llama_config": true,
+  "max_position_embeddings": 8192,
+  "model_type": "llama",
+  "num_attention_heads": 9,
+  "num_hidden_layers": 30,
+  "num_key_value_heads": 3,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_interleaved": false,
+  "rope_scaling": null,
+  "rope_theta": 100000,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.42.3",
+  "use_cache": true,
+  "vocab_size": 49152
+}
+"""  # HuggingFaceTB/SmolLM2-135M's config.json as published
+
+
+def smollm2_135m_weights() -> bytes:
+    """model.safetensors in the published layout: bfloat16, no lm_head (tied), random values."""
+    from safetensors.torch import save
+
+    generator = torch.Generator().manual_seed(135)
+    shapes = {"model.embed_tokens.weight": (49152, 576), "model.norm.weight": (576,)}
+    for i in range(30):
+        layer = f"model.layers.{i}."
+        shapes.update({layer + "input_layernorm.weight": (576,), layer + "post_attention_layernorm.weight": (576,),
+                       layer + "self_attn.q_proj.weight": (576, 576), layer + "self_attn.k_proj.weight": (192, 576),
+                       layer + "self_attn.v_proj.weight": (192, 576), layer + "self_attn.o_proj.weight": (576, 576),
+                       layer + "mlp.gate_proj.weight": (1536, 576), layer + "mlp.up_proj.weight": (1536, 576),
+                       layer + "mlp.down_proj.weight": (576, 1536)})
+    tensors = {name: (torch.randn(shape, generator=generator) * (0.05 if len(shape) > 1 else 1.0)).bfloat16()
+               for name, shape in shapes.items()}
+    return save(tensors, metadata={"format": "pt"})
+
+
+def test_smollm2_135m_as_the_hub_publishes_it_downloads_generates_and_shows_30_layers_of_3_kv_heads(
+        hf_cache, monkeypatch, kvviz_cli, qtbot):
+    """`--model smollm2-135m` through the loopback hub: its config, tokenizer.json and bfloat16 weights are
+    fetched once, the prompt is split by its own tokenizer, it runs in float32, and its grid has 30 layer rows
+    that open into 3 KV heads of 3 query heads each; 2 x 30 x 3 x 64 x 4 = 46,080 bytes a position."""
+    from helpers_checkpoints import byte_level_tokenizer
+    from helpers_qt import drawn_left_labels, settle_layouts
+
+    from kvviz.app.views.grid.kv_grid import KVGridView
+    from kvviz.core.engine import Engine
+
+    repo = HUB_MODELS["smollm2-135m"]
+    assert repo == "HuggingFaceTB/SmolLM2-135M"
+    tokenizer = byte_level_tokenizer().to_str().encode()
+    hub = FakeHub(files={f"{repo}/config.json": SMOLLM2_135M_CONFIG.encode(), f"{repo}/tokenizer.json": tokenizer,
+                         f"{repo}/model.safetensors": smollm2_135m_weights()})
+    server, thread = _start(hub)
+    try:
+        _point_the_hub_at(hub, monkeypatch)
+        seen: list[tuple[int, int]] = []
+        loaded = load_model("smollm2-135m", progress=lambda done, total: seen.append((done, total)))
+    finally:
+        _stop(server, thread)
+    assert seen[-1] == (len(hub.files[f"{repo}/model.safetensors"]),) * 2
+    assert {(m, p.rsplit("/", 1)[1]) for m, p in hub.requests if m == "GET"} == {
+        ("GET", "config.json"), ("GET", "tokenizer.json"), ("GET", "model.safetensors")}
+    cfg = loaded.config
+    assert (cfg.n_layer, cfg.n_head, cfg.n_kv_head, cfg.head_dim) == (30, 9, 3, 64)
+    assert next(loaded.model.parameters()).dtype == torch.float32 and loaded.name == "smollm2-135m"
+
+    engine = Engine(loaded.model, tokenizer=loaded.tokenizer)
+    prompt = engine.encode_prompt("Time flies")
+    assert prompt[0] == 0 and len(prompt) > 2  # its own tokenizer: <s> first
+    plan = engine.plan(prompt, 3)
+    records = list(engine.run(plan))
+    assert records[-1].cache_bytes == 46_080 * (len(prompt) + 3)
+    grid = KVGridView()
+    qtbot.addWidget(grid)
+    grid.resize(900, 1000)
+    grid.show()
+    grid.reset(plan)
+    grid.apply(records)
+    grid.expand_layer(0)
+    grid.refresh()
+    qtbot.waitExposed(grid)
+    settle_layouts()
+    rows = grid.display_rows()
+    assert rows[:5] == [(0, None), (0, 0), (0, 1), (0, 2), (1, None)] and len(rows) == 30 + 3
+    drawn = [text for text, *_ in drawn_left_labels(grid.plot_widget)][:4]
+    assert drawn == ["L0", "L0 kv0 \u2190 q0 q1 q2", "L0 kv1 \u2190 q3 q4 q5", "L0 kv2 \u2190 q6 q7 q8"], drawn
+    assert "2 \u00d7 3 KV heads \u00d7 64 \u00d7 4 bytes = 1,536 bytes" in grid.cell_info(0, 1)
+
+    folder = download_hub_model("smollm2-135m", None, endpoint=_dead_endpoint())  # cached: offline from now on
+    done = kvviz_cli("memory", "--model", str(folder))
+    assert done.returncode == 0 and "46,080 bytes per token" in done.stdout, done.stdout + done.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers_checkpoints import byte_level_tokenizer
 
 from kvviz.core.engine import Engine, generate_ids
 from kvviz.core.kv_cache import KVCache
@@ -153,22 +154,6 @@ def test_what_kvviz_cannot_run_is_named_in_one_line(tmp_path, changes, message, 
 
 
 # ----- a Hugging Face folder as a user has it: weights, config.json, tokenizer.json -----
-
-
-def byte_level_tokenizer(vocab_size: int = 400):
-    """A byte-level BPE trained on a few lines, with a beginning-of-text token its post-processor adds, as
-    Llama's does, and an end-of-text token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(["Time flies like an arrow.", "Fruit flies like a banana.", "The cache keeps "
-                                   "every key and value it has computed."] * 20, trainer)
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    return tokenizer
 
 
 @pytest.fixture(scope="module")

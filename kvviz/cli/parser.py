@@ -37,9 +37,11 @@ MAX_SEED = 2**63 - 1
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports `yes | head -1`
 MODEL_HELP = (
     "model to run: a checkpoint folder (config.json + model.safetensors) or a .safetensors file; "
-    "gpt2, gpt2-medium, gpt2-large or gpt2-xl (downloaded once from the Hugging Face hub, then used offline); "
+    "gpt2, gpt2-medium, gpt2-large, gpt2-xl, smollm2-135m, smollm2-360m or qwen2.5-0.5b (downloaded once from the "
+    "Hugging Face hub, then used offline); kvviz-shakespeare-gqa (embedded, grouped-query attention); "
     "random:<preset> for untrained weights from a fixed seed (presets: gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
-    "kvviz-shakespeare); default: the small Shakespeare model embedded in kvviz"
+    "kvviz-shakespeare, kvviz-shakespeare-gqa, smollm2-135m, smollm2-360m, qwen2.5-0.5b); default: the small "
+    "Shakespeare GPT-2 embedded in kvviz"
 )
 PROMPT_HELP = "text to continue; an empty prompt starts from <|endoftext|>"
 BREAK_CACHE_HELP = ("break the KV cache on purpose, to see what a cache bug does: " + CACHE_FAULTS[BROKEN_CACHE_FAULT]

@@ -1,4 +1,5 @@
-"""GPT-2 checkpoints from the Hugging Face hub: found in the local cache, or downloaded once, quietly."""
+"""Checkpoints from the Hugging Face hub (GPT-2, SmolLM2, Qwen2.5): found in the local cache, or downloaded once,
+quietly."""
 
 from __future__ import annotations
 
@@ -16,20 +17,29 @@ HUB_MODELS = {
     "gpt2-medium": "openai-community/gpt2-medium",
     "gpt2-large": "openai-community/gpt2-large",
     "gpt2-xl": "openai-community/gpt2-xl",
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",  # Apache-2.0; GQA: 9 query heads on 3 KV heads
+    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",  # Apache-2.0; GQA: 15 on 5
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",  # Apache-2.0; GQA: 14 on 2, q/k/v biases
 }
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total); may raise DownloadCancelled
 
-HUB_FILES = ("config.json", "model.safetensors")
+GPT2_FILES = ("config.json", "model.safetensors")
+LLAMA_FILES = ("config.json", "tokenizer.json", "model.safetensors")  # the family tokenizes with its own
+
+
+def hub_files(name: str) -> tuple[str, ...]:
+    """The files a hub model needs, its weights last: GPT-2 tokenizes with tiktoken, the others with their own."""
+    return GPT2_FILES if name.startswith("gpt2") else LLAMA_FILES
 
 
 def cached_hub_model(name: str, cache_dir: str | Path | None = None) -> Path | None:
-    """The cache folder of a hub GPT-2 that was downloaded before, or None; never touches the network."""
+    """The cache folder of a hub model that was downloaded before, or None; never touches the network."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     repo_id = HUB_MODELS[name]
     repo_folder = Path(cache_dir or constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
     try:
-        paths = [try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir) for filename in HUB_FILES]
+        paths = [try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir) for filename in hub_files(name)]
     except (UnicodeDecodeError, ValueError, OSError) as exc:  # a damaged entry: refs/main not text, unreadable...
         bad = _damaged_file(repo_folder)
         raise ModelLoadError(f"{name}: the Hugging Face cache entry {bad or repo_folder} is damaged "
@@ -54,7 +64,7 @@ def _damaged_file(repo_folder: Path) -> Path | None:
 
 def download_hub_model(name: str, progress: ProgressCallback | None = None,
                        endpoint: str | None = None, cache_dir: str | Path | None = None) -> Path:
-    """Fetch `config.json` and `model.safetensors` for a hub GPT-2 into the HF cache; return the folder.
+    """Fetch a hub model's files (`hub_files`) into the HF cache; return the folder.
 
     Downloaded once: a model already in the cache is used without asking the hub. huggingface_hub
     writes to a temporary file and renames it when complete, so an interrupted download leaves no
@@ -77,10 +87,11 @@ def download_hub_model(name: str, progress: ProgressCallback | None = None,
     quiet = progress is not None
     try:
         with _hub_logs_silenced() if quiet else contextlib.nullcontext():
-            config_path = hf_hub_download(filename="config.json", tqdm_class=_quiet_tqdm() if quiet else None,
-                                          **kwargs)
-            weights_path = hf_hub_download(filename="model.safetensors",
-                                           tqdm_class=_quiet_tqdm(progress) if quiet else None, **kwargs)
+            *small, weights = hub_files(name)
+            paths = [hf_hub_download(filename=filename, tqdm_class=_quiet_tqdm() if quiet else None, **kwargs)
+                     for filename in small]
+            paths.append(hf_hub_download(filename=weights, tqdm_class=_quiet_tqdm(progress) if quiet else None,
+                                         **kwargs))
     except DownloadCancelled:
         raise
     except LocalEntryNotFoundError as exc:
@@ -91,8 +102,8 @@ def download_hub_model(name: str, progress: ProgressCallback | None = None,
         raise ModelLoadError(
             f"{name}: download of {repo_id} failed ({first_line(exc)}); nothing partial was kept, try again"
         ) from exc
-    folder = Path(weights_path).parent
-    if Path(config_path).parent != folder:
+    folder = Path(paths[-1]).parent
+    if any(Path(path).parent != folder for path in paths):
         raise ModelLoadError(f"{name}: config and weights landed in different folders of the cache")
     return folder
 

@@ -276,6 +276,7 @@ def load_model(
         model = load_checkpoint(folder, dtype)
         model.config = model.config.with_name(source)  # not the cache folder's commit hash
         name, origin = source, f"Hugging Face hub {HUB_MODELS[source]} (cached in {folder})"
+        tokenizer = checkpoint_tokenizer(folder, model)
     else:
         path = user_path(source)
         if not path.exists():

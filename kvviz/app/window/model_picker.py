@@ -10,8 +10,9 @@ from PySide6.QtWidgets import QComboBox, QFileDialog, QWidget
 from kvviz.app.run.session import EMBEDDED
 from kvviz.core.resources import EMBEDDED_MODELS
 
-HUB_CHOICES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-HUB_SIZES = {"gpt2": "0.5 GB", "gpt2-medium": "1.5 GB", "gpt2-large": "3.2 GB", "gpt2-xl": "6.4 GB"}
+HUB_CHOICES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "smollm2-135m", "smollm2-360m", "qwen2.5-0.5b")
+HUB_SIZES = {"gpt2": "0.5 GB", "gpt2-medium": "1.5 GB", "gpt2-large": "3.2 GB", "gpt2-xl": "6.4 GB",
+             "smollm2-135m": "0.3 GB", "smollm2-360m": "0.7 GB", "qwen2.5-0.5b": "1.0 GB"}
 RANDOM_CHOICES = ("random:kvviz-shakespeare", "random:gpt2", "random:gpt2-medium", "random:gpt2-large",
                   "random:gpt2-xl", "random:kvviz-shakespeare-gqa", "random:smollm2-135m", "random:smollm2-360m",
                   "random:qwen2.5-0.5b")
@@ -34,7 +35,8 @@ class ModelPicker(QComboBox):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setMinimumContentsLength(22)
-        self.setToolTip("Model: the embedded models, GPT-2 from the hub, random weights, or a checkpoint")
+        self.setToolTip("Model: the embedded models, GPT-2, SmolLM2 or Qwen2.5 from the hub, random weights, "
+                        "or a checkpoint")
         self._shown: str | None = None
         self._paths: set[str] = set()  # sources with an entry added for them (checkpoints)
         self.addItem(f"{source_label(EMBEDDED)} (embedded)", EMBEDDED)
