@@ -57,11 +57,11 @@ def test_random_gpt2_cached_equals_uncached():
     """The book's benchmark setup itself: untrained GPT-2 124M from a fixed seed, "Hello, I am"
     (fewer tokens than 200: without the cache, GPT-2 124M is the slow part of the suite)."""
     engine = Engine(load_model("random:gpt2").model)
-    greedy, _ = _ids(engine, HELLO_IDS, 40, use_cache=True)
-    assert torch.equal(greedy, _ids(engine, HELLO_IDS, 40, use_cache=False)[0])
+    greedy, _ = _ids(engine, HELLO_IDS, 24, use_cache=True)
+    assert torch.equal(greedy, _ids(engine, HELLO_IDS, 24, use_cache=False)[0])
     sampling = SamplingSettings(temperature=1.0, top_k=40, seed=123)
-    sampled, _ = _ids(engine, HELLO_IDS, 25, True, sampling)
-    assert torch.equal(sampled, _ids(engine, HELLO_IDS, 25, False, sampling)[0])
+    sampled, _ = _ids(engine, HELLO_IDS, 16, True, sampling)
+    assert torch.equal(sampled, _ids(engine, HELLO_IDS, 16, False, sampling)[0])
     assert len(set(sampled.tolist())) > 10, "sampling should wander off the greedy loop"
 
 

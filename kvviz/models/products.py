@@ -114,4 +114,5 @@ def tied_head(x: torch.Tensor, wte: torch.Tensor) -> torch.Tensor:
     packed = packed_copy(wte.t())
     if packed is not None:
         return project(x, wte.t(), None, packed)  # (M, V)
-    return x @ wte.detach().t()  # (M, V): contiguous when wte is column-major
+    return project(x, wte.detach().t(), None)  # (M, V): column blocks of a row-major wte (the Llama family's);
+    # one product by the contiguous (C, V) matrix of a column-major one (GPT-2's)
