@@ -453,3 +453,8 @@ def test_smollm2_135m_as_the_hub_publishes_it_downloads_generates_and_shows_30_l
     folder = download_hub_model("smollm2-135m", None, endpoint=_dead_endpoint())  # cached: offline from now on
     done = kvviz_cli("memory", "--model", str(folder))
     assert done.returncode == 0 and "46,080 bytes per token" in done.stdout, done.stdout + done.stderr
+    from safetensors.torch import load_file
+
+    stored = load_file(str(folder / "model.safetensors"))["model.layers.29.mlp.down_proj.weight"]
+    kept = load_model(str(folder), dtype=torch.bfloat16).model.blocks[29].mlp.down_proj.weight  # --dtype bfloat16
+    assert kept.dtype == torch.bfloat16 and torch.equal(kept, stored)  # the weights as stored, bit for bit
