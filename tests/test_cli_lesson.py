@@ -497,3 +497,21 @@ def test_lesson_export_takes_a_dtype(tiny, tmp_path, monkeypatch, capsys):
     assert f"answer: {3 * per_position:,} bytes (measured)" in out  # after the 2nd token: 3 positions cached
     assert main(["lesson", "--file", str(path), "--list", "--dtype", "float16"]) == 2
     assert "--dtype goes with --export" in capsys.readouterr().err
+
+
+def test_the_sharing_lesson_exports_with_each_models_bytes_measured(tmp_path):
+    """`kvviz lesson --file kv-sharing --export`: both embedded models, an MQA shape, SmolLM2-135M and its MHA
+    twin, each answer measured from its cache. By hand, in float32: 2 x 6 layers x 6 heads x 32 x 4 = 9,216
+    bytes a token for the GPT-2, 2 KV heads 3,072, 1 KV head 1,536; 2 x 30 x 3 x 64 x 4 = 46,080 for SmolLM2,
+    x 8,192 tokens = 377,487,360, and three times that with its 9 query heads each keeping their own K/V."""
+    out = tmp_path / "slides"
+    with mock.patch("sys.stdout", new=StringIO()) as stdout:
+        status = main(["lesson", "--file", "kv-sharing", "--export", str(out), "--format", "png,pdf",
+                       "--width", "640"])
+    printed = stdout.getvalue()
+    assert status == 0
+    answers = re.findall(r"answer: (.*) \(measured\)", printed)
+    assert answers == ["9,216 bytes", "3,072 bytes", "1,536 bytes", "377,487,360 bytes (360 MiB)",
+                       "1,132,462,080 bytes (1.05 GiB)"], printed
+    assert "MHA, GQA, MQA" in load_lesson("kv-sharing").title
+    assert pdf_pages((out / "kvviz-lesson.pdf").read_bytes()) == 11 == len(list(out.glob("*.png")))

@@ -407,3 +407,23 @@ def test_the_bench_peer_is_transformers_as_from_pretrained_makes_it_in_bfloat16(
     ids = torch.tensor([list(range(3, 40))])
     with torch.no_grad():
         assert torch.equal(peer(ids).logits, reference(ids).logits)
+
+
+def test_compare_break_the_cache_precision_and_animation_run_on_the_embedded_gqa_model(tmp_path, kvviz_cli):
+    """The rest of kvviz on a Llama-family model: compare mode identical in float32, broken on purpose in bfloat16
+    (the logits part at the first step that reads a late-written key, step 2), and a GIF of the compare view."""
+    import json
+
+    done = kvviz_cli("compare", "--model", "kvviz-shakespeare-gqa", "--prompt", "ROMEO:", "--new-tokens", "6", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["summary"]["identical"] is True
+    done = kvviz_cli("compare", "--model", "kvviz-shakespeare-gqa", "--prompt", "ROMEO:", "--new-tokens", "6",
+                     "--break-cache", "--dtype", "bfloat16", "--json")
+    summary = json.loads(done.stdout)["summary"]
+    assert (json.loads(done.stdout)["dtype"], summary["identical"], summary["first_logit_divergence"]) == (
+        "bfloat16", False, 2)
+    done = kvviz_cli("export", "--model", "kvviz-shakespeare-gqa", "--prompt", "ROMEO:", "--new-tokens", "3",
+                     "--compare", "--dtype", "bfloat16", "--animate", "--format", "gif", "--width", "480",
+                     "--out", str(tmp_path / "gif"))
+    assert done.returncode == 0, done.stderr
+    assert [p.suffix for p in (tmp_path / "gif").iterdir()] == [".gif"]

@@ -35,7 +35,7 @@ def lesson_lines(lesson: Lesson) -> list[str]:
     from kvviz.core.counting import plural
 
     questions = sum(1 for step in lesson.steps if step.question)
-    source = "built-in" if lesson.source == _builtin_source() else lesson.source
+    source = "built-in" if lesson.source in _builtin_sources() else lesson.source
     lines = [f"{lesson.title} ({source}): {plural(len(lesson.steps), 'step')}, "
              f"{plural(questions, 'question')}, {plural(len(lesson.slides()), 'slide')}"]
     width = max(len(step.title) for step in lesson.steps)
@@ -45,10 +45,10 @@ def lesson_lines(lesson: Lesson) -> list[str]:
     return lines
 
 
-def _builtin_source() -> str:
-    from kvviz.core.lesson import builtin_lesson_path
+def _builtin_sources() -> list[str]:
+    from kvviz.core.lesson import BUILTIN_LESSONS, builtin_lesson_path
 
-    return str(builtin_lesson_path())
+    return [str(builtin_lesson_path(name)) for name in BUILTIN_LESSONS]
 
 
 def run_lesson(args: argparse.Namespace, exporter: Callable[[], Callable[..., list[Path]]]) -> int:

@@ -20,6 +20,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from kvviz.core.errors import KvvizError, control_characters, visible
 from kvviz.core.files import user_path
+from kvviz.core.memory import format_bytes
 from kvviz.core.records import StepRecord
 
 QUESTIONS = {
@@ -28,7 +29,10 @@ QUESTIONS = {
     "avoided_after_next": "After the next step, how many K/V computations per layer will the cache have avoided?",
     "ratio_after_next": "After the next step, how many times less K/V work will the cache have done?",
     "cache_bytes_after_next": "After the next step, how many bytes will the KV cache hold?",
+    "cache_bytes_per_token": "How many bytes of KV cache does one token take, over all layers?",
+    "cache_bytes_at_8k": "How many bytes will this model's KV cache hold at 8,192 tokens?",
 }
+LONG_CONTEXT = 8192  # the tokens of cache_bytes_at_8k
 FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all")
 MEASURED_SPEED = "{measured_speed}"  # in a step's text: what the speed sweep measured on this machine, in words
 SPEED_PENDING = "(being measured on this machine\u2026)"  # what the placeholder says until the sweep is done
@@ -102,15 +106,25 @@ class Lesson:
         return out
 
 
-def builtin_lesson_path() -> Path:
+BUILTIN_LESSONS = {  # name -> what it teaches; the first is the default, each is resources/lessons/<name>.toml
+    "kv-cache": "the KV cache in six steps",
+    "kv-sharing": "MHA, GQA, MQA: sharing keys and values across query heads",
+}
+
+
+def builtin_lesson_path(name: str = next(iter(BUILTIN_LESSONS))) -> Path:
     from kvviz.core.resources import resource_path
 
-    return resource_path("lessons", "kv-cache.toml")
+    return resource_path("lessons", f"{name}.toml")
 
 
 def load_lesson(path: Path | str | None = None) -> Lesson:
-    """The lesson in `path`, or the built-in one; LessonError (one line) for anything wrong with it."""
-    file = builtin_lesson_path() if path is None else user_path(path)
+    """The lesson in `path` (a built-in lesson's name, as `--model` takes a hub model's), or the default
+    built-in one; LessonError (one line) for anything wrong with it."""
+    if path is None or str(path) in BUILTIN_LESSONS:
+        file = builtin_lesson_path(*([] if path is None else [str(path)]))
+    else:
+        file = user_path(path)
     if file.exists() and not file.is_file() and not file.is_dir():  # a FIFO or a device: reading could wait forever
         raise LessonError(f"{file}: not a regular file")
     try:
@@ -230,6 +244,11 @@ def measured_answer(question: str, previous: StepRecord | None, record: StepReco
         return record.without_cache_total / record.with_cache_total if record.with_cache_total else 0.0
     if question == "cache_bytes_after_next":
         return record.cache_bytes
+    per_token = record.cache_bytes // record.fed_stop if record.use_cache else 0  # the cache holds fed_stop positions
+    if question == "cache_bytes_per_token":
+        return per_token
+    if question == "cache_bytes_at_8k":
+        return per_token * LONG_CONTEXT
     raise ValueError(f"unknown question {question!r}")
 
 
@@ -237,6 +256,8 @@ def format_answer(question: str, value: float) -> str:
     """The answer as the app and the slides show it: 87, 6.8x, 36,864 bytes."""
     if question == "ratio_after_next":
         return f"{value:.1f}x"
-    if question == "cache_bytes_after_next":
+    if question in ("cache_bytes_after_next", "cache_bytes_per_token"):
         return f"{int(value):,} bytes"
+    if question == "cache_bytes_at_8k":
+        return f"{int(value):,} bytes ({format_bytes(value)})"
     return f"{int(value):,}"

@@ -73,6 +73,10 @@ PRESETS: dict[str, LlamaConfig] = {  # published shapes, for untrained weights (
     "kvviz-shakespeare-gqa": LlamaConfig(vocab_size=50257, n_ctx=256, n_layer=6, n_head=6, n_kv_head=2, n_embd=192,
                                          intermediate_size=512, name="kvviz-shakespeare-gqa"),
 }
+# Shapes no one published, for the lesson on sharing keys and values: the same models with one KV head (MQA),
+# and with a KV head per query head (MHA).
+PRESETS["kvviz-shakespeare-mqa"] = replace(PRESETS["kvviz-shakespeare-gqa"], n_kv_head=1, name="kvviz-shakespeare-mqa")
+PRESETS["smollm2-135m-mha"] = replace(PRESETS["smollm2-135m"], n_kv_head=9, name="smollm2-135m-mha")
 
 
 class RMSNorm(nn.Module):

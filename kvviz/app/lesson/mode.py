@@ -113,6 +113,11 @@ class LessonMode(QObject):
         self.start()
         return True
 
+    def switch(self, source: str) -> None:
+        """Start the lesson `source` (a file or a built-in lesson's name) at its first step, leaving the one on."""
+        self.stop()
+        self.open(source)
+
     def set_active(self, on: bool) -> None:
         """Help > Lesson (L): start the lesson (where it was left, or the first step), or leave it."""
         if not on:
