@@ -10,8 +10,16 @@ import torch
 
 from kvviz.core.counting import kv_with_cache, kv_without_cache
 from kvviz.core.errors import KvvizError
-from kvviz.core.kv_cache import CACHES_BY_FAULT, KVCache
-from kvviz.core.records import CACHE_FAULTS, AttentionWeights, Candidate, RunPlan, StepRecord, describe_sampling
+from kvviz.core.kv_cache import CACHES_BY_FAULT, KVCache, WindowCache
+from kvviz.core.records import (
+    CACHE_FAULTS,
+    AttentionWeights,
+    CachePolicy,
+    Candidate,
+    RunPlan,
+    StepRecord,
+    describe_sampling,
+)
 from kvviz.core.tokenizer import Tokenizer, get_tokenizer
 from kvviz.models.families import family_of
 from kvviz.models.probe import PassProbe
@@ -89,8 +97,10 @@ class Engine:
             raise GenerationError(f"the prompt fills the model's whole context ({self.n_ctx} tokens); shorten it")
         return ids
 
-    def _new_cache(self, capacity: int, fault: str = "") -> KVCache:
+    def _new_cache(self, capacity: int, fault: str = "", policy: CachePolicy | None = None) -> KVCache:
         cfg = self.model.config
+        if policy is not None and policy.evicts:
+            return WindowCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, policy, dtype=self.dtype, device=self.device)
         return CACHES_BY_FAULT[fault](cfg.n_layer, cfg.n_kv_head, cfg.head_dim, capacity, dtype=self.dtype,
                                       device=self.device)
 
@@ -143,11 +153,20 @@ class Engine:
         run_id: int = 0,
         cache_fault: str = "",
         attention: bool = False,
+        window: int = 0,
+        sinks: int = 0,
     ) -> RunPlan:
         """Check a generation request now (GenerationError) and plan it: budget, passes, frames.
         `cache_fault` (a key of CACHE_FAULTS) breaks a cached run's cache on purpose; with `attention`,
-        every record of the run carries its newest query's AttentionWeights."""
+        every record of the run carries its newest query's AttentionWeights. `window` keeps the last that many
+        positions (0: the model's own sliding window, if it has one), `sinks` the first ones too; every pass
+        attends to what that keeps, with the cache or without it."""
         sampling = sampling or SamplingSettings()
+        policy = self.policy(window, sinks)
+        if policy.evicts and cache_fault:
+            raise GenerationError("Break the cache plants its bug in a full cache; turn the window off first")
+        if policy.evicts and attention:
+            raise GenerationError("the attention view shows a full cache only; close it to run with a window")
         if cache_fault and cache_fault not in CACHE_FAULTS:
             raise GenerationError(f"unknown cache fault {cache_fault!r}; known: {', '.join(CACHE_FAULTS)}")
         if max_new_tokens <= 0:
@@ -163,7 +182,8 @@ class Engine:
             raise GenerationError(
                 f"prompt token {outside[0]} is outside the model's vocabulary of {vocab_size} tokens"
             )
-        budget = min(max_new_tokens, self.n_ctx - P)
+        streams = policy.sinks > 0 and hasattr(self.model.config, "rope_theta")  # RoPE: positions within the cache
+        budget = max_new_tokens if streams else min(max_new_tokens, self.n_ctx - P)
         cfg = self.model.config
         return RunPlan(
             prompt=self.tokenizer.decode(list(prompt_ids)) if prompt is None else prompt,
@@ -190,7 +210,18 @@ class Engine:
             n_kv_head=cfg.n_kv_head,
             head_dim=cfg.head_dim,
             dtype_bytes=torch.finfo(self.dtype).bits // 8,
+            policy=policy,
         )
+
+    def policy(self, window: int = 0, sinks: int = 0) -> CachePolicy:
+        """The cache policy of a run: `window` (or the model's own sliding window) and `sinks` (GenerationError
+        for numbers no run can use)."""
+        window = window or getattr(self.model.config, "sliding_window", 0)
+        if window < 0 or sinks < 0:
+            raise GenerationError(f"a window and sinks are counts of positions, got {window} and {sinks}")
+        if sinks and not window:
+            raise GenerationError("attention sinks go with a window: give --window too")
+        return CachePolicy(window, sinks)
 
     def generate(
         self,
@@ -218,7 +249,7 @@ class Engine:
         `watch_logits` sees the logits (V,) of every pass that chooses a token, before the choice;
         it must not keep them (they may be a buffer the next pass overwrites).
         """
-        cache = self._new_cache(plan.width, plan.cache_fault) if plan.use_cache else None
+        cache = self._new_cache(plan.width, plan.cache_fault, plan.policy) if plan.use_cache else None
         if cache is not None:
             self.kv_cache = cache
         try:
@@ -249,7 +280,7 @@ class Engine:
         model = self.model
         n_layer = model.config.n_layer
         tokens = list(plan.prompt_ids)
-        fast = self.fast if use_cache else None
+        fast = self.fast if use_cache and not plan.policy.evicts else None
         decode_weights = fast.decode_weights(model) if fast is not None else None
         computed_total = reused_total = without_total = 0
         step = 0
@@ -272,7 +303,8 @@ class Engine:
             else:
                 idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
                 positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
-                logits = model(idx, positions, cache, last_only=True, probe=probe)[0, -1]  # (V,)
+                rule = cache if use_cache or not plan.policy.evicts else self._new_cache(0, "", plan.policy)
+                logits = model(idx, positions, rule, last_only=True, probe=probe)[0, -1]  # (V,)
             if record_attention:
                 attention = _attention_weights(probe.attention, fed_stop)
             if flush:
@@ -318,6 +350,8 @@ class Engine:
                 stop_reason=stop_reason if final else "",
                 kv_written=cache.last_written if cache is not None else None,
                 attention=attention,
+                kv_evicted=cache.evicted if cache is not None else (0, 0),
+                positions_held=cache.positions_held if cache is not None else 0,
             )
             step += 1
             if final:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kvviz.core.memory import kv_bytes_per_token
+from kvviz.core.records import EXACT, CachePolicy
 
 
 class KVCache:
@@ -39,6 +40,8 @@ class KVCache:
         self._layer_lengths = [0] * n_layer
         self.last_written = (0, 0)  # the slots [start, stop) the latest update or append wrote to
         self.reused = [0] * n_layer  # per layer: rows the latest update or append returned without writing them
+        self.policy: CachePolicy = EXACT  # every position is kept (WindowCache keeps fewer)
+        self.evicted = (0, 0)  # positions [start, stop) the latest pass evicted: none in an exact cache
 
     def reset(self) -> None:
         """Forget every cached position; the buffers stay allocated."""
@@ -87,6 +90,10 @@ class KVCache:
         return kv_bytes_per_token(n_layer, n_head, head_dim, torch.empty((), dtype=dtype).element_size(), batch_size)
 
     @property
+    def positions_held(self) -> int:
+        return self.length
+
+    @property
     def bytes_used(self) -> int:
         """Bytes of the K and V rows actually filled, over all layers."""
         per_position = 2 * self.keys[:, :, :, 0].numel() * self.keys.element_size()
@@ -125,6 +132,93 @@ class LateWriteCache(KVCache):
         self.last_written = (position + 1, min(position + 2, self.capacity))
         self.reused[layer] = end - 1
         return self._layer_kv[layer].narrow(3, 0, end)  # (2, B, nh, end, hs)
+
+
+class WindowCache(KVCache):
+    """A cache that keeps what `policy` says (the first `sinks` positions and the last `window`) in a rolling
+    buffer of `sinks + window` slots: its memory stops growing there. A one-token pass writes its key and value
+    over the slot of the position that just left the window, and reads every slot; a longer pass (a prefill, or
+    a recomputation from scratch) reads what is held and its own rows, masked as `visible` says, then keeps the
+    rows the policy keeps. `held[layer]` lists the position each slot holds; `length` counts positions fed."""
+
+    def __init__(self, n_layer: int, n_head: int, head_dim: int, policy: CachePolicy, batch_size: int = 1,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        if not policy.evicts:
+            raise ValueError("a WindowCache needs a window")
+        super().__init__(n_layer, n_head, head_dim, policy.capacity, batch_size, dtype, device)
+        self.policy = policy
+        self.held: list[list[int]] = [[] for _ in range(n_layer)]
+        self.key_positions: list[int] = []  # the positions of the keys the latest update returned, in order
+
+    def update(
+        self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store `k`, `v` (B, nh, T, hs) at `positions` (T,) of `layer`; return the keys and values this pass
+        reads, (B, nh, S, hs) each, their positions in `key_positions`."""
+        T, start = k.shape[2], int(positions[0])
+        if start != self._layer_lengths[layer]:
+            raise ValueError(f"layer {layer}: positions start at {start} but the cache has seen "
+                             f"{self._layer_lengths[layer]}")
+        end = self._layer_lengths[layer] = start + T
+        if layer == self.n_layer - 1:
+            self.length = end
+        keys, values = self._layer_kv[layer].unbind(0)  # (B, nh, capacity, hs) each
+        held, window, sinks = self.held[layer], self.policy.window, self.policy.sinks
+        self.reused[layer] = len(held)
+        self.last_written = (start, end)  # positions, not slots: the grid shows where each position's K/V went
+        leaving = start - window  # no longer visible to the query at `start`: its slot takes the new rows
+        evicting = leaving >= sinks and leaving in held
+        if T == 1 and (evicting or len(held) < self.capacity):
+            slot = held.index(leaving) if evicting else len(held)
+            keys.narrow(2, slot, 1).copy_(k)
+            values.narrow(2, slot, 1).copy_(v)
+            if slot < len(held):
+                held[slot] = start
+                self.evicted = (leaving, leaving + 1)
+            else:
+                held.append(start)
+                self.evicted = (start, start)
+            self.key_positions = list(held)
+            return keys.narrow(2, 0, len(held)), values.narrow(2, 0, len(held))  # (B, nh, S, hs)
+        n = len(held)
+        all_keys = torch.cat((keys.narrow(2, 0, n), k), dim=2)  # (B, nh, n + T, hs): held, then this pass's
+        all_values = torch.cat((values.narrow(2, 0, n), v), dim=2)
+        self.key_positions = held + list(range(start, end))
+        kept = [i for i, p in enumerate(self.key_positions) if p < sinks or p >= end - window]
+        dropped = [p for i, p in enumerate(self.key_positions) if i not in set(kept)]
+        index = torch.tensor(kept, device=k.device)
+        keys.narrow(2, 0, len(kept)).copy_(all_keys.index_select(2, index))
+        values.narrow(2, 0, len(kept)).copy_(all_values.index_select(2, index))
+        self.held[layer] = [self.key_positions[i] for i in kept]
+        self.evicted = (min(dropped), max(dropped) + 1) if dropped else (end, end)
+        return all_keys, all_values
+
+    def visible(self, positions: torch.Tensor) -> torch.Tensor:
+        """(T, S) True where the query at each of `positions` attends to each key the latest update returned."""
+        keys = torch.tensor(self.key_positions, device=positions.device)[None, :]  # (1, S)
+        queries = positions[:, None]  # (T, 1)
+        return (keys <= queries) & ((keys < self.policy.sinks) | (keys > queries - self.policy.window))
+
+    def sink_keys(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """(S,) True for the keys the latest update returned that are attention sinks."""
+        return torch.tensor(self.key_positions, device=device) < self.policy.sinks
+
+    def append(self, layer: int, position: int, kv: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("a WindowCache runs the teaching forward's update, not a fast path's append")
+
+    def reset(self) -> None:
+        super().reset()
+        self.held = [[] for _ in range(self.n_layer)]
+
+    @property
+    def positions_held(self) -> int:
+        return len(self.held[-1])
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes of the K and V rows held, over all layers: at most `sinks + window` positions' worth."""
+        per_position = 2 * self.keys[:, :, :, 0].numel() * self.keys.element_size()
+        return per_position * self.positions_held
 
 
 CACHES_BY_FAULT: dict[str, type[KVCache]] = {"": KVCache, "late_write": LateWriteCache}

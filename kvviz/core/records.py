@@ -35,6 +35,38 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class CachePolicy:
+    """Which positions a cache keeps: every one (`window` 0), or the first `sinks` ever fed and the last `window`
+    (a sliding window, as Mistral's; with sinks, StreamingLLM's attention sinks). A query attends to exactly the
+    positions the cache holds as it runs: its own and the window's others, and the sinks."""
+
+    window: int = 0
+    sinks: int = 0
+
+    @property
+    def evicts(self) -> bool:
+        return self.window > 0
+
+    @property
+    def capacity(self) -> int:
+        """The most positions the cache holds at once: sinks + window (0: no bound)."""
+        return self.sinks + self.window if self.evicts else 0
+
+    def visible(self, query: int, key: int) -> bool:
+        """Whether the query at position `query` attends to the key at position `key`."""
+        return key <= query and (not self.evicts or key < self.sinks or key > query - self.window)
+
+    def describe(self) -> str:
+        if not self.evicts:
+            return "every position"
+        sinks = f"the first {self.sinks} and " if self.sinks else ""
+        return f"{sinks}the last {self.window} positions"
+
+
+EXACT = CachePolicy()
+
+
+@dataclass(frozen=True)
 class RunRequest:
     """What the app asks the worker to run; `run_id` tags the run's plan and every record of it."""
 
@@ -48,6 +80,8 @@ class RunRequest:
     compare: bool = False  # run the other mode in lockstep beside this one (compare mode)
     break_cache: bool = False  # the teaching switch: the cached run uses a KV cache with an indexing bug
     attention: bool = False  # records carry the newest query's attention weights (the attention view is open)
+    window: int = 0  # a sliding window of this many positions (0: the model's own, if any, else none)
+    sinks: int = 0  # with `window`: the first positions kept as attention sinks
 
 
 @dataclass(frozen=True)
@@ -136,6 +170,7 @@ class RunPlan:
     n_kv_head: int = 0  # heads whose keys and values the cache keeps (fewer under GQA, one under MQA); 0: n_head
     head_dim: int = 0  # numbers per key (and per value) per head
     dtype_bytes: int = 4  # bytes per number of the weights and the cache
+    policy: CachePolicy = EXACT  # which positions the cache keeps (and every pass attends to)
 
     @property
     def cache_heads(self) -> int:
@@ -234,6 +269,8 @@ class StepRecord:
     logit_tolerance: float | None = None  # float noise the two logits may differ by (compare.logit_tolerance)
     twin_ran_first: bool = False
     attention: AttentionWeights | None = None  # the newest query's weights, when the plan asks for them
+    kv_evicted: tuple[int, int] = (0, 0)  # positions [start, stop) this pass evicted from the cache (a window's)
+    positions_held: int = 0  # positions the cache holds after this pass (0 without a cache)
 
     @property
     def twin_token_id(self) -> int | None:

@@ -17,6 +17,7 @@ from torch import nn
 from kvviz.core.kv_cache import KVCache
 from kvviz.models.probe import PassProbe
 from kvviz.models.products import linear, tied_head
+from kvviz.models.windowed import windowed_attention
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,9 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
         else:
             k, v = kv_cache.update(self.layer_index, positions, k, v)  # (B, nh, S, hs), S = cached + T
-            if T == 1:
+            if kv_cache.policy.evicts:  # a sliding window (and sinks): only the positions it keeps
+                y = windowed_attention(q, k, v, positions, kv_cache)
+            elif T == 1:
                 y = F.scaled_dot_product_attention(q, k, v)
             else:
                 key_positions = torch.arange(k.shape[2], device=x.device)

@@ -18,6 +18,7 @@ from torch import nn
 from kvviz.core.kv_cache import KVCache
 from kvviz.models.probe import PassProbe
 from kvviz.models.products import Linear, tied_head
+from kvviz.models.windowed import windowed_attention
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class LlamaConfig:
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
     o_bias: bool = False  # a bias on the output projection too (Llama's attention_bias)
     tie_word_embeddings: bool = True  # the output head is the embedding matrix
+    sliding_window: int = 0  # Mistral's: each query attends to the last this many positions (0: to all)
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +118,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_index = layer_index
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.rope_theta = config.rope_theta
         C, hd, bias = config.n_embd, config.head_dim, config.qkv_bias
         self.q_proj = Linear(C, config.n_head * hd, bias=bias)
         self.k_proj = Linear(C, config.n_kv_head * hd, bias=bias)
@@ -131,6 +134,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_head, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if probe is not None:
             probe.projected(self.layer_index, B * T)
+        q_here = q
         q, k = rotate(q, *rope), rotate(k, *rope)  # keys are cached already turned to their positions
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_index, positions, k, v)  # (B, nkv, S, hd), S = cached + T
@@ -139,6 +143,8 @@ class Attention(nn.Module):
         v = v.repeat_interleave(group, dim=1)  # (B, nh, S, hd)
         if kv_cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+        elif kv_cache.policy.evicts:  # a sliding window (and sinks): only the positions it keeps
+            y = windowed_attention(q, k, v, positions, kv_cache, self.turned_for_sinks(q_here, positions, kv_cache))
         elif T == 1:
             y = F.scaled_dot_product_attention(q, k, v)
         else:
@@ -149,6 +155,16 @@ class Attention(nn.Module):
             probe.attended(q, k)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * hd)  # (B, T, nh * hd)
         return self.o_proj(y)
+
+
+    def turned_for_sinks(self, q: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache) -> torch.Tensor | None:
+        """`q` (B, nh, T, hd) turned to each query's position within the cache, where attention sinks keep the
+        text's first positions (StreamingLLM): sinks, then the window, the query last. None without sinks."""
+        sinks, window = kv_cache.policy.sinks, kv_cache.policy.window
+        if not sinks:
+            return None
+        within = positions.clamp(max=sinks + window - 1)  # (T,): the window's keys keep their distances
+        return rotate(q, *rope_angles(within, self.head_dim, self.rope_theta, q.dtype))
 
 
 class SwiGLU(nn.Module):
@@ -220,7 +236,8 @@ class Llama(nn.Module):
         if positions is None:
             start = 0 if kv_cache is None else kv_cache.length
             positions = torch.arange(start, start + T, device=idx.device)
-        if int(positions[-1]) >= self.config.n_ctx:
+        streaming = kv_cache is not None and kv_cache.policy.sinks > 0  # positions count within the cache
+        if int(positions[-1]) >= self.config.n_ctx and not streaming:
             raise ValueError(f"position {int(positions[-1])} is past the context length {self.config.n_ctx}")
         x = self.model.embed_tokens(idx)  # (B, T, C)
         rope = rope_angles(positions, self.config.head_dim, self.config.rope_theta, x.dtype)  # cos, sin (T, hd)

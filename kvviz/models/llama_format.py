@@ -34,11 +34,12 @@ def config_from_json(path: Path) -> LlamaConfig:
         raise ModelLoadError(f"{path}: hidden_act {shown(raw['hidden_act'])} is not SwiGLU's silu")
     if raw.get("mlp_bias"):
         raise ModelLoadError(f"{path}: mlp_bias is not supported")
-    window = raw.get("sliding_window")
-    if model_type == "mistral" and window is not None and window < raw.get("max_position_embeddings", 0):
-        raise ModelLoadError(f"{path}: a sliding window of {window} positions is not supported yet")
+    window = 0  # Mistral's sliding window, where it is shorter than the context
+    if model_type == "mistral" and raw.get("sliding_window") is not None:
+        window = _whole(raw, path, "sliding_window", 0)
+        window = window if 0 < window < raw.get("max_position_embeddings", 2048) else 0
     if model_type == "qwen2" and raw.get("use_sliding_window"):
-        raise ModelLoadError(f"{path}: use_sliding_window is not supported yet")
+        raise ModelLoadError(f"{path}: use_sliding_window is not supported (Qwen2 windows some layers only)")
     heads = _whole(raw, path, "num_attention_heads", 32)
     try:
         return LlamaConfig(
@@ -55,6 +56,7 @@ def config_from_json(path: Path) -> LlamaConfig:
             qkv_bias=True if model_type == "qwen2" else bool(raw.get("attention_bias", False)),
             o_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            sliding_window=window,
             name=path.parent.name,
         )
     except ValueError as exc:
@@ -94,6 +96,7 @@ def config_to_json(config: LlamaConfig, model_type: str = "llama") -> dict:
         "rope_theta": config.rope_theta,
         "attention_bias": config.qkv_bias and config.o_bias,
         "tie_word_embeddings": config.tie_word_embeddings,
+        **({"sliding_window": config.sliding_window} if config.sliding_window else {}),
         "hidden_act": "silu",
         "torch_dtype": "float32",
     }

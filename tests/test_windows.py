@@ -1,0 +1,112 @@
+"""Caches that evict: a sliding window (Mistral's, or asked for) and attention sinks with a window (StreamingLLM),
+against transformers where it has them, and cached against uncached under the same rule everywhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvviz.core.engine import Engine, GenerationError
+from kvviz.sources.weights import load_checkpoint, load_model
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT_IDS = [464, 290, 17, 818, 262, 329, 11]
+
+
+def tokens(records) -> list[int]:
+    return [r.token_id for r in records if r.token_id is not None]
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    """A MistralForCausalLM with random weights and a sliding window of 8, saved as a Hugging Face folder."""
+    config = transformers.MistralConfig(vocab_size=1000, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        sliding_window=8, tie_word_embeddings=False, attn_implementation="eager")
+    torch.manual_seed(27)
+    peer = transformers.MistralForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in peer.parameters():
+            parameter.normal_(0.0, 0.15 if parameter.dim() > 1 else 0.05)
+    folder = tmp_path_factory.mktemp("mistral") / "model"
+    peer.save_pretrained(folder)
+    return peer, load_checkpoint(folder)
+
+
+def test_a_mistral_window_of_8_over_40_tokens_matches_transformers_cached_and_uncached(mistral):
+    peer, model = mistral
+    assert model.config.sliding_window == 8  # read from config.json
+    engine = Engine(model)
+    cached = list(engine.run(engine.plan(PROMPT_IDS, 40, use_cache=True)))
+    uncached = list(engine.run(engine.plan(PROMPT_IDS, 40, use_cache=False)))
+    with torch.no_grad():
+        reference = peer.generate(torch.tensor([PROMPT_IDS]), max_new_tokens=40, do_sample=False,
+                                  pad_token_id=0)[0, len(PROMPT_IDS):].tolist()
+        sequence = torch.tensor([PROMPT_IDS + reference])
+        expected = peer(sequence).logits[0]  # (T, V): every query attends to its window only
+        ours = model(sequence, kv_cache=engine._new_cache(0, "", engine.policy()))[0]
+    assert tokens(cached) == tokens(uncached) == reference
+    assert len(set(reference)) > 5, "weights this flat would not test much"
+    assert torch.allclose(ours, expected, atol=1e-4, rtol=0)
+    # the cache holds the window, not the sequence: 8 positions x 2 x 3 layers x 2 KV heads x 16 x 4 bytes
+    assert cached[-1].positions_held == 8 and cached[-1].cache_bytes == 8 * 2 * 3 * 2 * 16 * 4
+    assert max(r.positions_held for r in cached) == 8
+    assert cached[10].kv_evicted == (cached[10].fed_start - 8, cached[10].fed_start - 7)
+
+
+@pytest.mark.parametrize("model_name", ["random:kvviz-shakespeare-gqa", "random:kvviz-shakespeare"])
+def test_sinks_and_a_window_keep_at_most_their_positions_cached_as_uncached(model_name):
+    """--sinks 4 --window 16: the first 4 positions and the last 16, greedy and seeded."""
+    from kvviz.core.engine import SamplingSettings
+
+    engine = Engine(load_model(model_name).model)
+    for sampling in (SamplingSettings(), SamplingSettings(temperature=1.0, top_k=20, seed=3)):
+        runs = [list(engine.run(engine.plan(PROMPT_IDS, 30, use_cache, sampling, window=16, sinks=4), sampling))
+                for use_cache in (True, False)]
+        assert tokens(runs[0]) == tokens(runs[1]), (model_name, sampling)
+        assert max(r.positions_held for r in runs[0]) == 20
+
+
+def test_sinks_take_a_rope_model_past_its_context_and_gpt2_says_where_it_stops():
+    """A RoPE model of 32 positions generates 80 tokens with --sinks 4 --window 16, cached equal to uncached, the
+    cache never past 20 positions; GPT-2's learned positions end at its context, and the plan says so."""
+    from kvviz.models.llama import Llama, LlamaConfig
+
+    model = Llama(LlamaConfig(vocab_size=1000, n_ctx=32, n_layer=3, n_head=4, n_kv_head=2, n_embd=64,
+                              intermediate_size=112))
+    model.init_weights(torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.mul_(7.5)  # 0.15: tokens that differ from step to step
+    engine = Engine(model.eval())
+    cached = list(engine.run(engine.plan(PROMPT_IDS, 80, True, window=16, sinks=4)))
+    uncached = list(engine.run(engine.plan(PROMPT_IDS, 80, False, window=16, sinks=4)))
+    assert len(tokens(cached)) == 80 and tokens(cached) == tokens(uncached)
+    assert len(set(tokens(cached))) > 5
+    assert max(r.positions_held for r in cached) == 20 and cached[-1].sequence_length == 87 > 32
+
+    gpt2 = Engine(load_model("random:kvviz-shakespeare").model)  # 256 learned positions
+    plan = gpt2.plan(PROMPT_IDS, 400, True, window=16, sinks=4)
+    assert plan.budget == 256 - len(PROMPT_IDS) and plan.stop_reason == "context_full"
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"sinks": 4}, "attention sinks go with a window: give --window too"),
+    ({"window": -2}, "a window and sinks are counts of positions"),
+    ({"window": 8, "cache_fault": "late_write"}, "Break the cache plants its bug in a full cache"),
+])
+def test_what_no_window_can_do_is_one_line(kwargs, message):
+    engine = Engine(load_model("random:kvviz-shakespeare").model)
+    with pytest.raises(GenerationError, match=message):
+        engine.plan(PROMPT_IDS, 4, **kwargs)
+
+
+def test_no_window_changes_nothing():
+    """An exact cache is the same as before: the same tokens, counts and bytes, with or without the policy."""
+    engine = Engine(load_model("random:kvviz-shakespeare").model)
+    plain = list(engine.run(engine.plan(PROMPT_IDS, 12)))
+    assert engine.plan(PROMPT_IDS, 12).policy.evicts is False
+    assert plain[-1].cache_bytes == 19 * 9216 and plain[-1].positions_held == 19
+    assert all(r.kv_evicted == (0, 0) for r in plain)
