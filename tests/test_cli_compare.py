@@ -13,7 +13,7 @@ from kvviz.cli.commands import main
 from kvviz.core.records import CACHE_FAULTS
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens: "Time", " flies", " fast"
-TOP_KEYS = {"model", "prompt_ids", "dtype", "break_cache", "steps", "summary"}
+TOP_KEYS = {"model", "prompt_ids", "dtype", "break_cache", "window", "sinks", "steps", "summary"}
 STEP_KEYS = {"step", "cached_token_id", "uncached_token_id", "same", "max_abs_logit_diff", "logit_tolerance",
              "logits_agree", "cached_seconds", "uncached_seconds", "cached_kv_computed", "uncached_kv_computed"}
 SUMMARY_KEYS = {"identical", "first_divergence", "first_logit_divergence", "max_abs_logit_diff", "logit_tolerance",

@@ -110,3 +110,21 @@ def test_no_window_changes_nothing():
     assert engine.plan(PROMPT_IDS, 12).policy.evicts is False
     assert plain[-1].cache_bytes == 19 * 9216 and plain[-1].positions_held == 19
     assert all(r.kv_evicted == (0, 0) for r in plain)
+
+
+def test_generate_and_compare_take_a_window_and_report_what_it_evicted(kvviz_cli):
+    import json
+
+    done = kvviz_cli("generate", "--model", "random:kvviz-shakespeare-gqa", "--prompt", "Time flies",
+                     "--max-new-tokens", "12", "--window", "4", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    # "Time flies" is 2 tokens; a window of 4: from the fourth pass on, each evicts the position 4 behind it
+    assert result["evicted_per_pass"] == [[], [], [], [0], [1], [2], [3], [4], [5], [6], [7], [8], [9]]
+    assert (result["positions_held"], result["cache_bytes"]) == (4, 4 * 3072)  # 2 x 6 x 2 x 32 x 4 a position
+    done = kvviz_cli("compare", "--model", "random:kvviz-shakespeare-gqa", "--prompt", "Time flies",
+                     "--new-tokens", "24", "--window", "6", "--sinks", "2", "--json")
+    result = json.loads(done.stdout)
+    assert (result["window"], result["sinks"], result["summary"]["identical"]) == (6, 2, True)
+    done = kvviz_cli("generate", "--prompt", "x", "--sinks", "3")
+    assert (done.returncode, done.stderr) == (2, "kvviz: attention sinks go with a window: give --window too\n")

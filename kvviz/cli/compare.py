@@ -152,7 +152,7 @@ def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None
     loaded = load(args.model, args.device, args.dtype)
     engine = Engine(loaded.model, loaded.tokenizer, device=args.device)
     request = RunRequest(0, args.prompt, True, args.new_tokens, args.temperature, args.top_k, args.seed,
-                         compare=True, break_cache=args.break_cache)
+                         compare=True, break_cache=args.break_cache, window=args.window, sinks=args.sinks)
     run = start_run(engine, request, loaded.name, top_candidates=1)
     plan, prompt_ids = run.plan, list(run.plan.prompt_ids)
     fault = plan.cache_fault
@@ -174,6 +174,9 @@ def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None
                   f"{describe_sampling(shown.temperature, shown.top_k, shown.seed)}, {args.dtype}")
             if fault:
                 print(broken_cache_note(fault))
+            if plan.policy.evicts:
+                print(f"both runs keep {plan.policy.describe()}: the cached one evicts the rest, the uncached "
+                      "one recomputes with the same rule")
             print(_table_line(COMPARE_COLUMNS))
         print(_compare_row(step, cached_text, uncached_text))
         sys.stdout.flush()
@@ -184,6 +187,8 @@ def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None
             "prompt_ids": prompt_ids,
             "dtype": args.dtype,
             "break_cache": bool(fault),
+            "window": plan.policy.window,
+            "sinks": plan.policy.sinks,
             "steps": steps,
             "summary": {
                 "identical": summary.identical,

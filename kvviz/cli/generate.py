@@ -32,11 +32,13 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
     engine = Engine(loaded.model, loaded.tokenizer, device=args.device)
     use_cache = not args.no_cache
     request = RunRequest(0, args.prompt, use_cache, args.max_new_tokens, args.temperature, args.top_k, args.seed,
-                         break_cache=args.break_cache, attention=args.attention)
+                         break_cache=args.break_cache, attention=args.attention, window=args.window,
+                         sinks=args.sinks)
     # The whole request is checked before the prompt is echoed: an error is never glued to it.
     run = start_run(engine, request, loaded.name, top_candidates=1)
     prompt_ids, fault = list(run.plan.prompt_ids), run.plan.cache_fault
     ids: list[int] = []
+    evicted: list[list[int]] = []  # per pass of a cached run: the positions it evicted from the cache
     attention = []  # per generated token, its pass's AttentionWeights (with --attention)
     last = None
     text_stream = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split a character
@@ -50,6 +52,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
         sys.stdout.flush()
     for record in run.passes():
         last = record
+        evicted.append(list(range(*record.kv_evicted)))
         if record.token_id is not None:
             ids.append(record.token_id)
             if record.attention is not None:
@@ -79,6 +82,10 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
             "forward_passes": last.step + 1,
             "stop_reason": last.stop_reason,
             "cache_bytes": last.cache_bytes,
+            "window": run.plan.policy.window,
+            "sinks": run.plan.policy.sinks,
+            "positions_held": last.positions_held,
+            "evicted_per_pass": evicted if run.plan.policy.evicts and use_cache else None,
             "seconds": round(seconds, 4),
             "tokens_per_second": round(len(ids) / seconds, 3) if seconds > 0 else None,
             "temperature": args.temperature,

@@ -75,6 +75,16 @@ def _add_device(parser: argparse.ArgumentParser) -> None:
                         help="where the model runs (default: cpu); cuda and mps only where torch supports them")
 
 
+def _add_window(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--window", type=whole_number(1, MAX_TOKENS), default=0, metavar="W",
+                        help="keep only the last W positions in the KV cache (a sliding window: older keys and "
+                             "values are evicted, and no pass attends to them); default: the model's own window, "
+                             "if its config.json declares one, else every position")
+    parser.add_argument("--sinks", type=whole_number(1, MAX_TOKENS), default=0, metavar="S",
+                        help="with --window: keep the first S positions too, as attention sinks (StreamingLLM); "
+                             "a RoPE model then generates past its context length")
+
+
 def _add_dtype(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="the number type of the weights and the KV cache (default: float32)")
@@ -123,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recompute every key and value at every step instead of using the KV cache "
                         "(same tokens, more work)")
     p.add_argument("--break-cache", action="store_true", help=BREAK_CACHE_HELP + "; needs the cache")
+    _add_window(p)
     _add_sampling(p)
     _add_dtype(p)
     _add_device(p)
@@ -145,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the weights' and the cache's number type (default: float32); in bfloat16 or float16 "
                         "the two runs may part by rounding alone")
     p.add_argument("--break-cache", action="store_true", help=BREAK_CACHE_HELP + " (the runs should part)")
+    _add_window(p)
     _add_device(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 

@@ -244,7 +244,7 @@ def measured_answer(question: str, previous: StepRecord | None, record: StepReco
         return record.without_cache_total / record.with_cache_total if record.with_cache_total else 0.0
     if question == "cache_bytes_after_next":
         return record.cache_bytes
-    per_token = record.cache_bytes // record.fed_stop if record.use_cache else 0  # the cache holds fed_stop positions
+    per_token = record.cache_bytes // record.positions_held if record.positions_held else 0
     if question == "cache_bytes_per_token":
         return per_token
     if question == "cache_bytes_at_8k":
