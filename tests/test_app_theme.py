@@ -56,7 +56,7 @@ def test_the_contrast_formula_gives_the_known_values():
 
 @pytest.mark.parametrize("palette", [LIGHT, DARK], ids=["light", "dark"])
 def test_meaningful_colours_keep_3_to_1_against_the_background(palette: Theme):
-    for role in ("amber", "teal", "pending", "alert"):  # computed, reused, token without K/V yet, errors
+    for role in ("amber", "teal", "pending", "alert", "evicted"):  # computed, reused, no K/V yet, errors, evicted
         ratio = contrast(getattr(palette, role), palette.background)
         assert ratio >= 3.0, f"{palette.name} {role}: {ratio:.2f}:1"
     for role in ("foreground", "muted"):  # text

@@ -128,3 +128,32 @@ def test_generate_and_compare_take_a_window_and_report_what_it_evicted(kvviz_cli
     assert (result["window"], result["sinks"], result["summary"]["identical"]) == (6, 2, True)
     done = kvviz_cli("generate", "--prompt", "x", "--sinks", "3")
     assert (done.returncode, done.stderr) == (2, "kvviz: attention sinks go with a window: give --window too\n")
+
+
+def test_the_app_shows_what_a_window_evicts_in_the_grid_its_legend_and_the_counter(qtbot, window):
+    """Run > Sliding window, 4 positions and 1 sink, on "Time flies fast" (3 tokens): after 8 steps positions 0 to
+    9 have been fed, 1 to 5 evicted, the sink and the last 4 held (the newest computed), and the counter says so."""
+    from PySide6.QtCore import Qt
+
+    from kvviz.app.views.grid.cell_states import COMPUTED, EVICTED, PENDING, REUSED
+    from kvviz.app.window.window_dialog import WindowDialog
+
+    dialog = WindowDialog(0, 0)
+    assert not dialog.sinks_spin.isEnabled()
+    dialog.window_spin.setValue(4)
+    dialog.sinks_spin.setValue(1)
+    assert dialog.chosen() == (4, 1)
+    with qtbot.waitSignal(window.run_prepared, timeout=10_000):
+        window.controls.set_window(*dialog.chosen())
+    assert window.session.plan.policy.window == 4
+    for _ in range(8):
+        qtbot.keyClick(window, Qt.Key.Key_Space)
+    qtbot.waitUntil(lambda: window.session.last_record is not None and window.session.last_record.new_tokens == 8,
+                    timeout=60_000)
+    window.redraw()
+    states = window.grid.cell_states()[0].tolist()  # layer 0, 11 positions: 3 prompt + 8 new
+    assert states[:11] == [REUSED, *[EVICTED] * 5, REUSED, REUSED, REUSED, COMPUTED, PENDING]
+    assert "evicted at step" in window.grid.cell_info(0, 3) and "attention sink" in window.grid.cell_info(0, 0)
+    note = window.counter.window_note
+    assert note.isVisible() and note.text() == ("the cache keeps the first 1 and the last 4 positions: it holds 5 "
+                                                "positions; K/V evicted: 5 per layer (30 in all 6 layers)")

@@ -40,15 +40,19 @@ class CounterPanel(CountPanel):
         self.measured_note.setWordWrap(True)
         self.progress = LiveLabel("", rich=False, wrap=True)
         self.progress.setObjectName("muted")
+        self.window_note = QLabel("")  # a cache with a window: what it holds and what it evicted, measured
+        self.window_note.setWordWrap(True)
+        self.window_note.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
         layout.addWidget(self.heading)
         layout.addLayout(self.table)
         layout.addWidget(self.measured_note)
+        layout.addWidget(self.window_note)
         layout.addWidget(self.progress)
         layout.addStretch(1)
-        self.show_parts(self.heading, self.table, (self.measured_note, self.progress))
+        self.show_parts(self.heading, self.table, (self.measured_note, self.window_note, self.progress))
 
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
@@ -90,6 +94,8 @@ class CounterPanel(CountPanel):
         if plan is None:
             return
         self.table.show_layers(plan.n_layer)
+        self.window_note.setVisible(plan.policy.evicts and plan.use_cache)
+        self.window_note.setText(self._window_text(plan, rec))
         measured = "with_cache" if plan.use_cache else "without_cache"
         counted = "without_cache" if measured == "with_cache" else "with_cache"
         self.measured_note.setText(f"measured in this run: {ROW_TITLES[measured]}; "
@@ -102,6 +108,18 @@ class CounterPanel(CountPanel):
         stop_reason = rec.stop_reason if rec.final else None
         self.progress.setText(self._progress_text(plan, rec.new_tokens, rec.step + 1, rec.token_id is None,
                                                   stop_reason))
+
+    @staticmethod
+    def _window_text(plan: RunPlan, rec: StepRecord | None) -> str:
+        """What a cache with a window holds and has evicted so far, per layer, as the records measured it."""
+        if not plan.policy.evicts or not plan.use_cache:
+            return ""
+        keeps = f"the cache keeps {plan.policy.describe()}"
+        if rec is None:
+            return keeps
+        evicted = rec.fed_stop - rec.positions_held
+        return (f"{keeps}: it holds {rec.positions_held} positions; K/V evicted: {evicted} per layer "
+                f"({evicted * rec.n_layer} in all {rec.n_layer} layers)")
 
     @staticmethod
     def _progress_text(plan: RunPlan, new_tokens: int, step: int, cache_fill: bool,

@@ -42,6 +42,7 @@ ACTIONS = (
     ActionSpec("toggle_cache", "&Run", "Toggle KV &cache", ("C",), separator_before=True),
     ActionSpec("break_cache", "&Run", "&Break the cache (teaching switch: plants an indexing bug)", ("Ctrl+B",),
                checkable=True),
+    ActionSpec("sliding_window", "&Run", "Sliding &window and attention sinks\u2026", ("W",)),
     ActionSpec("dtype_float32", "&Run/Prec&ision", "&float32 (4 bytes a number)", checkable=True, group="dtype",
                separator_before=True),
     ActionSpec("dtype_bfloat16", "&Run/Prec&ision", "&bfloat16 (2 bytes, float32's range)", checkable=True,

@@ -73,6 +73,7 @@ class RunControls(QWidget):
 
         self.compare = False  # View > Compare (remembered)
         self.break_cache = False  # Run > Break the cache (never remembered)
+        self.window, self.sinks = 0, 0  # Run > Sliding window (never remembered): 0, every position
         self.attention = False  # View > Attention is open: records carry attention weights
         self.cache_check = QCheckBox("KV cache")
         self.cache_check.setChecked(True)
@@ -156,7 +157,16 @@ class RunControls(QWidget):
             compare=self.compare,
             break_cache=self.break_cache,
             attention=self.attention,
+            window=self.window,
+            sinks=self.sinks,
         )
+
+    def set_window(self, window: int, sinks: int) -> None:
+        """Run > Sliding window: the cache keeps the last `window` positions and `sinks` first ones; the run
+        restarts."""
+        if (window, sinks) != (self.window, self.sinks):
+            self.window, self.sinks = window, sinks
+            self.request_changed.emit()
 
     def set_attention(self, on: bool) -> None:
         """The attention view (View menu, A) is open: records carry attention; the run restarts up to the same token."""

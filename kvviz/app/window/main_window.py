@@ -132,6 +132,7 @@ class MainWindow(QMainWindow):
             "lesson": self.lesson.set_active, "lesson_sharing": lambda: self.lesson.switch("kv-sharing"),
             "lesson_next": self.lesson.next, "lesson_back": self.lesson.back,
             "colour_blind": self.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
+            "sliding_window": self.choose_window,
             "memory": lambda on: (self.workspace.show_memory(on), self.redraw()),
             "attention": lambda on: (self.run_view.show_attention(on), c.set_attention(on)),
             "heads": lambda: self.grid.toggle_heads(),
@@ -255,6 +256,14 @@ class MainWindow(QMainWindow):
         if chosen != self.presentation.theme:
             self.presentation.set_theme(chosen)
             self.lesson.set_theme(chosen)
+
+    def choose_window(self) -> None:
+        """Run > Sliding window (W): ask for the window and the sinks, and restart the run with them."""
+        from kvviz.app.window.window_dialog import WindowDialog
+
+        dialog = WindowDialog(self.controls.window, self.controls.sinks, self)
+        if dialog.exec():
+            self.controls.set_window(*dialog.chosen())
 
     def escape(self) -> None:
         """Esc: the lesson's, else leave presenter mode, else the keyboard focus back on the grid."""

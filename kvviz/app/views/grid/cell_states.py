@@ -9,6 +9,7 @@ PENDING = 1  # the token exists, its K/V has not been computed yet
 COMPUTED = 2  # K/V computed in this pass (amber)
 REUSED = 3  # K/V read from the cache in this pass (teal)
 STALE = 4  # read in this pass but never written by it: its K/V went one slot late (a cache broken on purpose)
+EVICTED = 5  # dropped from the cache by its window: no later pass reads it
 
 STATE_NAMES = {
     EMPTY: "not generated yet",
@@ -16,6 +17,7 @@ STATE_NAMES = {
     COMPUTED: "K/V computed this step",
     REUSED: "K/V reused from the cache",
     STALE: "stale slot: this token's K/V went one slot late",
+    EVICTED: "K/V evicted: outside the window",
 }
 
 # What a row of the grid shows, for its cells' separators.

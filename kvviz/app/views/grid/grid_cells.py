@@ -15,6 +15,7 @@ from kvviz.app.views.flow_layout import FlowLayout
 from kvviz.app.views.grid.cell_states import (
     COMPUTED,
     EMPTY,
+    EVICTED,
     LAST_HEAD_ROW,
     LAYER_ROW,
     PENDING,
@@ -32,7 +33,8 @@ MAX_IMAGE_PIXELS = 1800  # the grid's image size limit per axis, so a redraw sta
 
 def state_colours(theme: Theme) -> dict[int, str]:
     """Each cell state's colour in `theme`."""
-    return {EMPTY: theme.empty, PENDING: theme.pending, COMPUTED: theme.amber, REUSED: theme.teal, STALE: theme.alert}
+    return {EMPTY: theme.empty, PENDING: theme.pending, COMPUTED: theme.amber, REUSED: theme.teal, STALE: theme.alert,
+            EVICTED: theme.evicted}
 
 
 def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int = LAYER_ROW) -> np.ndarray:
@@ -53,6 +55,8 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int 
             tile[size // 2, :] = dark
         elif state == STALE:  # a cross
             tile[(xx == yy) | (xx + yy == size - 1)] = dark
+        elif state == EVICTED:  # vertical stripes
+            tile[xx % 3 == 1] = dark
     if size >= 4:
         gap = max(1, round(size * theme.cell_gap))
         if row == LAYER_ROW:
@@ -77,14 +81,15 @@ def state_swatch(state: int, colour_blind: bool, theme: Theme, size: int = 14) -
 class GridLegend(FlowLayout):
     """Each cell state's swatch and name, in a row that wraps on a narrow screen (a swatch stays with its
     words). `shown=False` hides every entry: a hidden legend takes no room. The stale slot's entry shows only
-    for a run on a cache broken on purpose (`show_stale`)."""
+    for a run on a cache broken on purpose (`show_stale`), the evicted one for a run with a window
+    (`show_evicted`)."""
 
     def __init__(self, shown: bool = True) -> None:
         super().__init__(spacing=14)
         self._shown = shown
         self._entries: list[tuple[QLabel, QLabel, int]] = []
-        self._stale_entry: QWidget | None = None
-        for state in (COMPUTED, STALE, REUSED, PENDING, EMPTY):
+        self._optional: dict[int, QWidget] = {}  # the entries shown for some runs only
+        for state in (COMPUTED, STALE, REUSED, EVICTED, PENDING, EMPTY):
             swatch, text = QLabel(), QLabel(STATE_NAMES[state])
             text.setObjectName("muted")
             entry = QWidget()
@@ -92,17 +97,25 @@ class GridLegend(FlowLayout):
             entry_row.setContentsMargins(0, 0, 0, 0)
             entry_row.addWidget(swatch)
             entry_row.addWidget(text)
-            if not shown or state == STALE:  # (a parentless widget told to show would open as a window of its own)
+            if not shown or state in (STALE, EVICTED):  # (a parentless widget told to show opens as a window)
                 entry.hide()
-            if state == STALE:
-                self._stale_entry = entry
+            if state in (STALE, EVICTED):
+                self._optional[state] = entry
             self.addWidget(entry)
             self._entries.append((swatch, text, state))
 
     def show_stale(self, on: bool) -> None:
         """Show the stale slot's entry (a run on a cache broken on purpose), or hide it."""
-        if self._stale_entry is not None and self._stale_entry.parentWidget() is not None:
-            self._stale_entry.setVisible(on and self._shown)
+        self._show_optional(STALE, on)
+
+    def show_evicted(self, on: bool) -> None:
+        """Show the evicted entry (a run whose cache has a window), or hide it."""
+        self._show_optional(EVICTED, on)
+
+    def _show_optional(self, state: int, on: bool) -> None:
+        entry = self._optional[state]
+        if entry.parentWidget() is not None:
+            entry.setVisible(on and self._shown)
 
     def show_look(self, colour_blind: bool, theme: Theme) -> None:
         """Draw the swatches as the grid draws its cells."""

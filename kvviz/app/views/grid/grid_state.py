@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, PENDING, REUSED, STALE, STATE_NAMES
+from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, EVICTED, PENDING, REUSED, STALE, STATE_NAMES
 from kvviz.app.views.labels import chip_text
 from kvviz.core.records import RunPlan, StepRecord
 
@@ -36,6 +36,7 @@ class GridState:
         self.times_reused = np.zeros(shape, dtype=np.int32)
         self.holds = np.full(shape, -1, dtype=np.int32)
         self.fed = np.zeros(shape, dtype=bool)  # the position's K/V has been computed (wherever it was written)
+        self.evicted_at = np.full(shape, -1, dtype=np.int32)  # the pass (1-based) that evicted it, -1: none
         self.last: StepRecord | None = None
 
     @property
@@ -52,13 +53,18 @@ class GridState:
         fed = record.computed_positions(width)
         written = record.written_positions(width) if record.kv_written is not None else fed
         computed = np.s_[:, written]  # every layer, the slots this pass wrote
-        reused = np.s_[:, record.reused_positions(width)]
+        start, stop = record.kv_evicted  # a window's: gone before this pass read the cache
+        self.evicted_at[:, min(start, width):min(stop, width)] = record.step + 1
+        reused = np.zeros(self.states.shape, dtype=bool)
+        reused[:, record.reused_positions(width)] = True
+        reused &= self.evicted_at < 0  # what a window evicted is read no more
         states = self.states
         states[states != EMPTY] = PENDING
         states[reused] = REUSED
         if written != fed:  # a slot the pass read as its own token's, but did not write
             states[:, fed] = STALE
         states[computed] = COMPUTED
+        states[self.evicted_at >= 0] = EVICTED
         self.fed[:, fed] = True
         self.holds[computed] = np.arange(fed.start, fed.start + (written.stop - written.start))
         self.computed_at[computed] = record.step + 1
@@ -93,7 +99,12 @@ class GridState:
         state = int(self.states[layer, position])
         at = int(self.computed_at[layer, position])
         holds, broken = int(self.holds[layer, position]), bool(plan.cache_fault)
-        if at < 0 and self.fed[layer, position]:
+        evicted_at = int(self.evicted_at[layer, position])
+        if evicted_at >= 0:
+            window = plan.policy.window
+            lines.append(f"K/V computed at step {at}, evicted at step {evicted_at}: outside the window of "
+                         f"{window} positions, no later step reads it")
+        elif at < 0 and self.fed[layer, position]:
             lines.append("its K/V was computed but written one slot late: this slot was never written")
         elif at < 0:
             lines.append("K/V not computed yet" if state == PENDING else "position does not exist yet")
@@ -109,6 +120,8 @@ class GridState:
                 lines.append(f"no cache: computed {n} time{'s' if n != 1 else ''} so far, reused never")
         if state != EMPTY:
             lines.append(STATE_NAMES[state])
+        if plan.use_cache and position < plan.policy.sinks:
+            lines.append("an attention sink: kept in the cache for good")
         kv = "K and V" if head is None else f"K and V of head {head}"
         heads = plan.cache_heads
         if plan.use_cache and state in (COMPUTED, REUSED, STALE) and heads > 0:  # in the cache: their bytes

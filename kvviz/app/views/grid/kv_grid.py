@@ -134,6 +134,7 @@ class KVGridView(QWidget):
         self._plan = shown
         self._cells = GridState(shown)
         self.legend_row.show_stale(plan.cache_broken)  # compare mode: the legend under both grids
+        self.legend_row.show_evicted(plan.policy.evicts)
         self._set_rows()
         self._plot.axes.reserve_width(self._plan)
         self._update_outline()
