@@ -157,3 +157,19 @@ def test_the_app_shows_what_a_window_evicts_in_the_grid_its_legend_and_the_count
     note = window.counter.window_note
     assert note.isVisible() and note.text() == ("the cache keeps the first 1 and the last 4 positions: it holds 5 "
                                                 "positions; K/V evicted: 5 per layer (30 in all 6 layers)")
+
+
+def test_the_memory_views_line_flattens_where_the_window_is_full():
+    """Its own line: bytes per position x positions held, all of them without a window, at most W + S with one."""
+    from kvviz.app.views.memory_state import MemoryState
+
+    engine = Engine(load_model("random:kvviz-shakespeare-gqa").model)
+    for window, sinks, top in ((0, 0, 131072), (16, 4, 20)):
+        plan = engine.plan(PROMPT_IDS, 30, True, window=window, sinks=sinks)
+        state = MemoryState(plan)
+        for record in engine.run(plan):
+            state.apply(record)
+        x, y = state.model_line()
+        assert y.max() == top * 3072 and y[x == 20][0] == 20 * 3072
+        measured = state.measured()[1]
+        assert measured.max() == (37 if not window else 20) * 3072  # what the cache's tensors held at the end

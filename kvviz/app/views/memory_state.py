@@ -35,11 +35,14 @@ class MemoryState:
         return measured
 
     def model_line(self) -> tuple[np.ndarray, np.ndarray]:
-        """The loaded model's line: positions, and the plan's bytes per cached position times them."""
+        """The loaded model's line: positions, and the plan's bytes per cached position times the positions held
+        (all of them, or a window's: the line flattens where the window is full)."""
         if self.plan is None or self.plan.cache_bytes_per_position == 0:
             return np.zeros(0), np.zeros(0)
-        x = contexts(sorted(self.points))
-        return x, x * self.plan.cache_bytes_per_position
+        capacity = self.plan.policy.capacity
+        x = contexts([*sorted(self.points), *([capacity] if capacity else [])])
+        held = np.minimum(x, capacity) if capacity else x
+        return x, held * self.plan.cache_bytes_per_position
 
     def measured(self) -> tuple[np.ndarray, np.ndarray]:
         """The measured points: positions filled, bytes read from the cache's tensors."""
@@ -59,8 +62,10 @@ class MemoryState:
         axes = ("log axes: every line rises 10\u00d7 per 10\u00d7 tokens (linear growth), the gaps between them are "
                 "ratios" if scale == "log" else
                 "linear axes: each token adds the same bytes, so every line is straight")
+        window = (f", at most {plan.policy.capacity} positions held ({plan.policy.describe()})"
+                  if plan.policy.evicts else "")
         return (f"{general}<br><span style='color:{theme.teal}'>{plan.model_name}: "
-                f"{plan.cache_bytes_per_position:,} bytes per token{measured}</span> "
+                f"{plan.cache_bytes_per_position:,} bytes per token{window}{measured}</span> "
                 f"<span style='color:{muted}'>(lines for other models: their published configs; {axes})</span>")
 
 
