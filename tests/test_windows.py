@@ -122,10 +122,26 @@ def test_generate_and_compare_take_a_window_and_report_what_it_evicted(kvviz_cli
     # "Time flies" is 2 tokens; a window of 4: from the fourth pass on, each evicts the position 4 behind it
     assert result["evicted_per_pass"] == [[], [], [], [0], [1], [2], [3], [4], [5], [6], [7], [8], [9]]
     assert (result["positions_held"], result["cache_bytes"]) == (4, 4 * 3072)  # 2 x 6 x 2 x 32 x 4 a position
-    done = kvviz_cli("compare", "--model", "random:kvviz-shakespeare-gqa", "--prompt", "Time flies",
+    done = kvviz_cli("compare", "--model", "kvviz-shakespeare-gqa", "--prompt", "ROMEO:\nBut soft, what light",
                      "--new-tokens", "24", "--window", "6", "--sinks", "2", "--json")
+    assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert (result["window"], result["sinks"], result["summary"]["identical"]) == (6, 2, True)
+    # the full cache against the window, each run on its own: where their tokens first differ, 1-based
+    loaded = load_model("kvviz-shakespeare-gqa")
+    engine = Engine(loaded.model, loaded.tokenizer)
+    prompt = engine.encode_prompt("ROMEO:\nBut soft, what light")
+    full = tokens(engine.run(engine.plan(prompt, 24)))
+    windowed = tokens(engine.run(engine.plan(prompt, 24, window=6, sinks=2)))
+    parted = next((i + 1 for i, (a, b) in enumerate(zip(full, windowed, strict=True)) if a != b), None)
+    assert parted is not None and result["summary"]["first_divergence"] == parted
+    assert [s["full_token_id"] for s in result["steps"]] == full
+    assert [s["windowed_token_id"] for s in result["steps"]] == windowed
+    assert (result["window"], result["sinks"], result["summary"]["identical"]) == (6, 2, False)
+    assert result["summary"]["windowed_cache_bytes"] == 8 * 3072  # 2 sinks + 6: all a cache of 8 positions holds
+    assert result["summary"]["full_cache_bytes"] == (len(prompt) + 24) * 3072
+    text = kvviz_cli("compare", "--model", "kvviz-shakespeare-gqa", "--prompt", "ROMEO:\nBut soft, what light",
+                     "--new-tokens", "24", "--window", "6", "--sinks", "2").stdout
+    assert f"the runs part at step {parted}:" in text and "a trade-off, not a bug" in text
     done = kvviz_cli("generate", "--prompt", "x", "--sinks", "3")
     assert (done.returncode, done.stderr) == (2, "kvviz: attention sinks go with a window: give --window too\n")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kvviz.core.engine import Engine, SamplingSettings
-from kvviz.core.records import RunPlan, StepRecord
+from kvviz.core.records import EXACT, CachePolicy, RunPlan, StepRecord
 from kvviz.measure.speed import RatioEstimate, paired_ratio
 
 MAX_SEED = 2**63 - 1
@@ -169,3 +169,45 @@ def summarize(records: list[StepRecord]) -> CompareSummary:
         kv_without_cache=uncached[-1].kv_computed_total if uncached else 0,
         time_estimate=paired_ratio([c for c, _ in step_seconds.values()], [u for _, u in step_seconds.values()]),
     )
+
+
+@dataclass(frozen=True)
+class TradeoffStep:
+    """One token step of a full cache's run and a windowed one's, side by side: a cache that evicts changes what
+    the model attends to, so the two may part; how far is measured, not judged a bug."""
+
+    full: StepRecord  # the full cache's token pass
+    windowed: StepRecord  # the windowed cache's
+    max_abs_logit_diff: float
+    full_after: StepRecord  # each run's last pass of the step: after the last token, the one that fills the cache
+    windowed_after: StepRecord
+
+    @property
+    def same(self) -> bool:
+        return self.full.token_id == self.windowed.token_id
+
+
+def window_tradeoff(engine: Engine, prompt_ids: list[int], max_new_tokens: int, policy: CachePolicy,
+                    sampling: SamplingSettings | None = None) -> tuple[RunPlan, RunPlan, Iterator[TradeoffStep]]:
+    """The plans of a full cache's run and a `policy` one's of the same prompt (GenerationError now), and their
+    token steps in lockstep, each run choosing its own tokens from generators seeded alike. Both stop where the
+    full cache must (its context)."""
+    sampling = lockstep_sampling(sampling or SamplingSettings())
+    full = engine.plan(prompt_ids, max_new_tokens, True, sampling, policy=EXACT)
+    windowed = engine.plan(prompt_ids, full.budget, True, sampling, policy=policy)
+
+    def steps() -> Iterator[TradeoffStep]:
+        logits: dict[str, torch.Tensor] = {}
+
+        def keep(name: str):
+            return lambda step_logits: logits.__setitem__(name, step_logits.float().clone())
+
+        plans = {"full": full, "windowed": windowed}
+        runs = {name: engine.run(plan, sampling, 1, watch_logits=keep(name)) for name, plan in plans.items()}
+        for _ in range(full.budget):
+            passes = {name: plan.next_token_step(runs[name]) for name, plan in plans.items()}
+            difference = float((logits.pop("full") - logits.pop("windowed")).abs().max())
+            yield TradeoffStep(passes["full"][0], passes["windowed"][0], difference, passes["full"][-1],
+                               passes["windowed"][-1])
+
+    return full, windowed, steps()

@@ -155,14 +155,16 @@ class Engine:
         attention: bool = False,
         window: int = 0,
         sinks: int = 0,
+        policy: CachePolicy | None = None,
     ) -> RunPlan:
         """Check a generation request now (GenerationError) and plan it: budget, passes, frames.
         `cache_fault` (a key of CACHE_FAULTS) breaks a cached run's cache on purpose; with `attention`,
         every record of the run carries its newest query's AttentionWeights. `window` keeps the last that many
         positions (0: the model's own sliding window, if it has one), `sinks` the first ones too; every pass
-        attends to what that keeps, with the cache or without it."""
+        attends to what that keeps, with the cache or without it. `policy`, given, is taken as it is (EXACT: every
+        position, even on a model with a window of its own)."""
         sampling = sampling or SamplingSettings()
-        policy = self.policy(window, sinks)
+        policy = self.policy(window, sinks) if policy is None else policy
         if policy.evicts and cache_fault:
             raise GenerationError("Break the cache plants its bug in a full cache; turn the window off first")
         if policy.evicts and attention:
