@@ -189,3 +189,24 @@ def test_the_memory_views_line_flattens_where_the_window_is_full():
         assert y.max() == top * 3072 and y[x == 20][0] == 20 * 3072
         measured = state.measured()[1]
         assert measured.max() == (37 if not window else 20) * 3072  # what the cache's tensors held at the end
+
+
+def test_export_draws_a_windowed_run_and_its_grid_caption_counts_what_was_read(tmp_path, kvviz_cli):
+    """`kvviz export --window 6 --sinks 1`: the run's images; the caption's "reused" is the 7 positions held (the
+    sink and 6) that the last pass read, not the 22 before it."""
+    from kvviz.app.views.grid.grid_title import grid_title
+
+    done = kvviz_cli("export", "--model", "kvviz-shakespeare-gqa", "--prompt", "ROMEO:", "--new-tokens", "20",
+                     "--window", "6", "--sinks", "1", "--out", str(tmp_path / "out"), "--format", "png",
+                     "--width", "800")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "kvviz-chart-step21.png", "kvviz-grid-step21.png", "kvviz-view-step21.png"]
+    loaded = load_model("kvviz-shakespeare-gqa")
+    engine = Engine(loaded.model, loaded.tokenizer)
+    plan = engine.plan(engine.encode_prompt("ROMEO:"), 20, window=6, sinks=1)
+    last = list(engine.run(plan))[-1]
+    from kvviz.app import theme
+
+    text = grid_title(plan, last, None, theme.DARK)[0]
+    assert "reused 6</span>" in text and last.positions_held == 7

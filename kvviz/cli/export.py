@@ -33,7 +33,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     with dtype_honoured(args.dtype, "cpu"):
         paths = run_export(args.model, args.prompt, args.new_tokens, args.out, args.format or "png,svg,pdf",
                            use_cache=not args.no_cache, width=args.width or 1920, compare=args.compare,
-                           break_cache=args.break_cache, theme=args.theme, dtype=args.dtype)  # checked first thing
+                           break_cache=args.break_cache, theme=args.theme, dtype=args.dtype, window=args.window,
+                           sinks=args.sinks)  # checked first thing
     print(*paths, sep="\n")
     return 0
 
@@ -48,6 +49,7 @@ def cmd_export_animation(args: argparse.Namespace) -> int:
     with dtype_honoured(args.dtype, "cpu"):
         paths = run_animation(args.model, args.prompt, args.new_tokens, args.out, use_cache=not args.no_cache,
                               compare=args.compare, break_cache=args.break_cache, theme=args.theme, dtype=args.dtype,
+                              window=args.window, sinks=args.sinks,
                               **{name: value for name, value in given.items() if value is not None})
     print(*paths, sep="\n")
     return 0

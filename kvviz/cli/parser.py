@@ -242,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --compare: plant the teaching bug in the cached run's KV cache (see kvviz compare)")
     p.add_argument("--theme", choices=THEMES, default="dark", help="the images' colours: " + THEME_HELP)
     _add_dtype(p)
+    _add_window(p)
     p.add_argument("--animate", action="store_true",
                    help="write an animation of the run instead, a frame per step: a GIF and/or an MP4 (H.264) "
                         "of one view, named kvviz-VIEW-stepsA-B.gif and .mp4")

@@ -179,6 +179,7 @@ class WindowCache(KVCache):
                 held.append(start)
                 self.evicted = (start, start)
             self.key_positions = list(held)
+            self.reused[layer] = len(held) - 1  # every slot is read; one of them was written now
             return keys.narrow(2, 0, len(held)), values.narrow(2, 0, len(held))  # (B, nh, S, hs)
         n = len(held)
         all_keys = torch.cat((keys.narrow(2, 0, n), k), dim=2)  # (B, nh, n + T, hs): held, then this pass's
