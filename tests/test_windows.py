@@ -210,3 +210,50 @@ def test_export_draws_a_windowed_run_and_its_grid_caption_counts_what_was_read(t
 
     text = grid_title(plan, last, None, theme.DARK)[0]
     assert "reused 6</span>" in text and last.positions_held == 7
+
+
+def test_the_window_lesson_exports_the_bytes_its_windows_hold(tmp_path):
+    """kv-window: 8 positions held after 5 steps of a 15-token prompt, 2 x 6 layers x 2 KV heads x 32 x 4 = 3,072
+    bytes each; 4 sinks and 8 more after 11 steps: 12 positions."""
+    import re
+    from io import StringIO
+    from unittest import mock
+
+    from kvviz.cli.commands import main
+    from kvviz.core.lesson import LessonError, load_lesson, parse_lesson
+
+    with mock.patch("sys.stdout", new=StringIO()) as stdout:
+        status = main(["lesson", "--file", "kv-window", "--export", str(tmp_path / "slides"), "--format", "png",
+                       "--width", "640"])
+    assert status == 0
+    assert re.findall(r"answer: (.*) \(measured\)", stdout.getvalue()) == ["24,576 bytes", "36,864 bytes"]
+    steps = load_lesson("kv-window").steps
+    assert [(s.window, s.sinks) for s in steps] == [(8, 0), (8, 0), (8, 4), (8, 0)]
+    bad = 'title = "x"\n[[step]]\ntitle = "s"\ntext = "t"\nprompt = "p"\ncache = true\nadvance_to = 0\n' \
+          'max_new_tokens = 4\nsinks = 2\n'
+    with pytest.raises(LessonError, match="step 1: sinks: attention sinks go with a window: give window too"):
+        parse_lesson(bad, "bad.toml")
+
+
+def test_the_window_lesson_in_the_app_evicts_and_leaving_it_gives_the_free_app_its_full_cache(qtbot, app_model):
+    from PySide6.QtCore import Qt
+
+    from kvviz.app.settings import app_settings
+    from kvviz.app.views.grid.cell_states import EVICTED
+    from kvviz.app.window.main_window import MainWindow
+
+    win = MainWindow(app_model, "hello", settings=app_settings(), lesson="kv-window")
+    qtbot.addWidget(win)
+    win.show()
+    try:
+        qtbot.waitUntil(lambda: win.lesson.ready and not win.scheduler.pending, timeout=60_000)
+        plan = win.session.plan
+        assert (plan.policy.window, plan.prompt_tokens, win.session.steps_done) == (8, 15, 4)
+        states = win.grid.cell_states()[0]
+        assert (states == EVICTED).sum() == 15 + 3 - 8  # fed 18 positions by step 4, holding 8
+        qtbot.keyClick(win, Qt.Key.Key_Escape)
+        qtbot.waitUntil(lambda: not win.lesson.active and win.session.plan is not None
+                        and win.session.plan.prompt == "hello", timeout=60_000)
+        assert (win.controls.window, win.session.plan.policy.evicts) == (0, False)
+    finally:
+        win.close()

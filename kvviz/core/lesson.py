@@ -40,7 +40,7 @@ CACHE_MODES = (True, False, "compare")
 MAX_LESSON_TOKENS = 4096
 LESSON_KEYS = {"title": str, "step": list}
 STEP_KEYS = {"title": str, "text": str, "notes": str, "prompt": str, "cache": (bool, str), "advance_to": int,
-             "max_new_tokens": int, "model": str, "focus": str, "question": str}
+             "max_new_tokens": int, "model": str, "focus": str, "question": str, "window": int, "sinks": int}
 REQUIRED_STEP_KEYS = ("title", "text", "prompt", "cache", "advance_to", "max_new_tokens")
 MAX_LESSON_BYTES = 32 * 1024  # ten times the built-in lesson; anything larger is refused unread
 MULTILINE_KEYS = ("text", "notes", "prompt")  # may hold tabs and line breaks; no other control character anywhere
@@ -64,6 +64,8 @@ class LessonStep:
     model: str | None = None  # a --model value; None keeps the model loaded
     focus: str = "all"
     question: str | None = None  # a key of QUESTIONS
+    window: int = 0  # the cache keeps the last this many positions (0: every one)
+    sinks: int = 0  # and the first this many, as attention sinks
 
     @property
     def use_cache(self) -> bool:
@@ -109,6 +111,7 @@ class Lesson:
 BUILTIN_LESSONS = {  # name -> what it teaches; the first is the default, each is resources/lessons/<name>.toml
     "kv-cache": "the KV cache in six steps",
     "kv-sharing": "MHA, GQA, MQA: sharing keys and values across query heads",
+    "kv-window": "sliding windows and attention sinks: a cache that evicts",
 }
 
 
@@ -216,6 +219,12 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
         if advance >= budget:
             raise LessonError(f"{source}: {where}question: the run has no next step to reveal it "
                               f"(advance_to {advance} = max_new_tokens)")
+    window, sinks = item.get("window", 0), item.get("sinks", 0)
+    for key, value in (("window", window), ("sinks", sinks)):
+        if not 0 <= value <= MAX_LESSON_TOKENS:
+            raise LessonError(f"{source}: {where}{key}: {value} is not from 0 to {MAX_LESSON_TOKENS}")
+    if sinks and not window:
+        raise LessonError(f"{source}: {where}sinks: attention sinks go with a window: give window too")
     focus = item.get("focus", "all")
     if focus not in FOCUSES:
         raise LessonError(f"{source}: {where}focus: expected one of {', '.join(FOCUSES)}, got {focus!r}"[:300])
@@ -227,7 +236,7 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
             raise LessonError(f"{source}: {where}{key}: {MEASURED_SPEED} belongs in a step's text")
     return LessonStep(title=item["title"].strip(), text=" ".join(item["text"].split()), prompt=item["prompt"],
                       cache=cache, advance_to=advance, max_new_tokens=budget, notes=item.get("notes", "").strip(),
-                      model=item.get("model"), focus=focus, question=question)
+                      model=item.get("model"), focus=focus, question=question, window=window, sinks=sinks)
 
 
 def measured_answer(question: str, previous: StepRecord | None, record: StepRecord) -> float:

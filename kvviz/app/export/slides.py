@@ -104,7 +104,8 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
 
     step = lesson.steps[index]
     where = f"{lesson.source}: step {index + 1}: "
-    request = RunRequest(0, step.prompt, step.use_cache or step.compare, step.max_new_tokens, compare=step.compare)
+    request = RunRequest(0, step.prompt, step.use_cache or step.compare, step.max_new_tokens, compare=step.compare,
+                         window=step.window, sinks=step.sinks)
     try:
         run = start_run(engine, request, model_name)
     except KvvizError as exc:

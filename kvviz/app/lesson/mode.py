@@ -59,6 +59,7 @@ class FreeApp:
     source: str  # the model (a --model value; "" = the embedded default)
     steps: int  # the token its run was at, or on its way to
     break_cache: bool
+    window: tuple[int, int] = (0, 0)  # Run > Sliding window: positions and sinks
 
 
 class LessonMode(QObject):
@@ -132,7 +133,8 @@ class LessonMode(QObject):
             return
         w = self._window
         w.controls.store(w.settings)  # what is remembered: the free app's settings, never a lesson's
-        self._free = FreeApp(w.session.latest_source, w.session.steps_target, w.controls.break_cache)
+        self._free = FreeApp(w.session.latest_source, w.session.steps_target, w.controls.break_cache,
+                             (w.controls.window, w.controls.sinks))
         self.active = True
         set_lesson_keys(w.actions, True)
         self.panel.set_notes_action(w.actions["lesson_notes"])
@@ -165,6 +167,7 @@ class LessonMode(QObject):
         c, actions = w.controls, w.actions
         c.restore(w.settings)  # the prompt and the run settings the lesson began with, compare mode too
         c.break_cache = free.break_cache
+        c.window, c.sinks = free.window
         for name, on in (("compare", c.compare), ("break_cache", free.break_cache)):
             with QSignalBlocker(actions[name]):
                 actions[name].setChecked(on)
@@ -261,12 +264,14 @@ class LessonMode(QObject):
     def _plan_is(plan: RunPlan | None, step: LessonStep) -> bool:
         return (plan is not None and plan.prompt == step.prompt and plan.use_cache == step.use_cache
                 and (plan.twin is not None) == step.compare and plan.max_new_tokens == step.max_new_tokens
-                and plan.sampling == "greedy" and not plan.cache_broken)
+                and plan.sampling == "greedy" and not plan.cache_broken
+                and (not step.window or (plan.policy.window, plan.policy.sinks) == (step.window, step.sinks)))
 
     def _set_controls(self, step: LessonStep) -> None:
         c, actions = self._window.controls, self._window.actions
         c.prompt_edit.setText(step.prompt)
         c.break_cache = False  # the teaching switch is the lecturer's to turn on, never a step's
+        c.window, c.sinks = step.window, step.sinks
         c.set_run_settings(use_cache=step.use_cache, max_new_tokens=step.max_new_tokens, temperature=0.0,
                            compare=step.compare)
         for name, on in (("compare", step.compare), ("break_cache", False)):
