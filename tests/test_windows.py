@@ -257,3 +257,20 @@ def test_the_window_lesson_in_the_app_evicts_and_leaving_it_gives_the_free_app_i
         assert (win.controls.window, win.session.plan.policy.evicts) == (0, False)
     finally:
         win.close()
+
+
+def test_gpt2_says_where_sinks_cannot_take_it_and_a_lesson_export_takes_a_window(tmp_path, kvviz_cli):
+    done = kvviz_cli("generate", "--model", "random:kvviz-shakespeare", "--prompt", "x " * 120,
+                     "--max-new-tokens", "200", "--window", "16", "--sinks", "4")
+    assert done.returncode == 0
+    assert done.stderr.endswith("positions are learned, up to 256; attention sinks take a RoPE model past its "
+                                "context, not this one\n")
+    done = kvviz_cli("lesson", "--list", "--window", "8")
+    assert (done.returncode, done.stderr) == (2, "kvviz: --window goes with --export, not with --list\n")
+    lesson = tmp_path / "l.toml"
+    lesson.write_text('title = "w"\n[[step]]\ntitle = "s"\ntext = "t"\nprompt = "Time flies"\ncache = true\n'
+                      'advance_to = 5\nmax_new_tokens = 8\nquestion = "cache_bytes_after_next"\n', encoding="utf-8")
+    done = kvviz_cli("lesson", "--file", str(lesson), "--export", str(tmp_path / "s"), "--format", "png",
+                     "--width", "640", "--model", "random:kvviz-shakespeare-gqa", "--window", "4")
+    assert done.returncode == 0, done.stderr
+    assert "answer: 12,288 bytes (measured)" in done.stdout  # 4 positions of 3,072 bytes, not the 8 fed

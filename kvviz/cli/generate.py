@@ -97,6 +97,9 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
     else:
         print(shown(text_stream.decode(b"", final=True)))
     sys.stdout.flush()  # the text ends its line before the note below
-    if last.stop_reason == "context_full":
+    if last.stop_reason == "context_full" and run.plan.policy.sinks:
+        say(f"stopped after {plural(len(ids), 'new token')}: {loaded.name}'s positions are learned, up to "
+            f"{engine.n_ctx}; attention sinks take a RoPE model past its context, not this one")
+    elif last.stop_reason == "context_full":
         say(f"stopped after {plural(len(ids), 'new token')}: the model's context holds {engine.n_ctx} tokens")
     return 0

@@ -58,13 +58,22 @@ def run_lesson(args: argparse.Namespace, exporter: Callable[[], Callable[..., li
     if args.list:
         given = [flag for flag, value in (("--format", args.format), ("--width", args.width),
                                           ("--model", args.model), ("--theme", args.theme),
-                                          ("--dtype", args.dtype)) if value is not None]
+                                          ("--dtype", args.dtype), ("--window", args.window or None),
+                                          ("--sinks", args.sinks or None)) if value is not None]
         if given:
             raise UsageError(f"{given[0]} goes with --export, not with --list")
         print(cli_json.dumps(lesson_json(lesson)) if args.json else "\n".join(lesson_lines(lesson)))
         return 0
     if args.json:
         raise UsageError("--json goes with --list, not with --export")
+    if args.sinks and not args.window:
+        raise UsageError("--sinks goes with --window")
+    if args.window:  # every step that names no window of its own gets this one
+        from dataclasses import replace
+
+        lesson = replace(lesson, steps=tuple(step if step.window else replace(step, window=args.window,
+                                                                              sinks=args.sinks)
+                                             for step in lesson.steps))
     export = exporter()
 
     def progress(line: str) -> None:

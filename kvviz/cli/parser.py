@@ -274,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "kvviz-lesson.pdf; a failed export leaves none of them")
     p.add_argument("--format", default=None, metavar="LIST",
                    help="with --export: comma-separated formats among png and pdf (default: both)")
+    _add_window(p)
     p.add_argument("--width", type=positive_int, default=None, metavar="PX",
                    help="with --export: PNG width in pixels, the height 9/16 of it (default: 1920)")
     p.add_argument("--model", type=_no_nul, default=None, metavar="M",
