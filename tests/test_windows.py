@@ -274,3 +274,38 @@ def test_gpt2_says_where_sinks_cannot_take_it_and_a_lesson_export_takes_a_window
                      "--width", "640", "--model", "random:kvviz-shakespeare-gqa", "--window", "4")
     assert done.returncode == 0, done.stderr
     assert "answer: 12,288 bytes (measured)" in done.stdout  # 4 positions of 3,072 bytes, not the 8 fed
+
+
+def test_compare_mode_puts_the_full_cache_beside_the_window_and_words_the_parting_as_a_trade_off(qtbot, window):
+    """View > Compare with a window: the full cache's grid over the window's (only the window's has evicted
+    cells), the strip's rows named after them, each run's token as the engine chose it on its own, and the banner
+    calling the parting a trade-off, not a bug."""
+    from PySide6.QtCore import Qt
+
+    from kvviz.app.views.grid.cell_states import EVICTED
+
+    with qtbot.waitSignal(window.run_prepared, timeout=10_000):
+        window.controls.set_window(2, 1)
+    with qtbot.waitSignal(window.run_prepared, timeout=10_000):
+        window.actions["compare"].trigger()
+    plan = window.session.plan
+    assert plan.against_window and plan.lockstep_names == ("full cache", "window of 2 + 1 sinks")
+    for _ in range(6):
+        qtbot.keyClick(window, Qt.Key.Key_Space)
+    qtbot.waitUntil(lambda: window.session.last_record is not None and window.session.last_record.new_tokens == 6,
+                    timeout=60_000)
+    window.redraw()
+    view = window.workspace.compare_view
+    assert (view.cached_grid.cell_states() != EVICTED).all() and (view.uncached_grid.cell_states() == EVICTED).any()
+    assert view.identity_strip.row_titles[1:3] == ("full cache", "window of 2 + 1 sinks")
+    from kvviz.app.views.labels import chip_text
+
+    loaded = load_model(window.session.source or None)  # the same model, each run on its own, headless
+    engine = Engine(loaded.model, loaded.tokenizer)
+    prompt = engine.encode_prompt("Time flies fast")
+    labels = [[chip_text(engine.tokenizer.token_label(t)) for t in tokens(engine.run(engine.plan(prompt, 6, **kw)))]
+              for kw in ({}, {"window": 2, "sinks": 1})]
+    assert [e.cached for e in view.identity_strip.entries()] == labels[0]
+    assert [e.uncached for e in view.identity_strip.entries()] == labels[1]
+    assert labels[0] != labels[1], "a window of 2 should change this text"
+    assert "a trade-off, not a bug" in view.banner.label.text()

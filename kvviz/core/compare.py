@@ -59,6 +59,12 @@ def plan_lockstep(
     """The plan of the run in `use_cache`'s mode, with the other mode's run as its `twin`. Both plans
     describe the same request; `cache_fault` breaks the cached one's cache; with `attention` both runs'
     records carry their newest query's attention weights."""
+    if plan_options.get("window"):  # a window asked for: the full cache against it, both cached
+        full = engine.plan(prompt_ids, max_new_tokens, True, sampling, cache_fault=cache_fault, attention=attention,
+                           **{**plan_options, "policy": EXACT})
+        windowed = engine.plan(prompt_ids, full.budget, True, sampling, cache_fault=cache_fault,
+                               attention=attention, **plan_options)
+        return replace(windowed, twin=full)
     plans = {
         cached: engine.plan(prompt_ids, max_new_tokens, cached, sampling, cache_fault=cache_fault,
                             attention=attention, **plan_options)
@@ -85,17 +91,16 @@ class Lockstep:
         plan, twin_plan = self.plan, self.plan.twin
         assert twin_plan is not None
         self.engine.warm_up()  # no one-time cost in the first step's time of either run
-        logits: dict[bool, torch.Tensor] = {}  # the current step's logits, by use_cache; at most two vectors
+        logits: dict[str, torch.Tensor] = {}  # the current step's logits, by run; at most two vectors
 
-        def watcher(use_cache: bool):
+        def watcher(run: str):
             def keep(step_logits: torch.Tensor) -> None:
-                logits[use_cache] = step_logits.float().clone()  # (V,)
+                logits[run] = step_logits.float().clone()  # (V,)
             return keep
 
         dtype = self.engine.dtype
-        own = self.engine.run(plan, self.sampling, self.top_candidates, watch_logits=watcher(plan.use_cache))
-        other = self.engine.run(twin_plan, self.sampling, self.top_candidates,
-                                watch_logits=watcher(twin_plan.use_cache))
+        own = self.engine.run(plan, self.sampling, self.top_candidates, watch_logits=watcher("own"))
+        other = self.engine.run(twin_plan, self.sampling, self.top_candidates, watch_logits=watcher("twin"))
         for step in range(plan.budget):
             twin_first = step % 2 == 1
             if twin_first:
@@ -104,7 +109,7 @@ class Lockstep:
             else:
                 own_passes = plan.next_token_step(own)
                 twin_passes = twin_plan.next_token_step(other)
-            cached_logits, uncached_logits = logits.pop(True), logits.pop(False)
+            cached_logits, uncached_logits = logits.pop("own"), logits.pop("twin")  # |difference|: either order
             difference = float((cached_logits - uncached_logits).abs().max())
             scale = float(torch.maximum(cached_logits.abs().max(), uncached_logits.abs().max()))
             tolerance = logit_tolerance(dtype, scale if math.isfinite(scale) else 1.0)

@@ -354,6 +354,7 @@ class Engine:
                 attention=attention,
                 kv_evicted=cache.evicted if cache is not None else (0, 0),
                 positions_held=cache.positions_held if cache is not None else 0,
+                windowed=use_cache and plan.policy.evicts,
             )
             step += 1
             if final:

@@ -183,13 +183,31 @@ class RunPlan:
         return self.n_head // self.cache_heads if self.cache_heads else 1
 
     @property
+    def against_window(self) -> bool:
+        """Compare mode of a full cache against a windowed one (both runs cached), not of cached against uncached."""
+        return self.twin is not None and self.use_cache and self.twin.use_cache
+
+    @property
+    def lockstep_names(self) -> tuple[str, str]:
+        """What compare mode calls its two runs: the cached and the uncached, or the full cache and the window."""
+        if not self.against_window:
+            return "with cache", "without cache"
+        windowed = self if self.policy.evicts else self.twin
+        sinks = f" + {windowed.policy.sinks} sinks" if windowed.policy.sinks else ""
+        return "full cache", f"window of {windowed.policy.window}{sinks}"
+
+    @property
     def cached_plan(self) -> RunPlan | None:
-        """The run with the cache: this one or its twin."""
+        """The run with the cache: this one or its twin (against a window: the full cache's)."""
+        if self.against_window:
+            return self.twin if self.policy.evicts else self
         return self if self.use_cache else self.twin
 
     @property
     def uncached_plan(self) -> RunPlan | None:
-        """The run without the cache: this one or its twin."""
+        """The run without the cache: this one or its twin (against a window: the windowed cache's)."""
+        if self.against_window:
+            return self if self.policy.evicts else self.twin
         return self.twin if self.use_cache else self
 
     @property
@@ -271,6 +289,7 @@ class StepRecord:
     attention: AttentionWeights | None = None  # the newest query's weights, when the plan asks for them
     kv_evicted: tuple[int, int] = (0, 0)  # positions [start, stop) this pass evicted from the cache (a window's)
     positions_held: int = 0  # positions the cache holds after this pass (0 without a cache)
+    windowed: bool = False  # the pass ran on a cache that evicts (a window)
 
     @property
     def twin_token_id(self) -> int | None:
@@ -291,9 +310,13 @@ class StepRecord:
         return cached, uncached
 
     def lockstep_passes(self) -> tuple[tuple[StepRecord, ...], tuple[StepRecord, ...]]:
-        """(cached passes, uncached passes) of this record's step in compare mode, this record included."""
-        cached = tuple(r for r in (self, *self.twin) if r.use_cache)
-        uncached = tuple(r for r in (self, *self.twin) if not r.use_cache)
+        """(cached passes, uncached passes) of this record's step in compare mode, this record included; of a
+        full cache against a window, (the full cache's, the window's)."""
+        both = (self, *self.twin)
+        if self.twin and all(r.use_cache for r in both):
+            return tuple(r for r in both if not r.windowed), tuple(r for r in both if r.windowed)
+        cached = tuple(r for r in both if r.use_cache)
+        uncached = tuple(r for r in both if not r.use_cache)
         return cached, uncached
 
     @property

@@ -47,6 +47,8 @@ class CompareCounts(CountPanel):
     # ----- public interface -----
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan if plan.twin is not None else None
+        for key, name in zip(("with_cache", "without_cache"), plan.lockstep_names, strict=True):
+            self.table.labels[key][0].setText(name)
         if self._plan is not None:
             self.table.reserve(final_values(plan))
             self.progress.reserve(self._progress_text(plan, plan.budget))
@@ -96,7 +98,12 @@ class CompareCounts(CountPanel):
         self.table.show_layers(plan.n_layer)
         self.table.show_values(self.values())
         steps = max((r.new_tokens for r in (self._cached, self._uncached) if r is not None), default=0)
-        self.progress.setText(self._progress_text(plan, steps))
+        text = self._progress_text(plan, steps)
+        if plan.against_window and self._cached is not None and self._uncached is not None:
+            first, second = plan.lockstep_names
+            text += (f"; positions held: {self._cached.positions_held} ({first}), "
+                     f"{self._uncached.positions_held} ({second})")
+        self.progress.setText(text)
 
     @staticmethod
     def _progress_text(plan: RunPlan, steps: int) -> str:

@@ -83,6 +83,8 @@ class DivergenceBanner(QWidget):
     # ----- public interface -----
     def reset(self, plan: RunPlan) -> None:
         self._broken = plan.cache_broken
+        self._names = plan.lockstep_names
+        self._against_window = plan.against_window
         self._cached, self._uncached = [], []
         self.first_divergence = None
         self.first_logit_divergence = None
@@ -134,6 +136,9 @@ class DivergenceBanner(QWidget):
             self.label.hide()
             return
         why = " The cache is broken on purpose (teaching switch)." if self._broken else ""
+        against_window = getattr(self, "_against_window", False)
+        if against_window:
+            why = " A window changes what the model attends to: a trade-off, not a bug."
         logits = ""
         if self.first_logit_divergence is not None and (
                 self.first_divergence is None or self.first_logit_divergence < self.first_divergence):
@@ -141,13 +146,15 @@ class DivergenceBanner(QWidget):
             logits = (f"The runs' logits part at token step {self.first_logit_divergence}: max |\u0394logit| "
                       f"{format_logit_diff(difference)}, beyond the float noise of {format_logit_diff(tolerance)}. ")
         texts = self.continuations()
+        first, second = getattr(self, "_names", ("with cache", "without cache"))
         if texts is None:
-            text = f"{logits}The tokens still agree, but the cached run computes something else."
+            text = (f"{logits}The tokens still agree, but the windowed run computes something else." if against_window
+                    else f"{logits}The tokens still agree, but the cached run computes something else.")
         else:
             cached, uncached = texts
             text = (f"{logits}The runs diverge at token step {self.first_divergence}: from there, "
-                    f"with cache: \u201c{_shown(cached)}\u201d  \u2014  "
-                    f"without cache: \u201c{_shown(uncached)}\u201d.")
+                    f"{first}: \u201c{_shown(cached)}\u201d  \u2014  "
+                    f"{second}: \u201c{_shown(uncached)}\u201d.")
         self.label.setText(text + why)
         self.label.show()
         self.label.fit_height()

@@ -68,7 +68,7 @@ class _Titles(QWidget):
         painter.fillRect(self.rect(), QColor(theme.background))
         painter.setFont(rows.font)
         colours = (theme.muted, theme.teal, theme.amber, theme.muted)
-        for index, (title, colour) in enumerate(zip(ROW_TITLES, colours, strict=True)):
+        for index, (title, colour) in enumerate(zip(self._strip.row_titles, colours, strict=True)):
             painter.setPen(QColor(colour))
             painter.drawText(rows.row(index, 4, self.width() - 8),
                              Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, title)
@@ -134,6 +134,7 @@ class IdentityStrip(QWidget):
         super().__init__(parent)
         self._font_scale = 1.0
         self._rows = _Rows(1.0, self.font())
+        self.row_titles: tuple[str, ...] = ROW_TITLES  # the runs' names: RunPlan.lockstep_names
         self._entries: list[IdentityEntry] = []
         self._lefts: list[float] = []  # x of each entry's column
         self._widths: list[float] = []  # each column's width, the gap after it included
@@ -165,6 +166,10 @@ class IdentityStrip(QWidget):
 
     # ----- public interface -----
     def reset(self, plan: RunPlan) -> None:
+        titles = (ROW_TITLES[0], *plan.lockstep_names, ROW_TITLES[3])
+        if titles != self.row_titles:
+            self.row_titles = titles
+            self._apply_fonts()
         self._entries, self._lefts, self._widths = [], [], []
         self._drawn = 0
         self._follow_newest = True
@@ -258,7 +263,7 @@ class IdentityStrip(QWidget):
     def _apply_fonts(self) -> None:
         self._rows = _Rows(self._font_scale, self.font())
         self._width_of = {}
-        titles_width = max(self._rows.metrics.horizontalAdvance(t) for t in ROW_TITLES) + 14
+        titles_width = max(self._rows.metrics.horizontalAdvance(t) for t in self.row_titles) + 14
         self.titles.setFixedWidth(int(titles_width))
         self.setFixedHeight(self._strip_height())
         self.titles.update()

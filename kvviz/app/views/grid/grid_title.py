@@ -13,17 +13,19 @@ def mode_name(use_cache: bool) -> str:
     return "with cache" if use_cache else "without cache"
 
 
-def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, theme: Theme) -> tuple[str, str]:
+def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, theme: Theme,
+               name: str | None = None) -> tuple[str, str]:
     """The caption for `plan` after `record` (None: before the first pass), and, before the first pass,
-    the widest caption the run will show (its last pass's numbers), else ""."""
-    mode = mode_name(plan.use_cache)
+    the widest caption the run will show (its last pass's numbers), else "". `name` is what compare mode calls
+    the run (RunPlan.lockstep_names), where it is not "with cache" or "without cache"."""
+    mode = name or mode_name(plan.use_cache)
     if plan.cache_fault:
         mode = f"<span style='color:{theme.alert}'>{mode} \u2014 {BROKEN_NOTE}</span>"
     size = f"{plan.n_layer} layers \u00d7 {plan.width} positions"
     if lockstep is None:
         head = f"<b>K/V per layer and position</b> &nbsp; {size}, {mode}"
     else:
-        colour = theme.teal if plan.use_cache else theme.amber
+        colour = theme.teal if lockstep == "cached" else theme.amber
         head = f"<b><span style='color:{colour}'>{mode}</span></b> &nbsp; K/V per layer and position, {size}"
 
     def caption(detail: str) -> str:

@@ -132,9 +132,11 @@ class KVGridView(QWidget):
             self._show_nothing()
             return
         self._plan = shown
+        names = plan.lockstep_names if plan.against_window else None
+        self._run_name = names[0 if self.lockstep == "cached" else 1] if names and self.lockstep else None
         self._cells = GridState(shown)
         self.legend_row.show_stale(plan.cache_broken)  # compare mode: the legend under both grids
-        self.legend_row.show_evicted(plan.policy.evicts)
+        self.legend_row.show_evicted(plan.policy.evicts or (plan.twin is not None and plan.twin.policy.evicts))
         self._set_rows()
         self._plot.axes.reserve_width(self._plan)
         self._update_outline()
@@ -304,7 +306,8 @@ class KVGridView(QWidget):
 
     def _update_title(self) -> None:
         if self._plan is not None:
-            text, widest = grid_title(self._plan, self._cells.last, self.lockstep, self._theme)
+            text, widest = grid_title(self._plan, self._cells.last, self.lockstep, self._theme,
+                                      getattr(self, "_run_name", None))
             if widest:  # room for the run's longest caption: its numbers grow without moving the grid
                 self.title.reserve(widest)
             self.title.setText(text)
