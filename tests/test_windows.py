@@ -290,21 +290,25 @@ def test_compare_mode_puts_the_full_cache_beside_the_window_and_words_the_partin
         window.actions["compare"].trigger()
     plan = window.session.plan
     assert plan.against_window and plan.lockstep_names == ("full cache", "window of 2 + 1 sinks")
-    for _ in range(6):
+    budget = plan.budget
+    for _ in range(budget):
         qtbot.keyClick(window, Qt.Key.Key_Space)
-    qtbot.waitUntil(lambda: window.session.last_record is not None and window.session.last_record.new_tokens == 6,
+    qtbot.waitUntil(lambda: window.session.last_record is not None and window.session.last_record.final,
                     timeout=60_000)
     window.redraw()
     view = window.workspace.compare_view
+    # to the end, the cache-filling passes included: each run's own passes in its own grid and count
     assert (view.cached_grid.cell_states() != EVICTED).all() and (view.uncached_grid.cell_states() == EVICTED).any()
+    counts = view.counts.values()
+    assert counts["with_cache"] == counts["without_cache"] == 3 + budget  # both computed each position once
     assert view.identity_strip.row_titles[1:3] == ("full cache", "window of 2 + 1 sinks")
     from kvviz.app.views.labels import chip_text
 
     loaded = load_model(window.session.source or None)  # the same model, each run on its own, headless
     engine = Engine(loaded.model, loaded.tokenizer)
     prompt = engine.encode_prompt("Time flies fast")
-    labels = [[chip_text(engine.tokenizer.token_label(t)) for t in tokens(engine.run(engine.plan(prompt, 6, **kw)))]
-              for kw in ({}, {"window": 2, "sinks": 1})]
+    runs = [tokens(engine.run(engine.plan(prompt, budget, **kw))) for kw in ({}, {"window": 2, "sinks": 1})]
+    labels = [[chip_text(engine.tokenizer.token_label(t)) for t in run] for run in runs]
     assert [e.cached for e in view.identity_strip.entries()] == labels[0]
     assert [e.uncached for e in view.identity_strip.entries()] == labels[1]
     assert labels[0] != labels[1], "a window of 2 should change this text"

@@ -313,7 +313,7 @@ class StepRecord:
         """(cached passes, uncached passes) of this record's step in compare mode, this record included; of a
         full cache against a window, (the full cache's, the window's)."""
         both = (self, *self.twin)
-        if self.twin and all(r.use_cache for r in both):
+        if any(r.windowed for r in both) and all(r.use_cache for r in both):  # a pass may come alone: a fill
             return tuple(r for r in both if not r.windowed), tuple(r for r in both if r.windowed)
         cached = tuple(r for r in both if r.use_cache)
         uncached = tuple(r for r in both if not r.use_cache)

@@ -21,13 +21,14 @@ class MemoryState:
     filled."""
 
     def __init__(self, plan: RunPlan | None = None) -> None:
-        self.plan = plan.cached_plan if plan is not None and plan.twin is not None else plan
+        self.compare = plan is not None and plan.twin is not None
+        self.plan = plan.cached_plan if self.compare else plan
         self.points: dict[int, int] = {}  # positions filled -> measured bytes
 
     def apply(self, record: StepRecord) -> bool:
         """Take one record; True when it measured the cache (a point is added)."""
         measured = False
-        passes = record.lockstep_passes()[0] if record.twin is not None else (record,)
+        passes = record.lockstep_passes()[0] if self.compare else (record,)
         for run_pass in passes:
             if run_pass.use_cache and run_pass.cache_bytes > 0:
                 self.points[run_pass.fed_stop] = run_pass.cache_bytes
