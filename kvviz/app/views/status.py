@@ -68,9 +68,13 @@ class StatusLine(LiveLabel):
         self._dirty = False
         plan, rec = self._plan, self._record
         if plan.twin is not None:
-            mode = "comparing with and without cache"
+            first, second = plan.lockstep_names
+            mode = (f"comparing the {first} and a {second}" if plan.against_window
+                    else "comparing with and without cache")
         else:
             mode = "cache on" if plan.use_cache else "cache off"
+            if plan.policy.evicts:
+                mode += f", keeping {plan.policy.describe()}"
         if plan.cache_broken:
             mode += " \u00b7 CACHE BROKEN ON PURPOSE (Run menu)"
         precision = f"{self._precision} \u00b7 " if self._precision else ""
