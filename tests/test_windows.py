@@ -173,6 +173,13 @@ def test_the_app_shows_what_a_window_evicts_in_the_grid_its_legend_and_the_count
     note = window.counter.window_note
     assert note.isVisible() and note.text() == ("the cache keeps the first 1 and the last 4 positions: it holds 5 "
                                                 "positions; K/V evicted: 5 per layer (30 in all 6 layers)")
+    with qtbot.waitSignal(window.session.run_failed, timeout=10_000):  # View > Attention: not under a window yet
+        window.actions["attention"].trigger()
+    assert window.banner.alert and window.banner.text() == ("The attention view shows a full cache only; close it "
+                                                            "to run with a window.")
+    with qtbot.waitSignal(window.run_prepared, timeout=10_000):
+        window.actions["attention"].trigger()  # closed again: the windowed run is back
+    assert window.session.plan.policy.window == 4
 
 
 def test_the_memory_views_line_flattens_where_the_window_is_full():
@@ -210,6 +217,7 @@ def test_export_draws_a_windowed_run_and_its_grid_caption_counts_what_was_read(t
 
     text = grid_title(plan, last, None, theme.DARK)[0]
     assert "reused 6</span>" in text and last.positions_held == 7
+    assert "6 layers \u00d7 23 positions, keeping the last 6, the sink 0" in text  # the sink marked by position
 
 
 def test_the_window_lesson_exports_the_bytes_its_windows_hold(tmp_path):

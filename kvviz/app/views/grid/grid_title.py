@@ -22,6 +22,10 @@ def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, t
     if plan.cache_fault:
         mode = f"<span style='color:{theme.alert}'>{mode} \u2014 {BROKEN_NOTE}</span>"
     size = f"{plan.n_layer} layers \u00d7 {plan.width} positions"
+    if plan.policy.evicts and plan.use_cache:  # what the cache keeps, the sinks by position
+        sinks = plan.policy.sinks
+        kept = f", the sinks {0}\u2013{sinks - 1}" if sinks > 1 else ", the sink 0" if sinks else ""
+        size += f", keeping the last {plan.policy.window}{kept}"
     if lockstep is None:
         head = f"<b>K/V per layer and position</b> &nbsp; {size}, {mode}"
     else:
