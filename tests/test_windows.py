@@ -321,3 +321,32 @@ def test_compare_mode_puts_the_full_cache_beside_the_window_and_words_the_partin
     assert [e.uncached for e in view.identity_strip.entries()] == labels[1]
     assert labels[0] != labels[1], "a window of 2 should change this text"
     assert "a trade-off, not a bug" in view.banner.label.text()
+
+
+def test_a_qwen2_window_on_every_layer_matches_transformers_and_a_window_on_some_is_one_line(tmp_path, kvviz_cli):
+    import json
+
+    config = transformers.Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      use_sliding_window=True, sliding_window=6, max_window_layers=0,
+                                      attn_implementation="eager")
+    torch.manual_seed(6)
+    peer = transformers.Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in peer.parameters():
+            parameter.normal_(0.0, 0.15 if parameter.dim() > 1 else 0.05)
+    peer.save_pretrained(tmp_path / "qwen2")
+    model = load_checkpoint(tmp_path / "qwen2")
+    assert model.config.sliding_window == 6
+    engine = Engine(model)
+    with torch.no_grad():
+        reference = peer.generate(torch.tensor([PROMPT_IDS]), max_new_tokens=24, do_sample=False,
+                                  pad_token_id=0)[0, len(PROMPT_IDS):].tolist()
+    assert tokens(engine.run(engine.plan(PROMPT_IDS, 24))) == tokens(engine.run(engine.plan(PROMPT_IDS, 24, False))) \
+        == reference
+    config_path = tmp_path / "qwen2" / "config.json"
+    raw = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**raw, "max_window_layers": 1}))
+    done = kvviz_cli("memory", "--model", str(tmp_path / "qwen2"))
+    assert (done.returncode, done.stderr) == (2, f"kvviz: {config_path}: use_sliding_window with max_window_layers=1 "
+                                                 "windows layers 1 to 1 only; kvviz windows every layer or none\n")

@@ -38,8 +38,14 @@ def config_from_json(path: Path) -> LlamaConfig:
     if model_type == "mistral" and raw.get("sliding_window") is not None:
         window = _whole(raw, path, "sliding_window", 0)
         window = window if 0 < window < raw.get("max_position_embeddings", 2048) else 0
-    if model_type == "qwen2" and raw.get("use_sliding_window"):
-        raise ModelLoadError(f"{path}: use_sliding_window is not supported (Qwen2 windows some layers only)")
+    if model_type == "qwen2" and raw.get("use_sliding_window"):  # a window on layers max_window_layers and later
+        layers, first = _whole(raw, path, "num_hidden_layers", 32), _whole(raw, path, "max_window_layers", 28)
+        if 0 < first < layers:
+            raise ModelLoadError(f"{path}: use_sliding_window with max_window_layers={first} windows layers {first} "
+                                 f"to {layers - 1} only; kvviz windows every layer or none")
+        if first == 0:
+            window = _whole(raw, path, "sliding_window", 4096)
+            window = window if 0 < window < raw.get("max_position_embeddings", 32768) else 0
     heads = _whole(raw, path, "num_attention_heads", 32)
     try:
         return LlamaConfig(
