@@ -173,13 +173,13 @@ def test_the_app_shows_what_a_window_evicts_in_the_grid_its_legend_and_the_count
     note = window.counter.window_note
     assert note.isVisible() and note.text() == ("the cache keeps the first 1 and the last 4 positions: it holds 5 "
                                                 "positions; K/V evicted: 5 per layer (30 in all 6 layers)")
-    with qtbot.waitSignal(window.session.run_failed, timeout=10_000):  # View > Attention: not under a window yet
+    with qtbot.waitSignal(window.run_prepared, timeout=10_000):  # View > Attention under the window
         window.actions["attention"].trigger()
-    assert window.banner.alert and window.banner.text() == ("The attention view shows a full cache only; close it "
-                                                            "to run with a window.")
-    with qtbot.waitSignal(window.run_prepared, timeout=10_000):
-        window.actions["attention"].trigger()  # closed again: the windowed run is back
-    assert window.session.plan.policy.window == 4
+    qtbot.waitUntil(lambda: window.session.last_record is not None and window.session.last_record.new_tokens == 8,
+                    timeout=60_000)
+    weights = window.session.last_record.attention.as_lists()[0][0]  # layer 0, head 0: a weight per position
+    assert len(weights) == 10 and weights[1:6] == [0.0] * 5 and weights[0] > 0 and min(weights[6:]) > 0
+    assert abs(sum(weights) - 1.0) < 1e-5  # the sink and the window share all of it; evicted positions none
 
 
 def test_the_memory_views_line_flattens_where_the_window_is_full():

@@ -167,8 +167,6 @@ class Engine:
         policy = self.policy(window, sinks) if policy is None else policy
         if policy.evicts and cache_fault:
             raise GenerationError("Break the cache plants its bug in a full cache; turn the window off first")
-        if policy.evicts and attention:
-            raise GenerationError("the attention view shows a full cache only; close it to run with a window")
         if cache_fault and cache_fault not in CACHE_FAULTS:
             raise GenerationError(f"unknown cache fault {cache_fault!r}; known: {', '.join(CACHE_FAULTS)}")
         if max_new_tokens <= 0:

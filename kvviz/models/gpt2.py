@@ -101,14 +101,14 @@ class CausalSelfAttention(nn.Module):
         else:
             k, v = kv_cache.update(self.layer_index, positions, k, v)  # (B, nh, S, hs), S = cached + T
             if kv_cache.policy.evicts:  # a sliding window (and sinks): only the positions it keeps
-                y = windowed_attention(q, k, v, positions, kv_cache)
+                y = windowed_attention(q, k, v, positions, kv_cache, probe=probe)
             elif T == 1:
                 y = F.scaled_dot_product_attention(q, k, v)
             else:
                 key_positions = torch.arange(k.shape[2], device=x.device)
                 mask = key_positions[None, :] <= positions[:, None]  # (T, S)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        if probe is not None:
+        if probe is not None and (kv_cache is None or not kv_cache.policy.evicts):  # (a window's: recorded above)
             probe.attended(q, k)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)

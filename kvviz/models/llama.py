@@ -144,14 +144,15 @@ class Attention(nn.Module):
         if kv_cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
         elif kv_cache.policy.evicts:  # a sliding window (and sinks): only the positions it keeps
-            y = windowed_attention(q, k, v, positions, kv_cache, self.turned_for_sinks(q_here, positions, kv_cache))
+            y = windowed_attention(q, k, v, positions, kv_cache, self.turned_for_sinks(q_here, positions, kv_cache),
+                                   probe)
         elif T == 1:
             y = F.scaled_dot_product_attention(q, k, v)
         else:
             key_positions = torch.arange(k.shape[2], device=x.device)
             mask = key_positions[None, :] <= positions[:, None]  # (T, S)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        if probe is not None:
+        if probe is not None and (kv_cache is None or not kv_cache.policy.evicts):  # (a window's: recorded above)
             probe.attended(q, k)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * hd)  # (B, T, nh * hd)
         return self.o_proj(y)
