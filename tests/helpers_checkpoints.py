@@ -136,3 +136,14 @@ def byte_level_tokenizer(vocab_size: int = 400):
                                    "every key and value it has computed."] * 20, trainer)
     tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     return tokenizer
+
+
+def spread_peer(model_class, config, seed: int):
+    """A transformers model with random weights less flat than its default initialisation (matrices N(0, 0.15),
+    vectors N(0, 0.05)), so that greedy tokens differ from step to step; in eval mode."""
+    torch.manual_seed(seed)
+    peer = model_class(config).eval()
+    with torch.no_grad():
+        for parameter in peer.parameters():
+            parameter.normal_(0.0, 0.15 if parameter.dim() > 1 else 0.05)
+    return peer

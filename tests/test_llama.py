@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoints import byte_level_tokenizer
+from helpers_checkpoints import byte_level_tokenizer, spread_peer
 
 from kvviz.core.engine import Engine, generate_ids
 from kvviz.core.kv_cache import KVCache
@@ -47,11 +47,7 @@ def checkpoint(request, tmp_path_factory):
     config = config_class(vocab_size=1000, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
                           num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=64,
                           tie_word_embeddings=tied, attn_implementation="eager", **extra)
-    torch.manual_seed(len(request.node.name))
-    peer = model_class(config).eval()
-    with torch.no_grad():  # less flat than the default initialisation: tokens that differ from step to step
-        for parameter in peer.parameters():
-            parameter.normal_(0.0, 0.15 if parameter.dim() > 1 else 0.05)
+    peer = spread_peer(model_class, config, len(request.node.name))
     folder = tmp_path_factory.mktemp(kind) / "model"
     peer.save_pretrained(folder)
     return peer, load_checkpoint(folder)  # the weights alone: these tests feed ids, and need no tokenizer.json
@@ -161,11 +157,7 @@ def llama_folder(tmp_path_factory):
     config = transformers.LlamaConfig(vocab_size=400, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                       tie_word_embeddings=True)
-    torch.manual_seed(5)
-    peer = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for parameter in peer.parameters():
-            parameter.normal_(0.0, 0.15 if parameter.dim() > 1 else 0.05)
+    peer = spread_peer(transformers.LlamaForCausalLM, config, 5)
     folder = tmp_path_factory.mktemp("hub") / "tiny-llama"
     peer.save_pretrained(folder)
     byte_level_tokenizer().save(str(folder / "tokenizer.json"))

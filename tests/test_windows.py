@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers_checkpoints import spread_peer
 
 from kvviz.core.engine import Engine, GenerationError
 from kvviz.sources.weights import load_checkpoint, load_model
@@ -24,11 +25,7 @@ def mistral(tmp_path_factory):
     config = transformers.MistralConfig(vocab_size=1000, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                                         sliding_window=8, tie_word_embeddings=False, attn_implementation="eager")
-    torch.manual_seed(27)
-    peer = transformers.MistralForCausalLM(config).eval()
-    with torch.no_grad():
-        for parameter in peer.parameters():
-            parameter.normal_(0.0, 0.15 if parameter.dim() > 1 else 0.05)
+    peer = spread_peer(transformers.MistralForCausalLM, config, 27)
     folder = tmp_path_factory.mktemp("mistral") / "model"
     peer.save_pretrained(folder)
     return peer, load_checkpoint(folder)
@@ -330,11 +327,7 @@ def test_a_qwen2_window_on_every_layer_matches_transformers_and_a_window_on_some
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                                       use_sliding_window=True, sliding_window=6, max_window_layers=0,
                                       attn_implementation="eager")
-    torch.manual_seed(6)
-    peer = transformers.Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        for parameter in peer.parameters():
-            parameter.normal_(0.0, 0.15 if parameter.dim() > 1 else 0.05)
+    peer = spread_peer(transformers.Qwen2ForCausalLM, config, 6)
     peer.save_pretrained(tmp_path / "qwen2")
     model = load_checkpoint(tmp_path / "qwen2")
     assert model.config.sliding_window == 6

@@ -186,7 +186,7 @@ class WindowCache(KVCache):
         all_values = torch.cat((values.narrow(2, 0, n), v), dim=2)
         self.key_positions = held + list(range(start, end))
         kept = [i for i, p in enumerate(self.key_positions) if p < sinks or p >= end - window]
-        dropped = [p for i, p in enumerate(self.key_positions) if i not in set(kept)]
+        dropped = [p for p in self.key_positions if sinks <= p < end - window]
         index = torch.tensor(kept, device=k.device)
         keys.narrow(2, 0, len(kept)).copy_(all_keys.index_select(2, index))
         values.narrow(2, 0, len(kept)).copy_(all_values.index_select(2, index))

@@ -52,10 +52,6 @@ class CachePolicy:
         """The most positions the cache holds at once: sinks + window (0: no bound)."""
         return self.sinks + self.window if self.evicts else 0
 
-    def visible(self, query: int, key: int) -> bool:
-        """Whether the query at position `query` attends to the key at position `key`."""
-        return key <= query and (not self.evicts or key < self.sinks or key > query - self.window)
-
     def describe(self) -> str:
         if not self.evicts:
             return "every position"

@@ -71,6 +71,8 @@ class DivergenceBanner(QWidget):
         self._font_scale = 1.0
         self._theme = themes.current()
         self._broken = False
+        self._names = ("with cache", "without cache")  # RunPlan.lockstep_names
+        self._against_window = False
         self._cached: list[str] = []  # each token step's token text, per run
         self._uncached: list[str] = []
         self.first_divergence: int | None = None
@@ -136,7 +138,7 @@ class DivergenceBanner(QWidget):
             self.label.hide()
             return
         why = " The cache is broken on purpose (teaching switch)." if self._broken else ""
-        against_window = getattr(self, "_against_window", False)
+        against_window = self._against_window
         if against_window:
             why = " A window changes what the model attends to: a trade-off, not a bug."
         logits = ""
@@ -146,7 +148,7 @@ class DivergenceBanner(QWidget):
             logits = (f"The runs' logits part at token step {self.first_logit_divergence}: max |\u0394logit| "
                       f"{format_logit_diff(difference)}, beyond the float noise of {format_logit_diff(tolerance)}. ")
         texts = self.continuations()
-        first, second = getattr(self, "_names", ("with cache", "without cache"))
+        first, second = self._names
         if texts is None:
             text = (f"{logits}The tokens still agree, but the windowed run computes something else." if against_window
                     else f"{logits}The tokens still agree, but the cached run computes something else.")

@@ -79,6 +79,7 @@ class KVGridView(QWidget):
         super().__init__(parent)
         check_lockstep(lockstep)
         self.lockstep = lockstep
+        self._run_name: str | None = None  # compare mode's name of the run shown, where not with/without cache
         self._was_reset = False
         self._plan: RunPlan | None = None
         self._colour_blind = False
@@ -307,7 +308,7 @@ class KVGridView(QWidget):
     def _update_title(self) -> None:
         if self._plan is not None:
             text, widest = grid_title(self._plan, self._cells.last, self.lockstep, self._theme,
-                                      getattr(self, "_run_name", None))
+                                      self._run_name)
             if widest:  # room for the run's longest caption: its numbers grow without moving the grid
                 self.title.reserve(widest)
             self.title.setText(text)
