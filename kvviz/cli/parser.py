@@ -160,6 +160,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
+    p = commands.add_parser("batch", help="serve several prompts together from a paged KV cache",
+                            description="Decode several requests together, one forward pass per token for the whole "
+                                        "batch, from a paged KV cache: a pool of fixed-size blocks, a block table "
+                                        "per request, and prompt prefixes stored once and shared (copied on "
+                                        "write). Then the same requests one at a time, in the same run: their "
+                                        "tokens, the blocks, the bytes against one contiguous buffer per request, "
+                                        "and both speeds.")
+    _add_model(p)
+    p.add_argument("--prompt", type=prompt_text, action="append", default=None, metavar="TEXT",
+                   help="a request's prompt; give it once per request")
+    p.add_argument("--prompts-file", type=path_text, default=None, metavar="FILE",
+                   help="a UTF-8 text file of prompts, one per line (blank lines skipped), after any --prompt")
+    p.add_argument("--new-tokens", type=whole_number(1, MAX_TOKENS), default=16, metavar="N",
+                   help="tokens each request generates (default: 16); the longest prompt and N must fit the "
+                        "model's context")
+    p.add_argument("--block-size", type=whole_number(1, MAX_TOKENS), default=16, metavar="B",
+                   help="positions per block of the paged cache (default: 16)")
+    p.add_argument("--no-prefix-sharing", action="store_true",
+                   help="give every request blocks of its own, even for a prefix another request holds")
+    p.add_argument("--repeat", type=whole_number(1, bench.MAX_REPEAT), default=3, metavar="R",
+                   help="time the batch and the requests one at a time R times each, taking turns, and keep the "
+                        f"fastest of each (default: 3; at most {bench.MAX_REPEAT})")
+    _add_sampling(p)
+    _add_dtype(p)
+    _add_device(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+
     p = commands.add_parser("count", help="the K/V work with and without a cache, by formula",
                             description="K/V computations per layer for P prompt tokens and N new tokens: "
                                         "without cache N*P + N(N-1)/2, with cache P + N.")

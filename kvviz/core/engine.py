@@ -104,7 +104,7 @@ class Engine:
         return CACHES_BY_FAULT[fault](cfg.n_layer, cfg.n_kv_head, cfg.head_dim, capacity, dtype=self.dtype,
                                       device=self.device)
 
-    def _choose(
+    def choose(
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
     ) -> tuple[int, tuple[Candidate, ...]]:
         logits = logits.float()  # (V,)
@@ -310,7 +310,7 @@ class Engine:
             if flush:
                 token, candidates = None, ()
             else:
-                token, candidates = self._choose(logits, sampling, generator, top_candidates)
+                token, candidates = self.choose(logits, sampling, generator, top_candidates)
             seconds = time.perf_counter() - started
             if watch_logits is not None and not flush:
                 watch_logits(logits)  # outside the timed span

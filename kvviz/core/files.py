@@ -245,3 +245,34 @@ def folder_problem(out_dir: Path) -> str | None:
     except OSError as exc:
         return f"no file can be written there ({exc.strerror or str(exc).splitlines()[0]})"
     return None
+
+
+MAX_PROMPTS = 256  # requests one batch takes from a prompts file
+
+
+def read_prompts(path: Path | str) -> list[str]:
+    """The prompts of a prompts file: one per line, blank lines skipped (KvvizError, one line, for a file that
+    cannot be read, is not UTF-8 text, or holds no prompt or too many)."""
+    from kvviz.core.records import MAX_PROMPT_CHARACTERS
+
+    path = user_path(path)
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise KvvizError(f"{path}: is a folder, not a prompts file") from None
+    except OSError as exc:
+        raise KvvizError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise KvvizError(f"{path}: is not UTF-8 text (byte {exc.start})") from None
+    prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise KvvizError(f"{path}: holds no prompt (one prompt per line)")
+    if len(prompts) > MAX_PROMPTS:
+        raise KvvizError(f"{path}: holds {len(prompts)} prompts; a batch takes at most {MAX_PROMPTS}")
+    for number, prompt in enumerate(prompts, 1):
+        if "\0" in prompt or len(prompt) > MAX_PROMPT_CHARACTERS:
+            raise KvvizError(f"{path}: prompt {number} holds a NUL character or is longer than "
+                             f"{MAX_PROMPT_CHARACTERS:,} characters")
+    return prompts

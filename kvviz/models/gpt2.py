@@ -102,12 +102,12 @@ class CausalSelfAttention(nn.Module):
             k, v = kv_cache.update(self.layer_index, positions, k, v)  # (B, nh, S, hs), S = cached + T
             if kv_cache.policy.evicts:  # a sliding window (and sinks): only the positions it keeps
                 y = windowed_attention(q, k, v, positions, kv_cache, probe=probe)
-            elif T == 1:
+            elif T == 1 and positions.dim() == 1:
                 y = F.scaled_dot_product_attention(q, k, v)
-            else:
+            else:  # keys in position order; a batch's rows (positions (B, T)) each up to its own, padded after
                 key_positions = torch.arange(k.shape[2], device=x.device)
-                mask = key_positions[None, :] <= positions[:, None]  # (T, S)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                mask = key_positions <= positions[..., None]  # (T, S), or (B, T, S)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dim() == 2 else mask[:, None])
         if probe is not None and (kv_cache is None or not kv_cache.policy.evicts):  # (a window's: recorded above)
             probe.attended(q, k)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
@@ -190,9 +190,9 @@ class GPT(nn.Module):
         if positions is None:
             start = 0 if kv_cache is None else kv_cache.length
             positions = torch.arange(start, start + T, device=idx.device)
-        if int(positions[-1]) >= self.config.n_ctx:
-            raise ValueError(f"position {int(positions[-1])} is past the context length {self.config.n_ctx}")
-        x = self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C)
+        if int(positions.max()) >= self.config.n_ctx:
+            raise ValueError(f"position {int(positions.max())} is past the context length {self.config.n_ctx}")
+        x = self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C); positions (T,) or (B, T)
         for i, block in enumerate(self.blocks):
             if probe is not None:
                 probe.entering(i)
@@ -203,7 +203,8 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, kv_cache: KVCache | None = None,
                 last_only: bool = False, probe: PassProbe | None = None) -> torch.Tensor:
-        """Logits for `idx` (B, T) at `positions` (T,); with `kv_cache`, attend to cached keys too.
+        """Logits for `idx` (B, T) at `positions` (T,), or (B, T) for rows at different positions; with
+        `kv_cache`, attend to cached keys too.
 
         `last_only` computes logits for the last position alone, which is all decoding needs; `probe`
         counts the K/V rows each layer projects and records what it is asked to.

@@ -146,12 +146,12 @@ class Attention(nn.Module):
         elif kv_cache.policy.evicts:  # a sliding window (and sinks): only the positions it keeps
             y = windowed_attention(q, k, v, positions, kv_cache, self.turned_for_sinks(q_here, positions, kv_cache),
                                    probe)
-        elif T == 1:
+        elif T == 1 and positions.dim() == 1:
             y = F.scaled_dot_product_attention(q, k, v)
-        else:
+        else:  # keys in position order; a batch's rows (positions (B, T)) each up to its own, padded after
             key_positions = torch.arange(k.shape[2], device=x.device)
-            mask = key_positions[None, :] <= positions[:, None]  # (T, S)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            mask = key_positions <= positions[..., None]  # (T, S), or (B, T, S)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dim() == 2 else mask[:, None])
         if probe is not None and (kv_cache is None or not kv_cache.policy.evicts):  # (a window's: recorded above)
             probe.attended(q, k)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * hd)  # (B, T, nh * hd)
@@ -238,10 +238,12 @@ class Llama(nn.Module):
             start = 0 if kv_cache is None else kv_cache.length
             positions = torch.arange(start, start + T, device=idx.device)
         streaming = kv_cache is not None and kv_cache.policy.sinks > 0  # positions count within the cache
-        if int(positions[-1]) >= self.config.n_ctx and not streaming:
-            raise ValueError(f"position {int(positions[-1])} is past the context length {self.config.n_ctx}")
+        if int(positions.max()) >= self.config.n_ctx and not streaming:
+            raise ValueError(f"position {int(positions.max())} is past the context length {self.config.n_ctx}")
         x = self.model.embed_tokens(idx)  # (B, T, C)
-        rope = rope_angles(positions, self.config.head_dim, self.config.rope_theta, x.dtype)  # cos, sin (T, hd)
+        rope = rope_angles(positions.flatten(), self.config.head_dim, self.config.rope_theta, x.dtype)  # (T, hd)
+        if positions.dim() == 2:  # a position per row of a batch: (B, 1, T, hd), every head alike
+            rope = tuple(r.view(B, 1, T, -1) for r in rope)
         for i, layer in enumerate(self.blocks):
             if probe is not None:
                 probe.entering(i)
@@ -252,7 +254,8 @@ class Llama(nn.Module):
 
     def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, kv_cache: KVCache | None = None,
                 last_only: bool = False, probe: PassProbe | None = None) -> torch.Tensor:
-        """Logits (B, T, V) for `idx` (B, T) at `positions` (T,); with `kv_cache`, attend to cached keys too."""
+        """Logits (B, T, V) for `idx` (B, T) at `positions` (T,), or (B, T) for rows at different positions; with
+        `kv_cache`, attend to cached keys too."""
         x = self.hidden_states(idx, positions, kv_cache, last_only, probe)  # (B, T, C)
         return tied_head(x.flatten(0, 1), self.head_weight).view(*x.shape[:2], -1)  # (B, T, V)
 

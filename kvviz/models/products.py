@@ -114,5 +114,20 @@ def tied_head(x: torch.Tensor, wte: torch.Tensor) -> torch.Tensor:
     packed = packed_copy(wte.t())
     if packed is not None:
         return project(x, wte.t(), None, packed)  # (M, V)
-    return project(x, wte.detach().t(), None)  # (M, V): column blocks of a row-major wte (the Llama family's);
-    # one product by the contiguous (C, V) matrix of a column-major one (GPT-2's)
+    weight = wte.detach().t()  # (C, V)
+    if x.shape[0] > 1 and weight.is_contiguous() and x.dtype == torch.float32 and x.device.type == "cpu":
+        return _column_blocks(x, weight)  # (M, V): a batch's rows against a column-major wte (GPT-2's)
+    return project(x, weight, None)  # (M, V): column blocks of a row-major wte (the Llama family's); one
+    # product by the contiguous (C, V) matrix of a column-major one (GPT-2's) for one row
+
+
+def _column_blocks(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`x` (M, in) @ `weight` (in, out), contiguous, as PROJECTION_CHUNKS products of column blocks and one for
+    the columns left over: at a few rows, 2-3 times faster on CPU than one product of a short, wide matrix."""
+    M, (n_in, out_features) = x.shape[0], weight.shape
+    k = PROJECTION_CHUNKS
+    width = out_features // k
+    main = k * width
+    blocks = weight[:, :main].view(n_in, k, width).transpose(0, 1)  # (k, in, out/k), views
+    y = torch.bmm(x.expand(k, *x.shape), blocks).transpose(0, 1).reshape(M, main)  # (M, main)
+    return y if main == out_features else torch.cat((y, x @ weight[:, main:]), dim=1)  # (M, out)

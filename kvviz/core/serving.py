@@ -1,0 +1,160 @@
+"""Serving many requests at once: a prefill pass per request into a paged KV cache (sharing the prefixes it
+already holds), then one decode pass for the whole batch per token, each request at its own position."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+from kvviz.core.batch_records import BatchPlan, BatchRecord, BatchRequestPlan, BlockState
+from kvviz.core.counting import plural
+from kvviz.core.engine import Engine, GenerationError, SamplingSettings
+from kvviz.core.kv_cache import KVCache
+from kvviz.core.paged import PagedCache
+from kvviz.core.records import describe_sampling
+from kvviz.models.probe import PassProbe
+
+__all__ = ["plan_batch", "run_batch", "run_one_at_a_time"]
+
+
+def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | list[int], block_size: int,
+               share_prefixes: bool = True, sampling: SamplingSettings | None = None,
+               texts: list[str] | None = None, model_name: str = "", run_id: int = 0) -> BatchPlan:
+    """Check a batch now (GenerationError) and plan it. `max_new_tokens` is one budget for all, or one each."""
+    sampling = sampling or SamplingSettings()
+    if not prompts:
+        raise GenerationError("a batch needs at least one prompt")
+    if block_size <= 0:
+        raise GenerationError(f"the block size must be a positive number of positions, got {block_size}")
+    budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
+    if len(budgets) != len(prompts):
+        raise GenerationError(f"{len(budgets)} budgets for {len(prompts)} prompts")
+    if engine.policy().evicts:
+        raise GenerationError(f"{engine.model.config.name} has a sliding window; the paged cache keeps every "
+                              "position, so kvviz batch does not run it")
+    requests = []
+    for i, (ids, budget) in enumerate(zip(prompts, budgets, strict=True)):
+        plan = engine.plan(list(ids), budget, sampling=sampling)  # the checks of a single run
+        if len(ids) + budget > engine.n_ctx:
+            raise GenerationError(f"request {i + 1}: {plural(len(ids), 'prompt token')} and {budget} new do not "
+                                  f"fit the model's context of {engine.n_ctx}")
+        text = texts[i] if texts is not None else plan.prompt
+        requests.append(BatchRequestPlan(i, text, plan.prompt_ids, plan.prompt_labels, budget))
+    cfg = engine.model.config
+    bytes_per_position = KVCache.bytes_per_position(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, engine.dtype)
+    num_blocks = sum(-(-r.final_length // block_size) for r in requests)
+    return BatchPlan(tuple(requests), model_name or cfg.name, cfg.n_layer, engine.n_ctx, block_size, num_blocks,
+                     share_prefixes, bytes_per_position,
+                     describe_sampling(sampling.temperature, sampling.top_k, sampling.seed), run_id)
+
+
+def _generator(engine: Engine, sampling: SamplingSettings) -> torch.Generator | None:
+    if sampling.greedy:
+        return None
+    generator = torch.Generator(device=engine.device)
+    if sampling.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(sampling.seed)  # each request draws as its own run with this seed would
+    return generator
+
+
+def run_batch(engine: Engine, plan: BatchPlan, sampling: SamplingSettings | None = None,
+              watch_logits: Callable[[int, torch.Tensor], None] | None = None) -> Iterator[BatchRecord]:
+    """Yield a BatchRecord per forward pass of `plan`. The engine owns the paged cache while the batch runs.
+    `watch_logits(request, logits)` sees the logits (V,) of every choice, before it is made."""
+    sampling = sampling or SamplingSettings()
+    cfg = engine.model.config
+    cache = PagedCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, plan.num_blocks, plan.block_size, engine.dtype,
+                       engine.device, plan.share_prefixes)
+    engine.kv_cache = cache
+    try:
+        yield from _passes(engine, plan, cache, sampling, watch_logits)
+    finally:
+        if engine.kv_cache is cache:
+            engine.kv_cache = None
+
+
+@torch.inference_mode()
+def _passes(engine: Engine, plan: BatchPlan, cache: PagedCache, sampling: SamplingSettings,
+            watch_logits: Callable[[int, torch.Tensor], None] | None) -> Iterator[BatchRecord]:
+    requests = plan.requests
+    tokenizer = engine.tokenizer
+    generators = [_generator(engine, sampling) for _ in requests]
+    outputs: list[list[int]] = [[] for _ in requests]
+    finished = [False] * len(requests)
+    released = [False] * len(requests)
+    step = 0
+
+    def choose(request: int, logits: torch.Tensor) -> int | None:
+        if len(outputs[request]) == requests[request].budget:
+            finished[request] = True  # this pass fed its last token: nothing more to choose
+            return None
+        if watch_logits is not None:
+            watch_logits(request, logits)
+        token, _ = engine.choose(logits, sampling, generators[request], 1)
+        outputs[request].append(token)
+        return token
+
+    def record(rows: list[int], prefill: bool, chosen: list[int | None], computed: int, reused: int,
+               seconds: float) -> BatchRecord:
+        in_use = cache.blocks_in_use()
+        owners = {b: tuple(i for i in sorted(cache.tables) if b in cache.tables[i]) for b in in_use}
+        return BatchRecord(
+            step=step, prefill=prefill, rows=tuple(rows), new_token_ids=tuple(chosen),
+            outputs=tuple(tuple(o) for o in outputs),
+            output_labels=tuple(tuple(tokenizer.token_label(t) for t in o) for o in outputs),
+            lengths=tuple(cache.lengths.get(i, 0) for i in range(len(requests))),
+            tables=tuple(tuple(cache.tables.get(i, ())) for i in range(len(requests))),
+            blocks=tuple(BlockState(b, owners[b], tuple(cache.block_tokens[b]),
+                                    tuple(tokenizer.token_label(t) for t in cache.block_tokens[b])) for b in in_use),
+            free_blocks=tuple(sorted(cache.free)), num_blocks=cache.num_blocks, block_size=cache.block_size,
+            kv_computed=computed, reused_positions=reused, copies=cache.copies,
+            bytes_per_position=cache.bytes_per_position, seconds=seconds, final=all(finished),
+            finished=tuple(finished))
+
+    def forward(rows: list[int], fed: list[list[int]]) -> tuple[torch.Tensor, int]:
+        positions = cache.prepare(rows, fed)  # (T,) for one row, (B, T) for several
+        idx = torch.tensor(fed, dtype=torch.long, device=engine.device)  # (B, T)
+        probe = PassProbe(plan.n_layer, False, engine.before_block)
+        logits = engine.model(idx, positions, cache, last_only=True, probe=probe)[:, -1]  # (B, V)
+        return logits, probe.kv_rows[0]
+
+    for request in requests:  # prefills, one request at a time: each finds the prefixes cached before it
+        started = time.perf_counter()
+        reused = cache.admit(request.index, list(request.prompt_ids))
+        logits, computed = forward([request.index], [list(request.prompt_ids[reused:])])
+        token = choose(request.index, logits[0])
+        yield record([request.index], True, [token], computed, reused, time.perf_counter() - started)
+        step += 1
+    while not all(finished):
+        for i in range(len(requests)):
+            if finished[i] and not released[i]:
+                cache.release(i)  # its blocks go back to the free list (or stay, for the requests sharing them)
+                released[i] = True
+        rows = [i for i in range(len(requests)) if not finished[i]]
+        started = time.perf_counter()
+        logits, computed = forward(rows, [[outputs[i][-1]] for i in rows])
+        chosen = [choose(i, logits[n]) for n, i in enumerate(rows)]
+        yield record(rows, False, chosen, computed, 0, time.perf_counter() - started)
+        step += 1
+
+
+def run_one_at_a_time(engine: Engine, plan: BatchPlan, sampling: SamplingSettings | None = None,
+                      watch_logits: Callable[[int, torch.Tensor], None] | None = None
+                      ) -> tuple[list[list[int]], float]:
+    """The same requests as separate cached runs, one after another (the engine's own decode): their tokens and
+    the seconds their passes took."""
+    outputs, seconds = [], 0.0
+    for request in plan.requests:
+        run_plan = engine.plan(list(request.prompt_ids), request.budget, sampling=sampling)
+        watch = None if watch_logits is None else (lambda logits, i=request.index: watch_logits(i, logits))
+        ids = []
+        for step in engine.run(run_plan, sampling, top_candidates=1, watch_logits=watch):
+            seconds += step.seconds
+            if step.token_id is not None:
+                ids.append(step.token_id)
+        outputs.append(ids)
+    return outputs, seconds
