@@ -133,3 +133,28 @@ class BatchRecord:
     @property
     def paged_fragmentation_bytes(self) -> int:
         return self.paged_bytes - self.filled_bytes
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """What the app's serving view asks the worker to run; `run_id` tags the plan and every record."""
+
+    run_id: int
+    prompts: tuple[str, ...]
+    new_tokens: int = 16
+    block_size: int = 8
+    share_prefixes: bool = True
+
+
+@dataclass(frozen=True)
+class BatchSpeed:
+    """A batch's measured throughput against the same requests one at a time (fastest of `turns` each)."""
+
+    requests: int
+    tokens_per_second: float
+    sequential_tokens_per_second: float
+    turns: int
+
+    @property
+    def speedup(self) -> float:
+        return self.tokens_per_second / self.sequential_tokens_per_second

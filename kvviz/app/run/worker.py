@@ -114,6 +114,10 @@ class GenerationWorker(QObject):
     step_computed = Signal(int, object)  # run_id, StepRecord
     run_finished = Signal(int, object)  # run_id, final StepRecord
     playing_changed = Signal(bool)
+    batch_started = Signal(object)  # BatchPlan (its run_id is the request's)
+    batch_failed = Signal(int, str)  # run_id, one-sentence message
+    batch_computed = Signal(int, object)  # run_id, BatchRecord
+    batch_measured = Signal(int, object)  # run_id, BatchSpeed
 
     def __init__(self) -> None:
         super().__init__()
@@ -122,6 +126,7 @@ class GenerationWorker(QObject):
         self._engine: Engine | None = None
         self._loaded = None  # kvviz.sources.weights.LoadedModel
         self._run: Run | None = None  # the run being stepped, until its last pass
+        self._batch = None  # (BatchPlan, its records' iterator) of the serving view, until its last pass
         self._interval_ms = 0
         self._play_timer = QTimer(self)
         self._play_timer.setSingleShot(True)
@@ -176,6 +181,7 @@ class GenerationWorker(QObject):
         self._release_model()
         self._engine, self._loaded = engine, loaded
         self._run = None
+        self._batch = None
         engine.before_block = self._check_abort
         config = loaded.config
         self.model_loaded.emit(source, ModelInfo(
@@ -246,6 +252,71 @@ class GenerationWorker(QObject):
             self._set_playing(False)
             self.run_finished.emit(run_id, passes[-1])
 
+    # ----- a batch (the serving view) -----
+    @Slot(object)
+    def start_batch(self, request) -> None:
+        """Plan a batch of kvviz.core.batch_records.BatchRequest; no pass happens until `step_batch`."""
+        self._batch = None
+        if self._engine is None:
+            self.batch_failed.emit(request.run_id, "No model is loaded yet.")
+            return
+        from kvviz.core.engine import GenerationError
+        from kvviz.core.serving import plan_batch, run_batch
+
+        engine = self._engine
+        try:
+            ids = [engine.encode_prompt(p) for p in request.prompts]
+            plan = plan_batch(engine, ids, request.new_tokens, request.block_size, request.share_prefixes,
+                              texts=list(request.prompts), model_name=self._loaded.name, run_id=request.run_id)
+        except GenerationError as exc:
+            self.batch_failed.emit(request.run_id, as_sentence(first_line(exc)))
+            return
+        self._batch = (plan, run_batch(engine, plan))
+        self.batch_started.emit(plan)
+
+    @Slot()
+    def step_batch(self) -> None:
+        """One pass of the batch: a request's prefill, or a decode step of all; after the last, its speed."""
+        if self._batch is None:
+            return
+        plan, records = self._batch
+        try:
+            record = next(records)
+        except StopIteration:
+            self._batch = None
+            return
+        except StepAborted:
+            self._batch = None
+            return
+        except Exception as exc:
+            self._batch = None
+            self.batch_failed.emit(plan.run_id, describe_run_error(plan.model_name, exc))
+            return
+        self.batch_computed.emit(plan.run_id, record)
+        if record.final:
+            self._batch = None
+            self._measure_batch(plan)
+
+    def _measure_batch(self, plan, turns: int = 2) -> None:
+        """Time the batch and its requests one at a time, taking turns, the fastest of each (not while stepping:
+        a click's wait is no pass's time)."""
+        from kvviz.core.batch_records import BatchSpeed
+        from kvviz.core.serving import run_batch, run_one_at_a_time
+
+        tokens = sum(r.budget for r in plan.requests)
+        batched = sequential = float("inf")
+        try:
+            for _ in range(turns):
+                sequential = min(sequential, run_one_at_a_time(self._engine, plan)[1])
+                batched = min(batched, sum(r.seconds for r in run_batch(self._engine, plan)))
+        except StepAborted:
+            return
+        except Exception as exc:
+            self.batch_failed.emit(plan.run_id, describe_run_error(plan.model_name, exc))
+            return
+        self.batch_measured.emit(plan.run_id, BatchSpeed(len(plan.requests), tokens / batched, tokens / sequential,
+                                                         turns))
+
     @Slot(int)
     def play(self, interval_ms: int) -> None:
         self._interval_ms = max(0, interval_ms)
@@ -284,6 +355,7 @@ class GenerationWorker(QObject):
         self._set_playing(False)
         self._release_model()
         self._run = None
+        self._batch = None
         self._engine = None
         self._loaded = None
 
@@ -298,6 +370,8 @@ class WorkerController(QObject):
     pause_requested = Signal()
     interval_changed = Signal(int)
     shutdown_requested = Signal()
+    batch_requested = Signal(object)  # BatchRequest
+    batch_step_requested = Signal()
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -314,6 +388,8 @@ class WorkerController(QObject):
         self.pause_requested.connect(self.worker.pause)
         self.interval_changed.connect(self.worker.set_interval)
         self.shutdown_requested.connect(self.worker.shut_down)
+        self.batch_requested.connect(self.worker.start_batch)
+        self.batch_step_requested.connect(self.worker.step_batch)
         self.thread.started.connect(self.worker.prepare_thread)
         self.thread.finished.connect(self.worker.deleteLater)
         _THREADS.add(self.thread)
@@ -328,6 +404,13 @@ class WorkerController(QObject):
 
     def step(self) -> None:
         self.step_requested.emit()
+
+    def start_batch(self, request) -> None:
+        self.worker.abort.clear()
+        self.batch_requested.emit(request)
+
+    def step_batch(self) -> None:
+        self.batch_step_requested.emit()
 
     def play(self, interval_ms: int) -> None:
         self.play_requested.emit(interval_ms)

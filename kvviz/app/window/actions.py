@@ -55,6 +55,7 @@ ACTIONS = (
     ActionSpec("memory", "&View", "&Memory of the KV cache", ("M",), checkable=True),
     ActionSpec("attention", "&View", "&Attention of the newest token", ("A",), checkable=True),
     ActionSpec("heads", "&View", "&Heads of the selected layer (or double-click a grid row)", ("H",)),
+    ActionSpec("serving", "&View", "Ser&ving: several prompts from a paged KV cache", ("Shift+B",), checkable=True),
     ActionSpec("speed", "&View", "&Speed of a token step, measured against the length", ("S",)),
     ActionSpec("presenter", "&View", "&Presenter mode", ("F11",), checkable=True, separator_before=True),
     ActionSpec("colour_blind", "&View", "&Colour-blind patterns", ("B",), checkable=True),

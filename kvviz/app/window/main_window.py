@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QMainWindow, QWidget
 from kvviz.app import theme
 from kvviz.app.lesson.mode import LessonMode
 from kvviz.app.lesson.panel import LessonPanel
+from kvviz.app.run.batch_session import BatchSession
 from kvviz.app.run.loading import LoadingIndicator
 from kvviz.app.run.precision import PrecisionMenu
 from kvviz.app.run.redraw import Painter, RedrawScheduler
@@ -25,6 +26,7 @@ from kvviz.app.window.controls import RunControls
 from kvviz.app.window.dialogs import AboutDialog, ShortcutsDialog, show_error
 from kvviz.app.window.model_picker import ModelPicker
 from kvviz.app.window.presentation import Presentation, fit_to_screen
+from kvviz.app.window.serving_mode import ServingMode
 from kvviz.app.window.speed_panel import SpeedPanel
 from kvviz.app.window.window_state import restore_window, save_window
 from kvviz.app.window.workspace import Workspace
@@ -77,6 +79,9 @@ class MainWindow(QMainWindow):
         self.speed = SpeedPanel(self)  # View > Speed: the sweep runs in a process of its own
         self.presentation = Presentation(self, (*views, self.lesson_panel, self.speed.view), chrome)
         self.lesson = LessonMode(self, self.lesson_panel, lesson)
+        self.serving = ServingMode(self, self.workspace, BatchSession(self.session.controller, self),
+                                   self.banner.say, self.controls.set_state)  # View > Serving: a batch, paged
+        self.presentation.add_view(self.workspace.serving)
         self.copier = ImageCopier(self, self.workspace)  # Ctrl+Shift+C, and "Copy image" on the plots
         self.actions = build_actions(self, self._action_slots())
         self.session.dtype = self.settings.dtype
@@ -103,10 +108,10 @@ class MainWindow(QMainWindow):
         s.run_finished.connect(self._on_run_finished)
         s.run_failed.connect(lambda message: self.banner.say(message, alert=True))
         s.playing_changed.connect(self._on_playing_changed)
-        s.state_changed.connect(lambda: c.set_state(s.can_step, s.playing, s.can_reset))
-        c.step_clicked.connect(s.step)
+        s.state_changed.connect(self._show_run_state)
+        c.step_clicked.connect(lambda: self.serving.step() if self.serving.active else s.step())
         c.play_clicked.connect(self.toggle_play)
-        c.reset_clicked.connect(self.reset_run)
+        c.reset_clicked.connect(lambda: self.serving.run() if self.serving.active else self.reset_run())
         c.prompt_entered.connect(self._on_prompt_entered)
         c.request_changed.connect(lambda: self.reset_run(replay_to=s.steps_target))
         c.speed_changed.connect(self._on_speed_changed)
@@ -126,8 +131,11 @@ class MainWindow(QMainWindow):
             "open_folder": lambda: self.picker.open_checkpoint(True),
             "choose_model": self.picker.pop_up, "export": self.export, "quit": self.close,
             "copy_image": self.copier.copy_chart,
-            "step": s.step, "play": self.toggle_play, "faster": lambda: c.change_speed(+1),
-            "slower": lambda: c.change_speed(-1), "reset": self.reset_run, "toggle_cache": c.cache_check.toggle,
+            "step": lambda: self.serving.step() if self.serving.active else s.step(), "play": self.toggle_play,
+            "faster": lambda: c.change_speed(+1),
+            "slower": lambda: c.change_speed(-1),
+            "reset": lambda: self.serving.run() if self.serving.active else self.reset_run(),
+            "toggle_cache": c.cache_check.toggle,
             "edit_prompt": c.focus_prompt, "escape": self.escape, "presenter": p.set_presenter,
             "lesson": self.lesson.set_active, "lesson_sharing": lambda: self.lesson.switch("kv-sharing"),
             "lesson_next": self.lesson.next, "lesson_back": self.lesson.back,
@@ -137,6 +145,7 @@ class MainWindow(QMainWindow):
             "attention": lambda on: (self.run_view.show_attention(on), c.set_attention(on)),
             "heads": lambda: self.grid.toggle_heads(),
             "speed": lambda: self.show_speed(),
+            "serving": self.serving_toggled,
             "theme_dark": lambda on: on and self.set_theme("dark"),
             "theme_light": lambda on: on and self.set_theme("light"),
             "zoom_in": lambda: p.step_zoom(+1),
@@ -196,7 +205,24 @@ class MainWindow(QMainWindow):
         self.session.start_run(self.controls.request(), replay_to)
 
     def toggle_play(self) -> None:
-        self.session.toggle_play(self.controls.interval_ms())
+        if self.serving.active:
+            self.serving.toggle_play(self.controls.interval_ms())
+        else:
+            self.session.toggle_play(self.controls.interval_ms())
+
+    def serving_toggled(self, on: bool) -> None:
+        """View > Serving: the batch of prompts in place of the run's views; the run pauses meanwhile."""
+        if on:
+            self.session.pause()
+        self.serving.set_active(on)
+        if not on:
+            self._show_run_state()
+
+    def _show_run_state(self) -> None:
+        """The run controls' Step, Play and Reset as the single run allows (serving mode shows the batch's)."""
+        s = self.session
+        if not self.serving.active:
+            self.controls.set_state(s.can_step, s.playing, s.can_reset)
 
     def _on_run_started(self, plan: RunPlan) -> None:
         self.banner.say("")
@@ -284,6 +310,9 @@ class MainWindow(QMainWindow):
         return self.workspace.export_targets()
 
     def export(self) -> None:
+        if self.serving.active:
+            self.serving.export(self.status)
+            return
         from kvviz.app.export import export_from_window
 
         export_from_window(self, self.session, self.status, self.export_targets, self.controls.prompt_edit.text(),

@@ -58,6 +58,11 @@ class Presentation(QObject):
         self.presenter = False
         self._zoom_before_presenter = 1.0
 
+    def add_view(self, view: RunViewProtocol) -> None:
+        """A view made after the window's: it takes the zoom and the theme from now on, and the present ones now."""
+        self._views.append(view)
+        view.set_font_scale(self.zoom)
+
     @property
     def remembered_zoom(self) -> float:
         """The windowed zoom (presenter mode's own zoom is not remembered)."""

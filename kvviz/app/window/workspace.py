@@ -14,6 +14,7 @@ from kvviz.app.views.on_demand import OnDemandView
 from kvviz.app.views.run_view import RunView
 from kvviz.app.window.banner import Banner
 from kvviz.app.window.controls import RunControls
+from kvviz.app.window.serving_page import ServingPage
 
 
 class Workspace(QWidget):
@@ -34,6 +35,10 @@ class Workspace(QWidget):
         self.run_view = RunView()
         self._compare = OnDemandView(lambda: self._lay_out(CompareView(), self._panels_layout, 1))
         self._memory = OnDemandView(self._build_memory)
+        self.serving: OnDemandView[ServingPage] = OnDemandView(
+            lambda: self._lay_out(ServingPage(), self._panels_layout, -1))
+        self._serving_shown = False
+        self._before_serving: QWidget | None = None  # the run's view or compare mode's, hidden while serving
         self._memory_scroll: QScrollArea | None = None
         self._lesson_panel = lesson_panel
         for panel in (self._compare, self._memory):
@@ -107,8 +112,29 @@ class Workspace(QWidget):
             scroll.setVisible(on)
             self._lesson_panel.set_columns_beside(scroll.minimumWidth() + self._beside.spacing() if on else 0)
 
+    @property
+    def serving_shown(self) -> bool:
+        return self._serving_shown
+
+    def show_serving(self, on: bool) -> None:
+        """View > Serving: the serving page in place of the run's views (or compare mode's), and back."""
+        if on == self._serving_shown:
+            return
+        self._serving_shown = on
+        page = self.serving.get()
+        if on:
+            self._before_serving = self.compare_view if self.comparing else self.run_view
+            self._before_serving.hide()
+            page.show()
+        else:
+            page.hide()
+            (self._before_serving or self.run_view).show()
+
     def show_compare(self, comparing: bool) -> None:
         """Show compare mode's view, or the single run's; the keyboard focus follows if it was in the other."""
+        if self._serving_shown:  # the run's views come back as the run left them
+            self._before_serving = self.compare_view if comparing else self.run_view
+            return
         if comparing == self.comparing:
             return
         leaving = self.run_view if comparing else self.compare_view
@@ -121,12 +147,18 @@ class Workspace(QWidget):
 
     def focus_grid(self) -> None:
         """Keyboard focus on the shown K/V grid (keys step the run, none of them types)."""
+        if self._serving_shown:
+            self.serving.get().view.pool.setFocus()
+            return
         grid = self.compare_view.cached_grid if self.comparing else self.run_view.grid
         grid.plot_widget.setFocus()
 
     def export_targets(self) -> dict[str, QWidget]:
         """What File > Export... can render: the chart, the grid, the whole view and, with View > Attention
         open, the attention strip; in compare mode the compare view and its two grids."""
+        if self._serving_shown:
+            view = self.serving.get().view
+            return {"serving": view, "pool": view.pool, "serving_chart": view.chart}
         if self.comparing:
             compare = self.compare_view
             return {"compare": compare, "cached_grid": compare.cached_grid, "uncached_grid": compare.uncached_grid}

@@ -1,0 +1,155 @@
+"""The block pool as a grid of blocks: each block filled in its requests' colours (a band each when shared, with
+the reference count on it), free blocks as empty outlines; its tooltip names the block's tokens and owners."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QFont, QHelpEvent, QPainter, QPaintEvent, QPen
+from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
+
+from kvviz.app import theme as themes
+from kvviz.app.theme import Theme
+from kvviz.app.views.serving.pool_state import BlockCell, block_tooltip
+
+CELL = 40  # pixels a side at zoom 1, at least
+MAX_CELL = 84  # and at most: blocks grow with the widget's width up to this
+COLUMNS = 8  # blocks to a row when the width allows
+GAP = 6
+
+
+def request_colours(theme: Theme) -> tuple[str, ...]:
+    """One colour a request, told apart from each other in both themes (cycled past the last)."""
+    return (theme.teal, theme.amber, *theme.series[:1], *theme.series[2:])
+
+
+def _luminance(colour: str) -> float:
+    c = QColor(colour)
+    return 0.299 * c.red() + 0.587 * c.green() + 0.114 * c.blue()
+
+
+def text_on(colour: str, theme: Theme) -> QColor:
+    """The theme's dark text (the newest chip's) or its lightest colour, whichever reads on `colour`."""
+    light = max(theme.foreground, theme.background, key=_luminance)
+    return QColor(theme.on_amber if _luminance(colour) > 140 else light)
+
+
+class BlockPool(QWidget):
+    """The pool's blocks in rows as wide as the widget allows; `show_cells(cells, block_size)` draws a pass."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("blockPool")
+        self.cells: list[BlockCell] = []
+        self.block_size = 1
+        self._scale = 1.0
+        self._theme = themes.current()
+        self.setMouseTracking(True)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # the keys step the batch; none of them types
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+
+    def show_cells(self, cells: list[BlockCell], block_size: int) -> None:
+        resized = len(cells) != len(self.cells)
+        self.cells, self.block_size = cells, block_size
+        if resized:
+            self.updateGeometry()
+        self.update()
+
+    def set_font_scale(self, scale: float) -> None:
+        self._scale = scale
+        self.updateGeometry()
+        self.update()
+
+    def set_theme(self, theme: Theme) -> None:
+        self._theme = theme
+        self.update()
+
+    def _side(self, width: int | None = None) -> float:
+        """A block's side: COLUMNS to a row of the widget's width, between the zoomed CELL and MAX_CELL."""
+        width = self.width() if width is None else width
+        fitted = (width + GAP) / COLUMNS - GAP
+        return max(CELL * self._scale, min(MAX_CELL * self._scale, fitted))
+
+    def _columns(self, width: int | None = None) -> int:
+        pitch = self._side(width) + GAP
+        return max(1, int(((width if width is not None else self.width()) + GAP) // pitch))
+
+    def hasHeightForWidth(self) -> bool:
+        return True
+
+    def heightForWidth(self, width: int) -> int:
+        rows = -(-max(1, len(self.cells)) // self._columns(width))
+        return int(rows * (self._side(width) + GAP))
+
+    def sizeHint(self) -> QSize:
+        width = int(COLUMNS * (CELL * self._scale + GAP))
+        return QSize(width, self.heightForWidth(width))
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(int(4 * (CELL * self._scale + GAP)), int(CELL * self._scale + GAP))
+
+    def cell_rect(self, index: int) -> QRectF:
+        columns, pitch = self._columns(), self._side() + GAP
+        row, column = divmod(index, columns)
+        return QRectF(column * pitch, row * pitch, self._side(), self._side())
+
+    def cell_at(self, point: QPointF) -> BlockCell | None:
+        for i, cell in enumerate(self.cells):
+            if self.cell_rect(i).contains(point):
+                return cell
+        return None
+
+    def event(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.ToolTip and isinstance(event, QHelpEvent):
+            cell = self.cell_at(QPointF(event.pos()))
+            if cell is None:
+                QToolTip.hideText()
+            else:
+                QToolTip.showText(event.globalPos(), block_tooltip(cell, self.block_size), self)
+            return True
+        return super().event(event)
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        t = self._theme
+        colours = request_colours(t)
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.fillRect(self.rect(), QColor(t.background))
+        small = QFont(self.font())
+        small.setPointSizeF(max(6.0, 7.5 * self._scale))
+        big = QFont(self.font())
+        big.setPointSizeF(max(8.0, 12.0 * self._scale))
+        big.setBold(True)
+        for i, cell in enumerate(self.cells):
+            rect = self.cell_rect(i)
+            if cell.free:
+                painter.setPen(QPen(QColor(t.border_strong), 1.5, Qt.PenStyle.DashLine))
+                painter.setBrush(QColor(t.empty))
+                painter.drawRoundedRect(rect, 4, 4)
+                painter.setPen(QColor(t.muted))
+                painter.setFont(small)
+                painter.drawText(rect.adjusted(4, 2, -2, -2), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
+                                 str(cell.block))
+                continue
+            painter.setPen(Qt.PenStyle.NoPen)
+            band = rect.width() / len(cell.owners)
+            for n, owner in enumerate(cell.owners):  # a band per request that references it
+                painter.setBrush(QColor(colours[owner % len(colours)]))
+                painter.drawRect(QRectF(rect.left() + n * band, rect.top(), band, rect.height()))
+            unfilled = 1 - cell.filled / self.block_size  # the empty tail of a block: internal fragmentation
+            if unfilled > 0:
+                tail = QColor(t.background)
+                tail.setAlpha(150)
+                painter.setBrush(tail)
+                painter.drawRect(QRectF(rect.left(), rect.bottom() - rect.height() * unfilled, rect.width(),
+                                        rect.height() * unfilled))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.setPen(QPen(QColor(t.foreground if cell.shared else t.background), 3 if cell.shared else 1))
+            painter.drawRoundedRect(rect, 4, 4)
+            painter.setPen(text_on(colours[cell.owners[0] % len(colours)], t))
+            painter.setFont(small)
+            painter.drawText(rect.adjusted(4, 2, -2, -2), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
+                             str(cell.block))
+            if cell.shared:
+                painter.setFont(big)
+                painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, f"\u00d7{len(cell.owners)}")
+        painter.end()

@@ -1,0 +1,45 @@
+"""View > Serving: a batch of four prompts sharing a system prompt, stepped by the clicker's key in the window,
+its pool drawn as the hand count says, its speed measured after the last pass, exported as an image."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QImage
+
+
+def test_the_serving_view_steps_a_shared_prefix_batch_by_clicker_and_exports(window, qtbot, tmp_path, monkeypatch):
+    from kvviz.app.export import export_widget
+    from kvviz.app.views.serving.pool_state import block_tooltip
+
+    qtbot.keyClick(window, Qt.Key.Key_B, Qt.KeyboardModifier.ShiftModifier)  # View > Serving
+    mode = window.serving
+    qtbot.waitUntil(lambda: mode.batch.plan is not None, timeout=30_000)
+    plan = mode.batch.plan
+    assert len(plan.requests) == 4 and plan.block_size == 8
+    with qtbot.waitSignal(mode.batch.measured, timeout=60_000) as measured:
+        for n in range(plan.passes):
+            qtbot.keyClick(window, Qt.Key.Key_PageDown)  # a presenter's clicker
+            qtbot.waitUntil(lambda n=n: len(mode.batch.records) > n, timeout=30_000)
+    record = mode.batch.records[-1]
+    assert record.final and all(len(out) == 16 for out in record.outputs)
+    ids = [r.prompt_ids for r in plan.requests]
+    common = next(n for n in range(min(map(len, ids))) if len({i[n] for i in ids}) > 1)
+    view = window.workspace.serving.get().view
+    shared = [cell for cell in view.pool.cells if cell.shared]
+    assert [cell.owners for cell in shared] == [(0, 1, 2, 3)] * (common // 8)  # the system prompt, stored once
+    assert sum(cell.free for cell in view.pool.cells) == plan.num_blocks - record.blocks_used
+    assert block_tooltip(shared[0], 8).startswith("Block 0: positions 0\u20137, 8 of 8 slots filled, shared by "
+                                                  "R1, R2, R3, R4 (4 references; stored once)")
+    assert f"{measured.args[0].speedup:.2f}\u00d7" in view.speed_line.text()
+    image = QImage(str(export_widget(view, tmp_path / "serving.png", 1280)))
+    assert image.width() == 1280
+
+    errors = []
+    monkeypatch.setattr("kvviz.app.window.serving_page.show_error", lambda parent, title, text: errors.append(text))
+    window.workspace.serving.get().prompts.setPlainText("\n   \n")
+    qtbot.keyClick(window, Qt.Key.Key_R)  # run the batch again: there is no prompt
+    assert errors == ["Type at least one prompt, one per line, or open a prompts file."]
+    assert mode.batch.records[-1] is record  # the batch shown stays
+
+    qtbot.keyClick(window, Qt.Key.Key_B, Qt.KeyboardModifier.ShiftModifier)
+    assert window.run_view.isVisible() and not window.workspace.serving.get().isVisible()
