@@ -44,7 +44,7 @@ class ServingPage(QWidget):
         self.prompts.setObjectName("servingPrompts")
         self.prompts.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         self.prompts.setToolTip("One request's prompt per line (blank lines are skipped); Ctrl+Enter runs them")
-        self.prompts.setFixedHeight(QFontMetrics(self.prompts.font()).lineSpacing() * 4 + 14)
+        self.prompts.setFixedHeight(QFontMetrics(self.prompts.font()).lineSpacing() * 3 + 14)
         self.open_button = QPushButton("Open prompts file\u2026")
         self.block_size = QSpinBox()
         self.block_size.setRange(1, 256)

@@ -12,7 +12,7 @@ from kvviz.app.theme import Theme
 from kvviz.app.views.serving.pool_state import BlockCell, block_tooltip
 
 CELL = 40  # pixels a side at zoom 1, at least
-MAX_CELL = 84  # and at most: blocks grow with the widget's width up to this
+MAX_CELL = 72  # and at most: blocks grow with the widget's width up to this
 COLUMNS = 8  # blocks to a row when the width allows
 GAP = 6
 
@@ -51,12 +51,12 @@ class BlockPool(QWidget):
         resized = len(cells) != len(self.cells)
         self.cells, self.block_size = cells, block_size
         if resized:
-            self.updateGeometry()
+            self.setMinimumHeight(self.heightForWidth(self.width()))
         self.update()
 
     def set_font_scale(self, scale: float) -> None:
         self._scale = scale
-        self.updateGeometry()
+        self.setMinimumHeight(self.heightForWidth(self.width()))
         self.update()
 
     def set_theme(self, theme: Theme) -> None:
@@ -73,12 +73,15 @@ class BlockPool(QWidget):
         pitch = self._side(width) + GAP
         return max(1, int(((width if width is not None else self.width()) + GAP) // pitch))
 
-    def hasHeightForWidth(self) -> bool:
-        return True
-
     def heightForWidth(self, width: int) -> int:
         rows = -(-max(1, len(self.cells)) // self._columns(width))
         return int(rows * (self._side(width) + GAP))
+
+    def resizeEvent(self, event) -> None:
+        # Its height follows its width, as a minimum: a layout asked for a height for width (a scroll area's)
+        # would give every other widget its preferred height too, and scroll on a 720p screen.
+        self.setMinimumHeight(self.heightForWidth(self.width()))
+        super().resizeEvent(event)
 
     def sizeHint(self) -> QSize:
         width = int(COLUMNS * (CELL * self._scale + GAP))

@@ -4,7 +4,7 @@ buffer per request at the longest length (reserved from the start) and the bytes
 from __future__ import annotations
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QFont
 
 from kvviz.app import theme as themes
@@ -22,7 +22,7 @@ class ServingChart(pg.PlotWidget):
     def __init__(self) -> None:
         super().__init__()
         self.setObjectName("servingChart")
-        self.setMinimumHeight(180)
+        self.setMinimumHeight(150)
         self.setMenuEnabled(False)
         self.setMouseEnabled(x=False, y=False)
         self.hideButtons()
@@ -30,7 +30,8 @@ class ServingChart(pg.PlotWidget):
         self._scale = 1.0
         self._plan: BatchPlan | None = None
         self.curves = {key: self.plot([], [], name=label) for key, label in LINES}
-        self.legend = self.addLegend(offset=(10, 10))
+        self.legend = self.addLegend(offset=(10, 5))
+        self.legend.setColumnCount(3)  # one row over the lines, in the room the y range leaves above them
         for key, label in LINES:
             self.legend.addItem(self.curves[key], label)
         self._style()
@@ -47,7 +48,7 @@ class ServingChart(pg.PlotWidget):
         size = f"{max(8, round(10 * scale))}pt"
         plot.setLabel("left", "KV cache (MiB)", color=t.muted, size=size)
         plot.setLabel("bottom", "pass", color=t.muted, size=size)
-        plot.setTitle("Memory: paged against one contiguous buffer per request", color=t.foreground,
+        plot.setTitle("KV cache memory: paged against contiguous", color=t.foreground,
                       size=f"{max(9, round(12 * scale))}pt")
         pens = {"contiguous": pg.mkPen(t.alert, width=2.5, style=Qt.PenStyle.DashLine),
                 "used": pg.mkPen(t.muted, width=2, style=Qt.PenStyle.DotLine), "paged": pg.mkPen(t.teal, width=3)}
@@ -61,12 +62,15 @@ class ServingChart(pg.PlotWidget):
         for _sample, label in self.legend.items:
             label.setText(label.text, size=size, color=t.foreground)
 
+    def sizeHint(self) -> QSize:
+        return QSize(600, self.minimumHeight())  # it takes what room is left: the page fits a 720p screen
+
     def reset(self, plan: BatchPlan) -> None:
         self._plan = plan
         for curve in self.curves.values():
             curve.setData([], [])
         self.setXRange(0.5, plan.passes + 0.5, padding=0)
-        self.setYRange(0, plan.contiguous_reserved_bytes / MIB * 1.15, padding=0)
+        self.setYRange(0, plan.contiguous_reserved_bytes / MIB * 1.4, padding=0)
 
     def show(self, records: list[BatchRecord]) -> None:
         if self._plan is None:

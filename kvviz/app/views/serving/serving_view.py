@@ -17,7 +17,7 @@ from kvviz.app.views.serving.serving_chart import ServingChart
 from kvviz.core.batch_records import BatchPlan, BatchRecord, BatchSpeed
 from kvviz.core.counting import plural
 
-TEXT_TAIL = 48  # characters of a prompt's end shown beside its table
+TEXT_TAIL = 36  # characters of a prompt's end, and of its text so far, shown under its table
 
 
 class ServingView(QWidget):
@@ -48,24 +48,24 @@ class ServingView(QWidget):
         self.chart = ServingChart()
         self.speed_line = QLabel("")
         self.speed_line.setWordWrap(True)
-        left = QVBoxLayout()
+        left = QVBoxLayout()  # the pool; beside it the tables over the chart, so that all fits a 720p screen
         left.addWidget(self.pool_title)
-        left.addWidget(self.pool, 1)
+        left.addWidget(self.pool)
+        left.addStretch(1)
         right = QVBoxLayout()
         right.addWidget(self.tables_title)
         right.addLayout(self.tables)
-        right.addStretch(1)
-        top = QHBoxLayout()
-        top.addLayout(left, 3)
-        top.addSpacing(12)
-        top.addLayout(right, 4)
+        right.addWidget(self.chart, 1)
+        right.addWidget(self.speed_line)
+        columns = QHBoxLayout()
+        columns.addLayout(left, 4)
+        columns.addSpacing(12)
+        columns.addLayout(right, 5)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.addWidget(self.heading)
         layout.addWidget(self.summary)
-        layout.addLayout(top, 3)
-        layout.addWidget(self.chart, 2)
-        layout.addWidget(self.speed_line)
+        layout.addLayout(columns, 1)
         self._style()
 
     # ----- the view protocol -----
@@ -77,7 +77,6 @@ class ServingView(QWidget):
         self.table_labels = []
         for i in range(len(plan.requests)):
             name, table = QLabel(), QLabel()
-            table.setWordWrap(True)
             self.tables.addWidget(name, i, 0)
             self.tables.addWidget(table, i, 1)
             self.table_labels.append((name, table))
@@ -155,7 +154,8 @@ class ServingView(QWidget):
             prompt = request.prompt.replace("\n", " ")
             tail = html.escape(("\u2026" + prompt[-TEXT_TAIL:]) if len(prompt) > TEXT_TAIL else prompt)
             out = record.output_labels[request.index] if record is not None else ()
-            generated = html.escape("".join(out).replace("\n", "\u21b5"))
+            made = "".join(out).replace("\n", "\u21b5")
+            generated = html.escape(("\u2026" + made[-TEXT_TAIL:]) if len(made) > TEXT_TAIL else made)
             length = record.lengths[request.index] if record is not None else 0
             table.setText(f"[{cells}] <span style='color:{t.muted}'>{plural(length, 'position')}</span><br>"
                           f"<span style='color:{t.muted}'>\u201c{tail}\u201d</span> "
