@@ -43,3 +43,29 @@ def test_the_serving_view_steps_a_shared_prefix_batch_by_clicker_and_exports(win
 
     qtbot.keyClick(window, Qt.Key.Key_B, Qt.KeyboardModifier.ShiftModifier)
     assert window.run_view.isVisible() and not window.workspace.serving.get().isVisible()
+
+
+def test_the_paging_lesson_reveals_the_blocks_measured_and_leaving_it_brings_the_run_back(qtbot, app_model):
+    from kvviz.app.settings import app_settings
+    from kvviz.app.window.main_window import MainWindow
+
+    win = MainWindow(app_model, "hello", settings=app_settings(), lesson="kv-paging")
+    qtbot.addWidget(win)
+    win.show()
+    try:
+        qtbot.waitUntil(lambda: win.lesson.ready, timeout=60_000)
+        assert win.serving.active and win.workspace.serving.get().isVisible()
+        assert win.serving.batch.records == []  # the question: before the first pass
+        qtbot.keyClick(win, Qt.Key.Key_PageDown)  # the answer: the batch runs to its end
+        qtbot.waitUntil(lambda: win.lesson.ready, timeout=60_000)
+        assert win.lesson.measured == win.serving.batch.records[-1].blocks_used == 18
+        qtbot.keyClick(win, Qt.Key.Key_PageDown)  # step 2: two prefills
+        qtbot.waitUntil(lambda: win.lesson.ready, timeout=60_000)
+        assert [r.prefill for r in win.serving.batch.records] == [True, True]
+        assert win.serving.batch.records[-1].reused_positions == 48
+        qtbot.keyClick(win, Qt.Key.Key_Escape)
+        qtbot.waitUntil(lambda: not win.lesson.active and win.session.plan is not None
+                        and win.session.plan.prompt == "hello", timeout=60_000)
+        assert not win.serving.active and win.run_view.isVisible()
+    finally:
+        win.close()

@@ -114,3 +114,21 @@ def test_a_bad_batch_is_one_line_and_status_2(kvviz_cli, tmp_path, args, message
     done = kvviz_cli("batch", *[a.format(empty=empty) for a in args])
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.splitlines()) == 1 and message.format(empty=empty) in done.stderr
+
+
+def test_the_paging_lesson_answers_the_blocks_four_requests_hold_by_hand_count(kvviz_cli, tmp_path):
+    """kv-paging: four prompts of 53, 53, 54 and 53 tokens sharing a 48-token system prompt, 16 new tokens each,
+    blocks of 8: 9 blocks each alone (36), and the 6 blocks of the system prompt stored once: 36 - 3 x 6 = 18."""
+    import re
+
+    from kvviz.core.lesson import LessonError, parse_lesson
+
+    done = kvviz_cli("lesson", "--file", "kv-paging", "--export", str(tmp_path / "slides"), "--format", "png",
+                     "--width", "640")
+    assert done.returncode == 0, done.stderr
+    assert re.findall(r"answer: (.*) \(measured\)", done.stdout) == ["18 blocks"]
+    assert len(list((tmp_path / "slides").glob("kvviz-lesson-*.png"))) == 5
+    bad = ('title = "x"\n[[step]]\ntitle = "s"\ntext = "t"\nprompts = ["a", "b"]\nprompt = "p"\nadvance_to = 0\n'
+           'max_new_tokens = 4\n')
+    with pytest.raises(LessonError, match="step 1: prompt: a serving step has prompts, one cache for all, no window"):
+        parse_lesson(bad, "bad.toml")

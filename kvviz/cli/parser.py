@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="app: the prompt to start with (default: the last one used)")
     parser.add_argument("--lesson", dest="gui_lesson", nargs="?", const="", default=None, type=_no_nul,
                         metavar="FILE", help="app: start in lesson mode with this lesson file (TOML) or built-in "
-                                             "lesson (kv-cache, kv-sharing), or with kv-cache when no FILE is "
-                                             "given")
+                                             "lesson (kv-cache, kv-sharing, kv-window, kv-paging), or with "
+                                             "kv-cache when no FILE is given")
     parser.add_argument("--theme", dest="gui_theme", choices=THEMES, default=None,
                         help="app: the colours, " + THEME_HELP.replace("(the default)", "(at first)") +
                              " (default: the last one used; also View > Theme)")
@@ -292,8 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "question makes two: the question, then its measured answer) and one PDF "
                                         "deck with a page per slide.")
     p.add_argument("--file", type=path_text, default=None, metavar="FILE",
-                   help="the lesson file, or a built-in lesson: kv-cache (the default, the KV cache in six steps) "
-                        "or kv-sharing (MHA, GQA, MQA)")
+                   help="the lesson file, or a built-in lesson: kv-cache (the default, the KV cache in six steps), "
+                        "kv-sharing (MHA, GQA, MQA), kv-window (sliding windows and sinks) or kv-paging (serving "
+                        "many requests from a paged cache)")
     action = p.add_mutually_exclusive_group(required=True)
     action.add_argument("--list", action="store_true", help="print the lesson's steps; loads no model")
     action.add_argument("--export", type=path_text, default=None, metavar="DIR",

@@ -18,6 +18,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from kvviz.core.batch_records import BatchRecord
 from kvviz.core.errors import KvvizError, control_characters, visible
 from kvviz.core.files import user_path
 from kvviz.core.memory import format_bytes
@@ -31,17 +32,22 @@ QUESTIONS = {
     "cache_bytes_after_next": "After the next step, how many bytes will the KV cache hold?",
     "cache_bytes_per_token": "How many bytes of KV cache does one token take, over all layers?",
     "cache_bytes_at_8k": "How many bytes will this model's KV cache hold at 8,192 tokens?",
+    "blocks_at_end": "When every request is done, how many blocks of the pool will the batch hold?",
 }
+BATCH_QUESTIONS = ("blocks_at_end",)  # asked of a serving step (a batch of `prompts`), answered by its last pass
 LONG_CONTEXT = 8192  # the tokens of cache_bytes_at_8k
-FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all")
+FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all", "serving")
+MAX_LESSON_PROMPTS = 16  # requests of a serving step
 MEASURED_SPEED = "{measured_speed}"  # in a step's text: what the speed sweep measured on this machine, in words
 SPEED_PENDING = "(being measured on this machine\u2026)"  # what the placeholder says until the sweep is done
 CACHE_MODES = (True, False, "compare")
 MAX_LESSON_TOKENS = 4096
 LESSON_KEYS = {"title": str, "step": list}
 STEP_KEYS = {"title": str, "text": str, "notes": str, "prompt": str, "cache": (bool, str), "advance_to": int,
-             "max_new_tokens": int, "model": str, "focus": str, "question": str, "window": int, "sinks": int}
+             "max_new_tokens": int, "model": str, "focus": str, "question": str, "window": int, "sinks": int,
+             "prompts": list, "block_size": int}
 REQUIRED_STEP_KEYS = ("title", "text", "prompt", "cache", "advance_to", "max_new_tokens")
+REQUIRED_SERVING_KEYS = ("title", "text", "prompts", "advance_to", "max_new_tokens")  # a step with `prompts`
 MAX_LESSON_BYTES = 32 * 1024  # ten times the built-in lesson; anything larger is refused unread
 MULTILINE_KEYS = ("text", "notes", "prompt")  # may hold tabs and line breaks; no other control character anywhere
 
@@ -66,6 +72,18 @@ class LessonStep:
     question: str | None = None  # a key of QUESTIONS
     window: int = 0  # the cache keeps the last this many positions (0: every one)
     sinks: int = 0  # and the first this many, as attention sinks
+    prompts: tuple[str, ...] = ()  # a serving step's batch: its requests' prompts (advance_to counts its passes)
+    block_size: int = 8  # a serving step's: positions per block of the paged cache
+
+    @property
+    def serving(self) -> bool:
+        """The step shows View > Serving: a batch of `prompts` from a paged cache, `max_new_tokens` each."""
+        return bool(self.prompts)
+
+    @property
+    def passes(self) -> int:
+        """A serving step's batch takes a prefill per request, then a pass per token for all of them."""
+        return len(self.prompts) + self.max_new_tokens
 
     @property
     def use_cache(self) -> bool:
@@ -112,6 +130,7 @@ BUILTIN_LESSONS = {  # name -> what it teaches; the first is the default, each i
     "kv-cache": "the KV cache in six steps",
     "kv-sharing": "MHA, GQA, MQA: sharing keys and values across query heads",
     "kv-window": "sliding windows and attention sinks: a cache that evicts",
+    "kv-paging": "serving many requests: a paged KV cache that shares prefixes",
 }
 
 
@@ -195,12 +214,19 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
     if not isinstance(item, dict):
         raise LessonError(f"{source}: step {number}: expected a [[step]] table")
     _check_keys(item, STEP_KEYS, source, where)
+    if "prompts" in item:
+        return _parse_serving_step(item, source, where)
     for key in REQUIRED_STEP_KEYS:
         if key not in item:
             raise LessonError(f"{source}: {where}{key}: missing")
     for key, value in item.items():
         if isinstance(value, str):
             _check_plain(value, source, where, key)
+    if "block_size" in item:
+        raise LessonError(f"{source}: {where}block_size: goes with prompts (a serving step's batch)")
+    if item.get("focus") == "serving" or item.get("question") in BATCH_QUESTIONS:
+        key = "focus" if item.get("focus") == "serving" else "question"
+        raise LessonError(f"{source}: {where}{key}: {item[key]!r} belongs to a serving step: give prompts too")
     cache = item["cache"]
     if cache not in CACHE_MODES or (isinstance(cache, str) and cache != "compare"):
         raise LessonError(f"{source}: {where}cache: expected true, false or \"compare\", got {cache!r}")
@@ -239,6 +265,57 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
                       model=item.get("model"), focus=focus, question=question, window=window, sinks=sinks)
 
 
+def _parse_serving_step(item: dict, source: str, where: str) -> LessonStep:
+    """A step with `prompts`: a batch of requests served from a paged cache (View > Serving)."""
+    for key in REQUIRED_SERVING_KEYS:
+        if key not in item:
+            raise LessonError(f"{source}: {where}{key}: missing")
+    for key in ("prompt", "cache", "window", "sinks"):
+        if key in item:
+            raise LessonError(f"{source}: {where}{key}: a serving step has prompts, one cache for all, no window")
+    prompts = item["prompts"]
+    if not prompts or len(prompts) > MAX_LESSON_PROMPTS:
+        raise LessonError(f"{source}: {where}prompts: give 1 to {MAX_LESSON_PROMPTS} prompts, got {len(prompts)}")
+    for number, prompt in enumerate(prompts, start=1):
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise LessonError(f"{source}: {where}prompts: prompt {number} is not text, or is empty")
+        _check_plain(prompt, source, where, "prompts")
+    for key, value in item.items():
+        if isinstance(value, str):
+            _check_plain(value, source, where, key)
+    budget, advance, block_size = item["max_new_tokens"], item["advance_to"], item.get("block_size", 8)
+    if not 1 <= budget <= MAX_LESSON_TOKENS:
+        raise LessonError(f"{source}: {where}max_new_tokens: {budget} is not from 1 to {MAX_LESSON_TOKENS}")
+    if not 1 <= block_size <= 256:
+        raise LessonError(f"{source}: {where}block_size: {block_size} is not from 1 to 256")
+    passes = len(prompts) + budget
+    if not 0 <= advance <= passes:
+        raise LessonError(f"{source}: {where}advance_to: {advance} is not from 0 to the batch's {passes} passes")
+    question = item.get("question")
+    if question is not None and question not in BATCH_QUESTIONS:
+        raise LessonError(f"{source}: {where}question: a serving step asks {', '.join(BATCH_QUESTIONS)}, "
+                          f"not {question!r}"[:300])
+    if question is not None and advance >= passes:
+        raise LessonError(f"{source}: {where}question: the batch has no pass left to reveal it")
+    focus = item.get("focus", "serving")
+    if focus != "serving":
+        raise LessonError(f"{source}: {where}focus: a serving step shows \"serving\", not {focus!r}"[:300])
+    for key in ("title", "text"):
+        if not item[key].strip():
+            raise LessonError(f"{source}: {where}{key}: is empty")
+    return LessonStep(title=item["title"].strip(), text=" ".join(item["text"].split()), prompt="", cache=True,
+                      advance_to=advance, max_new_tokens=budget, notes=item.get("notes", "").strip(),
+                      model=item.get("model"), focus=focus, question=question, prompts=tuple(prompts),
+                      block_size=block_size)
+
+
+def measured_batch_answer(question: str, record: BatchRecord) -> float:
+    """The answer to a serving step's question, from its batch's last pass."""
+    if question == "blocks_at_end":
+        return record.blocks_used
+    raise ValueError(f"unknown question {question!r}")
+
+
 def measured_answer(question: str, previous: StepRecord | None, record: StepRecord) -> float:
     """The answer to `question`, from the last record of the next generation step (`record`: its token pass,
     or the cache-filling pass that follows the last token, as the counter shows it) and the last record
@@ -269,4 +346,6 @@ def format_answer(question: str, value: float) -> str:
         return f"{int(value):,} bytes"
     if question == "cache_bytes_at_8k":
         return f"{int(value):,} bytes ({format_bytes(value)})"
+    if question == "blocks_at_end":
+        return f"{int(value):,} blocks"
     return f"{int(value):,}"

@@ -11,7 +11,8 @@ its step's `focus` names, as the app frames it:
 - "all": the token strip and the grid beside the counter (compare mode: both grids side by side over the
   identity strip);
 - "memory": the memory view;
-- "speed": the speed view, showing the sweep measured for the slide (not the run).
+- "speed": the speed view, showing the sweep measured for the slide (not the run);
+- "serving": the serving view of a batch (a serving step's), its speed measured once the batch is done.
 
 Each arrangement is built once, from the app's own views, and fed the step's plan and records as the window
 feeds them. An arrangement that still needs more height than the slide has (a long prompt's tokens, many
@@ -32,6 +33,7 @@ from kvviz.app.views.base import ViewGroup
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication
 
+    from kvviz.core.batch_records import BatchSpeed
     from kvviz.core.lesson import LessonStep
     from kvviz.core.records import RunPlan, StepRecord
     from kvviz.measure.speed import SweepResult
@@ -151,7 +153,14 @@ def _speed() -> QWidget:
     return view
 
 
+def _serving() -> QWidget:
+    from kvviz.app.views.serving.serving_view import ServingView
+
+    return ServingView()
+
+
 ARRANGEMENTS: dict[tuple[bool, str], Callable[[], QWidget]] = {
+    (False, "serving"): _serving,
     (False, "grid"): _run_grid, (False, "chart"): _run_work, (False, "counter"): _run_work,
     (False, "all"): _run_all, (False, "memory"): _memory,
     (True, "grid"): _compare_grid, (True, "chart"): _compare_work, (True, "counter"): _compare_work,
@@ -180,7 +189,7 @@ class SlideStage:
         return view
 
     def show(self, step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], region: QRectF,
-             speed: SweepResult | None = None) -> QWidget:
+             speed: SweepResult | None = None, batch_speed: BatchSpeed | None = None) -> QWidget:
         """`step`'s arrangement in the state of `records` (a speed step's: of the sweep `speed`), laid out at
         the size of `region`, its fonts at SLIDE_FONT_SCALE or, when it does not fit `region` at that size,
         as large as fits."""
@@ -191,6 +200,8 @@ class SlideStage:
         if of_run:
             view.reset(plan)
             view.apply(records)
+            if step.serving:  # its speed once the batch is done, as the app shows it
+                view.show_speed(batch_speed if records and records[-1].final else None)
         elif speed is not None:
             view.show_result(speed)
         scale = SLIDE_FONT_SCALE
@@ -201,7 +212,10 @@ class SlideStage:
             if of_run:
                 view.refresh()
             self.app.processEvents()
-            if view.minimumSizeHint().height() <= height or scale <= SMALLEST_FONT_SCALE:
+            needed = view.minimumSizeHint().height()
+            if step.serving:  # its wrapped labels need their height at this width, more than their minimum
+                needed = max(needed, view.layout().totalHeightForWidth(width))
+            if needed <= height or scale <= SMALLEST_FONT_SCALE:
                 break
             scale = max(SMALLEST_FONT_SCALE, scale * 0.92)
         self.font_scale = scale

@@ -40,6 +40,7 @@ DECK_NAME = "kvviz-lesson.pdf"
 SLIDE_NAME = re.compile(r"kvviz-lesson-[0-9]{2,}\.png")  # a slide of any deck (see slide_file_name)
 
 if TYPE_CHECKING:
+    from kvviz.core.batch_records import BatchSpeed
     from kvviz.core.engine import Engine
     from kvviz.core.records import RunPlan, StepRecord
     from kvviz.measure.speed import SweepResult
@@ -54,6 +55,7 @@ class StepRun:
     advanced: tuple[StepRecord, ...]
     answer: float | None
     speed: SweepResult | None = None  # the speed sweep of the step's model, for a step that needs it
+    batch_speed: BatchSpeed | None = None  # a serving step's batch against one at a time, once its batch is done
 
 
 def earlier_deck(out_dir: Path) -> list[Path]:
@@ -82,6 +84,11 @@ def slide_text(lesson: Lesson, index: int, revealed: bool, run: StepRun, dtype: 
 
 
 def _footer(step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], dtype: str) -> str:
+    if step.serving:
+        done = records[-1].step + 1 if records else 0
+        return shorten_caption(f"{len(step.prompts)} requests \u2014 {model_with_precision(plan.model_name, dtype)}, "
+                               f"{done} of {plan.passes} passes, blocks of {step.block_size} positions, "
+                               f"{step.max_new_tokens} new tokens each, greedy")
     made = records[-1].new_tokens if records else 0
     if step.compare:
         mode = "with and without KV cache in lockstep"
@@ -104,6 +111,8 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
 
     step = lesson.steps[index]
     where = f"{lesson.source}: step {index + 1}: "
+    if step.serving:
+        return _run_batch_step(engine, model_name, step, where)
     request = RunRequest(0, step.prompt, step.use_cache or step.compare, step.max_new_tokens, compare=step.compare,
                          window=step.window, sinks=step.sinks)
     try:
@@ -130,6 +139,31 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
     if step.question:
         answer = measured_answer(step.question, shown[-1] if shown else None, records[-1])
     return StepRun(plan=plan, shown=shown, advanced=tuple(records), answer=answer)
+
+
+def _run_batch_step(engine: Engine, model_name: str, step: LessonStep, where: str) -> StepRun:
+    """A serving step's batch: its records up to `advance_to` passes (`shown`), and all of them (`advanced`, for
+    the question's answer and the speed, measured as the app measures it once the batch is done)."""
+    from kvviz.core.batch_records import BatchSpeed
+    from kvviz.core.lesson import measured_batch_answer
+    from kvviz.core.serving import plan_batch, run_batch, run_one_at_a_time
+
+    try:
+        plan = plan_batch(engine, [engine.encode_prompt(p) for p in step.prompts], step.max_new_tokens,
+                          step.block_size, texts=list(step.prompts), model_name=model_name)
+    except KvvizError as exc:
+        raise LessonError(f"{where}prompts: {first_line(exc)}") from exc
+    records = tuple(run_batch(engine, plan))
+    shown = records[: step.advance_to]
+    answer = measured_batch_answer(step.question, records[-1]) if step.question else None
+    speed = None
+    if step.question or step.advance_to == plan.passes:  # a slide that shows the batch done shows its speed
+        tokens = sum(r.budget for r in plan.requests)
+        turns = 2
+        sequential = min(run_one_at_a_time(engine, plan)[1] for _ in range(turns))
+        batched = min(sum(r.seconds for r in run_batch(engine, plan)) for _ in range(turns))
+        speed = BatchSpeed(len(plan.requests), tokens / batched, tokens / sequential, turns)
+    return StepRun(plan=plan, shown=shown, advanced=records, answer=answer, batch_speed=speed)
 
 
 def _step_engines(lesson: Lesson, model: str | None, dtype: str = "float32") -> list[tuple[str, Engine]]:
@@ -235,7 +269,7 @@ def export_lesson(
                 run = runs[index]
                 text = slide_text(lesson, index, revealed, run, dtype)
                 view = stage.show(lesson.steps[index], run.plan, run.advanced if revealed else run.shown,
-                                  view_rect(text), speed=run.speed)
+                                  view_rect(text), speed=run.speed, batch_speed=run.batch_speed)
                 line = f"slide {number}/{len(slides)}: {text.place}, \u201c{text.title}\u201d" + (
                     f", {text.answer[0].lower()}{text.answer[1:]}" if revealed else ", the question" if text.question
                     else "")

@@ -14,13 +14,22 @@ from kvviz.app.lesson.panel import LessonPanel
 from kvviz.app.theme import Theme
 from kvviz.app.window.actions import set_lesson_keys
 from kvviz.app.window.dialogs import show_error
-from kvviz.core.lesson import Lesson, LessonError, LessonStep, format_answer, load_lesson, measured_answer
+from kvviz.core.lesson import (
+    Lesson,
+    LessonError,
+    LessonStep,
+    format_answer,
+    load_lesson,
+    measured_answer,
+    measured_batch_answer,
+)
 from kvviz.core.records import ModelInfo, RunPlan, StepRecord
 
 if TYPE_CHECKING:
     from kvviz.app.run.session import RunSession
     from kvviz.app.settings import AppSettings
     from kvviz.app.window.controls import RunControls
+    from kvviz.app.window.serving_mode import ServingMode
     from kvviz.app.window.speed_panel import SpeedPanel
     from kvviz.app.window.workspace import Workspace
 
@@ -33,6 +42,7 @@ class LessonHost(Protocol):
     settings: AppSettings
     workspace: Workspace
     speed: SpeedPanel
+    serving: ServingMode
     actions: dict[str, QAction]
 
     def centralWidget(self) -> QWidget: ...
@@ -93,6 +103,7 @@ class LessonMode(QObject):
         s = window.session
         s.record_computed.connect(self._on_record_computed)
         s.model_loaded.connect(self._on_model_loaded)
+        window.serving.batch.computed.connect(self._on_batch_computed)
         window.speed.sweeper.finished.connect(self._on_speed_measured)
         panel.guess_entered.connect(self.next)
         panel.guess_edited.connect(self._on_guess_edited)
@@ -151,6 +162,7 @@ class LessonMode(QObject):
         w = self._window
         self.active = False
         self._revealing = False
+        self._show_serving(False)
         set_lesson_keys(w.actions, False)
         self.panel.hide()
         w.controls.show()
@@ -222,6 +234,16 @@ class LessonMode(QObject):
         self._show_step_text()
         self.measured = None
         self._revealing = revealed
+        self._show_serving(step.serving)
+        if step.serving:
+            self.focus.point_at(step)
+            if step.model is not None and step.model not in (w.session.source, self._model_asked):
+                self._model_asked = step.model
+                w.load_model(step.model)  # the batch follows once it is loaded (_on_model_loaded)
+                return
+            self._start_batch()
+            w.focus_grid()
+            return
         self._set_controls(step)
         self.focus.point_at(step)
         w.focus_grid()  # the keys step the lesson and the run, none of them types
@@ -251,7 +273,30 @@ class LessonMode(QObject):
 
     def _start_run(self) -> None:
         w = self._window
+        if self.step.serving:
+            self._start_batch()
+            return
         w.session.start_run(w.controls.request(), self._target(self.step, self.revealed))
+
+    # ----- serving steps -----
+    def _show_serving(self, on: bool) -> None:
+        """View > Serving on for a serving step, off for the others (and when the lesson ends)."""
+        action = self._window.actions["serving"]
+        if action.isChecked() != on:
+            action.setChecked(on)
+
+    def _start_batch(self) -> None:
+        """The step's batch, planned anew and taken to `advance_to` passes (its answer's slide: to the end)."""
+        step = self.step
+        passes = step.passes if self.revealed else step.advance_to
+        self._window.serving.run_to(step.prompts, step.block_size, step.max_new_tokens, passes)
+
+    def _on_batch_computed(self, record) -> None:
+        step = self.step
+        if self.active and self._revealing and step is not None and step.serving and step.question and record.final:
+            self._revealing = False
+            self.measured = measured_batch_answer(step.question, record)
+            self.panel.set_answer(format_answer(step.question, self.measured))
 
     def _at_question(self, step: LessonStep) -> bool:
         """Whether the current run is the step's, at its `advance_to` (its records there in), and can step."""
@@ -317,6 +362,11 @@ class LessonMode(QObject):
     def ready(self) -> bool:
         """Whether the window shows the current slide's state: its run at its step, its answer measured."""
         step, s = self.step, self._window.session
+        if self.active and step is not None and step.serving:
+            batch = self._window.serving.batch
+            target = step.passes if self.revealed else step.advance_to
+            return (batch.plan is not None and tuple(r.prompt for r in batch.plan.requests) == step.prompts
+                    and len(batch.records) == target and (not self.revealed or self.measured is not None))
         if not self.active or step is None or not self._plan_is(s.plan, step):
             return False
         target = min(self._target(step, self.revealed), s.plan.budget)

@@ -66,6 +66,8 @@ ACTIONS = (
     ActionSpec("zoom_reset", "&View", "&Actual size", ("Ctrl+0",)),
     ActionSpec("lesson", "&Help", "&Lesson (Page Down: next, Page Up: back, Esc: leave)", ("L",), checkable=True),
     ActionSpec("lesson_sharing", "&Help", "Lesson: &MHA, GQA, MQA (sharing keys and values)", ("Shift+L",)),
+    ActionSpec("lesson_window", "&Help", "Lesson: sliding &windows and attention sinks"),
+    ActionSpec("lesson_paging", "&Help", "Lesson: serving many requests from a pa&ged KV cache"),
     ActionSpec("lesson_notes", "&Help", "Lesson &notes (the lecturer's; hidden until shown)", ("N",), checkable=True),
     ActionSpec("lesson_next", None, "Next lesson step"),  # keys only in lesson mode: LESSON_KEYS
     ActionSpec("lesson_back", None, "Previous lesson step"),

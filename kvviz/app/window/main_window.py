@@ -78,10 +78,10 @@ class MainWindow(QMainWindow):
         chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
         self.speed = SpeedPanel(self)  # View > Speed: the sweep runs in a process of its own
         self.presentation = Presentation(self, (*views, self.lesson_panel, self.speed.view), chrome)
-        self.lesson = LessonMode(self, self.lesson_panel, lesson)
         self.serving = ServingMode(self, self.workspace, BatchSession(self.session.controller, self),
                                    self.banner.say, self.controls.set_state)  # View > Serving: a batch, paged
         self.presentation.add_view(self.workspace.serving)
+        self.lesson = LessonMode(self, self.lesson_panel, lesson)
         self.copier = ImageCopier(self, self.workspace)  # Ctrl+Shift+C, and "Copy image" on the plots
         self.actions = build_actions(self, self._action_slots())
         self.session.dtype = self.settings.dtype
@@ -138,6 +138,8 @@ class MainWindow(QMainWindow):
             "toggle_cache": c.cache_check.toggle,
             "edit_prompt": c.focus_prompt, "escape": self.escape, "presenter": p.set_presenter,
             "lesson": self.lesson.set_active, "lesson_sharing": lambda: self.lesson.switch("kv-sharing"),
+            "lesson_window": lambda: self.lesson.switch("kv-window"),
+            "lesson_paging": lambda: self.lesson.switch("kv-paging"),
             "lesson_next": self.lesson.next, "lesson_back": self.lesson.back,
             "colour_blind": self.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
             "sliding_window": self.choose_window,

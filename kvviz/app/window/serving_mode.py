@@ -21,9 +21,10 @@ class ServingMode:
         self.window, self.workspace, self.batch, self._say = window, workspace, batch, say
         self._show_controls = show_state  # the run controls' Step, Play and Reset: (can step, playing, can reset)
         self.active = False
+        self._target = 0  # passes to take on their own once the batch is planned (run_to)
         self.page_view: OnDemandView[ServingPage] = workspace.serving
         self.page_view.on_built(self._wire)
-        batch.started.connect(lambda plan: self._view().reset(plan))
+        batch.started.connect(self._on_started)
         batch.computed.connect(self._on_computed)
         batch.measured.connect(lambda speed: self._view().show_speed(speed))
         batch.failed.connect(lambda message: say(message, alert=True))
@@ -48,13 +49,27 @@ class ServingMode:
         self._show_state()
         self.workspace.focus_grid()
 
-    def run(self) -> None:
+    def run(self, passes: int = 0) -> None:
+        """Plan the batch the page asks for anew; with `passes`, take that many passes at once."""
         request = self.page_view.get().request()
         if request is not None:
             self._say("")
+            self._target = passes
             self.batch.start(request)
 
+    def run_to(self, prompts: tuple[str, ...], block_size: int, new_tokens: int, passes: int) -> None:
+        """A lesson's serving step: these inputs on the page, the batch planned anew and taken `passes` passes."""
+        page = self.page_view.get()
+        page.set_inputs(prompts, block_size, new_tokens)
+        self.run(passes)
+
+    def _on_started(self, plan) -> None:
+        self._view().reset(plan)
+        if self._target > 0:
+            self.batch.step()
+
     def step(self) -> None:
+        self._target = 0
         if self.batch.can_step:
             self.batch.step()
 
@@ -65,6 +80,8 @@ class ServingMode:
         view = self._view()
         view.apply([record])
         view.refresh()
+        if len(self.batch.records) < self._target and not record.final:
+            self.batch.step()
 
     def _show_state(self) -> None:
         if self.active:

@@ -24,8 +24,8 @@ from kvviz.core.errors import KvvizError
 from kvviz.core.files import MAX_PROMPTS, read_prompts
 
 SYSTEM_PROMPT = ("You are a helpful assistant who answers questions about the plays of William Shakespeare, "
-                 "briefly and kindly, quoting a line where one helps, and saying plainly when you do not know the "
-                 "answer to a question. Question:")
+                 "briefly and kindly, quoting a line where one helps, naming the play and the act, and saying "
+                 "plainly when you do not know the answer to it. Question:")  # 48 GPT-2 tokens: 6 blocks of 8
 DEFAULT_PROMPTS = tuple(f"{SYSTEM_PROMPT} {q}" for q in ("Who is Hamlet?", "Where is Verona?", "What is a sonnet?",
                                                          "Why does Lear rage?"))
 
@@ -84,6 +84,12 @@ class ServingPage(QWidget):
             self.run_requested.emit()
             return True
         return False
+
+    def set_inputs(self, prompts: tuple[str, ...], block_size: int, new_tokens: int, share: bool = True) -> None:
+        self.prompts.setPlainText("\n".join(prompts))
+        self.block_size.setValue(block_size)
+        self.new_tokens.setValue(new_tokens)
+        self.share.setChecked(share)
 
     def prompt_list(self) -> list[str]:
         return [line for line in self.prompts.toPlainText().splitlines() if line.strip()]

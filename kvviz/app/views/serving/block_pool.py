@@ -67,7 +67,7 @@ class BlockPool(QWidget):
         """A block's side: COLUMNS to a row of the widget's width, between the zoomed CELL and MAX_CELL."""
         width = self.width() if width is None else width
         fitted = (width + GAP) / COLUMNS - GAP
-        return max(CELL * self._scale, min(MAX_CELL * self._scale, fitted))
+        return max(CELL * self._scale, min(MAX_CELL * min(self._scale, 1.25), fitted))
 
     def _columns(self, width: int | None = None) -> int:
         pitch = self._side(width) + GAP

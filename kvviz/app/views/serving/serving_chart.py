@@ -48,7 +48,7 @@ class ServingChart(pg.PlotWidget):
         size = f"{max(8, round(10 * scale))}pt"
         plot.setLabel("left", "KV cache (MiB)", color=t.muted, size=size)
         plot.setLabel("bottom", "pass", color=t.muted, size=size)
-        plot.setTitle("KV cache memory: paged against contiguous", color=t.foreground,
+        plot.setTitle("KV cache memory", color=t.foreground,
                       size=f"{max(9, round(12 * scale))}pt")
         pens = {"contiguous": pg.mkPen(t.alert, width=2.5, style=Qt.PenStyle.DashLine),
                 "used": pg.mkPen(t.muted, width=2, style=Qt.PenStyle.DotLine), "paged": pg.mkPen(t.teal, width=3)}

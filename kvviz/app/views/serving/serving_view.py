@@ -71,15 +71,18 @@ class ServingView(QWidget):
     # ----- the view protocol -----
     def reset(self, plan: BatchPlan) -> None:
         self._plan, self.records, self._drawn, self.speed = plan, [], -1, None
-        for name, table in self.table_labels:
-            name.deleteLater()
-            table.deleteLater()
-        self.table_labels = []
-        for i in range(len(plan.requests)):
+        while len(self.table_labels) > len(plan.requests):  # a row per request: gone at once, not when idle
+            for label in self.table_labels.pop():
+                self.tables.removeWidget(label)
+                label.setParent(None)
+                label.deleteLater()
+        for i in range(len(self.table_labels), len(plan.requests)):
             name, table = QLabel(), QLabel()
+            table.setWordWrap(True)  # narrow on a slide: the text wraps rather than widening the view
             self.tables.addWidget(name, i, 0)
             self.tables.addWidget(table, i, 1)
             self.table_labels.append((name, table))
+        self._style()
         self.tables.setColumnStretch(1, 1)
         self.chart.reset(plan)
         self.pool_title.setText(f"Block pool: {plural(plan.num_blocks, 'block')} of {plan.block_size} positions "
