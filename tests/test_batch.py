@@ -18,7 +18,7 @@ QUESTIONS = ("Who is Hamlet?", "Where is Verona?", "What is a sonnet?", "Why doe
 
 def test_four_requests_sharing_a_system_prompt_equal_their_runs_alone_in_fewer_blocks(kvviz_cli):
     done = kvviz_cli("batch", *[a for q in QUESTIONS for a in ("--prompt", SYSTEM + q)], "--block-size", "8",
-                     "--new-tokens", "16", "--json")
+                     "--new-tokens", "16", "--repeat", "1", "--json")
     assert (done.returncode, done.stderr) == (0, "")
     report = json.loads(done.stdout)
     requests = report["requests"]
@@ -42,7 +42,7 @@ def test_four_requests_sharing_a_system_prompt_equal_their_runs_alone_in_fewer_b
     assert report["contiguous_reserved_bytes"] == 4 * max(lengths) * report["bytes_per_position"]
 
     alone = kvviz_cli("batch", *[a for q in QUESTIONS for a in ("--prompt", SYSTEM + q)], "--block-size", "8",
-                      "--new-tokens", "16", "--no-prefix-sharing", "--json")
+                      "--new-tokens", "16", "--no-prefix-sharing", "--repeat", "1", "--json")
     unshared_report = json.loads(alone.stdout)
     assert (unshared_report["blocks_used"], unshared_report["blocks_shared"]) == (unshared, 0)
     assert [r["output_ids"] for r in unshared_report["requests"]] == [r["output_ids"] for r in requests]

@@ -143,36 +143,41 @@ def run_compare(args: argparse.Namespace, load: Callable, say: Callable[[str], N
 
 
 def _compare_window(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
-    """`kvviz compare --window W [--sinks S]`: the full cache against the windowed one, in lockstep."""
+    """`kvviz compare --window W [--sinks S]` or `--kv-dtype D`: the exact cache against the lossy one (a window,
+    or quantized), in lockstep, each choosing its own tokens."""
     from kvviz.core.compare import window_tradeoff
     from kvviz.core.counting import plural
     from kvviz.core.engine import Engine, SamplingSettings
 
     if args.break_cache:
-        raise UsageError("--break-cache goes with a full cache: leave out --window")
+        raise UsageError("--break-cache goes with an exact cache: leave out --window and --kv-dtype")
     loaded = load(args.model, args.device, args.dtype)
     engine = Engine(loaded.model, loaded.tokenizer, device=args.device)
-    policy = engine.policy(args.window, args.sinks)
+    policy = engine.policy(args.window, args.sinks, args.kv_dtype or "")
     prompt_ids = engine.encode_prompt(args.prompt)
-    full, windowed, token_steps = window_tradeoff(engine, prompt_ids, args.new_tokens, policy,
-                                                  SamplingSettings(args.temperature, args.top_k, args.seed))
+    full, lossy, token_steps = window_tradeoff(engine, prompt_ids, args.new_tokens, policy,
+                                               SamplingSettings(args.temperature, args.top_k, args.seed))
+    side, short = ("quantized", policy.kv_dtype) if policy.quantized else ("windowed", "window")
+    exact_name = "exact cache" if policy.quantized else "full cache"
     label = engine.tokenizer.token_label
     steps: list[dict] = []
     first = None
     for number, step in enumerate(token_steps, start=1):
-        steps.append({"step": number, "full_token_id": step.full.token_id, "windowed_token_id": step.windowed.token_id,
-                      "same": step.same, "max_abs_logit_diff": step.max_abs_logit_diff,
-                      "full_positions_held": step.full_after.positions_held,
-                      "windowed_positions_held": step.windowed_after.positions_held,
-                      "windowed_evicted": list(range(*step.windowed.kv_evicted))})
+        entry = {"step": number, "full_token_id": step.full.token_id, f"{side}_token_id": step.windowed.token_id,
+                 "same": step.same, "max_abs_logit_diff": step.max_abs_logit_diff,
+                 "full_positions_held": step.full_after.positions_held,
+                 f"{side}_positions_held": step.windowed_after.positions_held}
+        if policy.evicts:
+            entry["windowed_evicted"] = list(range(*step.windowed.kv_evicted))
+        steps.append(entry)
         if not step.same and first is None:
             first = (number, label(step.full.token_id), label(step.windowed.token_id))
         if not args.json:
             if number == 1:
                 print(f"kvviz compare: {loaded.name}, {plural(len(prompt_ids), 'prompt token')}, "
-                      f"{plural(full.budget, 'new token')}: the full cache against one that keeps "
+                      f"{plural(full.budget, 'new token')}: the {exact_name} against one that keeps "
                       f"{policy.describe()}")
-                print(f"{'step':>5}  {'full cache':<16}  {'window':<16}  same  {'max |Δlogit|':>12}  held")
+                print(f"{'step':>5}  {exact_name:<16}  {short:<16}  same  {'max |Δlogit|':>12}  held")
             mark = "yes" if step.same else "NO"
             print(f"{number:>5}  {visible(label(step.full.token_id))[:16]:<16}  "
                   f"{visible(label(step.windowed.token_id))[:16]:<16}  {mark:<4}  {step.max_abs_logit_diff:>12.3g}"
@@ -180,31 +185,33 @@ def _compare_window(args: argparse.Namespace, load: Callable, say: Callable[[str
             sys.stdout.flush()
     largest = max((s["max_abs_logit_diff"] for s in steps), default=0.0)
     last = steps[-1] if steps else {}
-    per_position = full.cache_bytes_per_position
+    full_bytes = last.get("full_positions_held", 0) * full.cache_bytes_per_position
+    lossy_bytes = last.get(f"{side}_positions_held", 0) * lossy.cache_bytes_per_position
     summary = {"identical": first is None, "first_divergence": first[0] if first else None,
-               "max_abs_logit_diff": largest,
-               "full_cache_bytes": last.get("full_positions_held", 0) * per_position,
-               "windowed_cache_bytes": last.get("windowed_positions_held", 0) * per_position}
+               "max_abs_logit_diff": largest, "full_cache_bytes": full_bytes, f"{side}_cache_bytes": lossy_bytes}
     if args.json:
         print(cli_json.dumps({"model": loaded.name, "prompt_ids": prompt_ids, "dtype": args.dtype,
-                              "window": policy.window, "sinks": policy.sinks, "steps": steps, "summary": summary}))
+                              "window": policy.window, "sinks": policy.sinks, "kv_dtype": policy.kv_dtype or None,
+                              "steps": steps, "summary": summary}))
         return 0
+    what = f"the {policy.kv_dtype} cache" if policy.quantized else "the window"
     if first is None:
-        print(f"the same {plural(len(steps), 'token')} with the full cache and the window; the logits differ by "
-              f"up to {largest:.3g}: what the window no longer sees has not changed a choice yet")
+        unseen = "its rounding" if policy.quantized else "what the window no longer sees"
+        print(f"the same {plural(len(steps), 'token')} with the {exact_name} and {what}; the logits differ by "
+              f"up to {largest:.3g}: {unseen} has not changed a choice yet")
     else:
-        print(f"the runs part at step {first[0]}: {first[1]!r} with the full cache, {first[2]!r} with the window "
-              f"(max |Δlogit| {largest:.3g}). A cache that evicts changes what the model attends to: a trade-off, "
+        why = "rounds every key and value" if policy.quantized else "evicts"
+        print(f"the runs part at step {first[0]}: {first[1]!r} with the {exact_name}, {first[2]!r} with {what} "
+              f"(max |Δlogit| {largest:.3g}). A cache that {why} changes what the model attends to: a trade-off, "
               "not a bug")
-    full_bytes, window_bytes = summary["full_cache_bytes"], summary["windowed_cache_bytes"]
-    print(f"memory at the end: the full cache holds {last['full_positions_held']} positions ({full_bytes:,} bytes), "
-          f"the window {last['windowed_positions_held']} ({window_bytes:,} bytes)"
-          + (f": {full_bytes / window_bytes:.1f}× less" if window_bytes else ""))
+    print(f"memory at the end: the {exact_name} holds {last['full_positions_held']} positions ({full_bytes:,} "
+          f"bytes), {what} {last[f'{side}_positions_held']} ({lossy_bytes:,} bytes)"
+          + (f": {full_bytes / lossy_bytes:.1f}× less" if lossy_bytes else ""))
     return 0
 
 
 def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
-    if args.window or args.sinks:
+    if args.window or args.sinks or args.kv_dtype:
         return _compare_window(args, load, say)
     from kvviz.core.compare import summarize
     from kvviz.core.counting import plural

@@ -34,7 +34,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         paths = run_export(args.model, args.prompt, args.new_tokens, args.out, args.format or "png,svg,pdf",
                            use_cache=not args.no_cache, width=args.width or 1920, compare=args.compare,
                            break_cache=args.break_cache, theme=args.theme, dtype=args.dtype, window=args.window,
-                           sinks=args.sinks)  # checked first thing
+                           sinks=args.sinks, kv_dtype=args.kv_dtype or "")  # checked first thing
     print(*paths, sep="\n")
     return 0
 
@@ -42,6 +42,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_export_animation(args: argparse.Namespace) -> int:
     """`kvviz export --animate`: a GIF and/or an MP4 of one view, a frame per step."""
     run_animation = app_export("run_animation", "export --animate")
+    if args.kv_dtype:
+        raise UsageError("--kv-dtype: the stills show a quantized cache; an animation keeps an exact one")
     if args.break_cache and not args.compare:
         raise UsageError("--break-cache shows in the compare view: add --compare")
     given = {"formats": args.format, "width": args.width, "target": args.target, "steps": args.steps,

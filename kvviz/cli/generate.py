@@ -33,7 +33,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
     use_cache = not args.no_cache
     request = RunRequest(0, args.prompt, use_cache, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                          break_cache=args.break_cache, attention=args.attention, window=args.window,
-                         sinks=args.sinks)
+                         sinks=args.sinks, kv_dtype=args.kv_dtype or "")
     # The whole request is checked before the prompt is echoed: an error is never glued to it.
     run = start_run(engine, request, loaded.name, top_candidates=1)
     prompt_ids, fault = list(run.plan.prompt_ids), run.plan.cache_fault
@@ -82,6 +82,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
             "forward_passes": last.step + 1,
             "stop_reason": last.stop_reason,
             "cache_bytes": last.cache_bytes,
+            "kv_dtype": run.plan.policy.kv_dtype or None,
             "window": run.plan.policy.window,
             "sinks": run.plan.policy.sinks,
             "positions_held": last.positions_held,

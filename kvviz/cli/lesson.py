@@ -59,7 +59,8 @@ def run_lesson(args: argparse.Namespace, exporter: Callable[[], Callable[..., li
         given = [flag for flag, value in (("--format", args.format), ("--width", args.width),
                                           ("--model", args.model), ("--theme", args.theme),
                                           ("--dtype", args.dtype), ("--window", args.window or None),
-                                          ("--sinks", args.sinks or None)) if value is not None]
+                                          ("--sinks", args.sinks or None), ("--kv-dtype", args.kv_dtype))
+                 if value is not None]
         if given:
             raise UsageError(f"{given[0]} goes with --export, not with --list")
         print(cli_json.dumps(lesson_json(lesson)) if args.json else "\n".join(lesson_lines(lesson)))
@@ -74,6 +75,13 @@ def run_lesson(args: argparse.Namespace, exporter: Callable[[], Callable[..., li
         lesson = replace(lesson, steps=tuple(step if step.window else replace(step, window=args.window,
                                                                               sinks=args.sinks)
                                              for step in lesson.steps))
+    if args.window and args.kv_dtype:
+        raise UsageError("--kv-dtype keeps every position: leave out --window (one trade-off at a time)")
+    if args.kv_dtype:  # every step that keeps every position in full precision gets this cache
+        from dataclasses import replace
+
+        lesson = replace(lesson, steps=tuple(step if step.kv_dtype or step.window or step.serving
+                                             else replace(step, kv_dtype=args.kv_dtype) for step in lesson.steps))
     export = exporter()
 
     def progress(line: str) -> None:

@@ -85,6 +85,16 @@ def _add_window(parser: argparse.ArgumentParser) -> None:
                              "a RoPE model then generates past its context length")
 
 
+KV_DTYPE_NAMES = ("int8", "int4", "fp8")  # kvviz.core.records.KV_DTYPES (a test checks they agree)
+
+
+def _add_kv_dtype(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kv-dtype", default=None, choices=KV_DTYPE_NAMES,
+                        help="store the KV cache quantized: int8, int4 (two a byte) or fp8 (e4m3), each key and "
+                             "value vector with a float32 scale per token and head; it drifts from an exact "
+                             "cache by the rounding (default: the weights' number type, exact)")
+
+
 def _add_dtype(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="the number type of the weights and the KV cache (default: float32)")
@@ -134,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(same tokens, more work)")
     p.add_argument("--break-cache", action="store_true", help=BREAK_CACHE_HELP + "; needs the cache")
     _add_window(p)
+    _add_kv_dtype(p)
     _add_sampling(p)
     _add_dtype(p)
     _add_device(p)
@@ -157,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the two runs may part by rounding alone")
     p.add_argument("--break-cache", action="store_true", help=BREAK_CACHE_HELP + " (the runs should part)")
     _add_window(p)
+    _add_kv_dtype(p)
     _add_device(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
@@ -223,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(p)
     p.add_argument("--peer", action="store_true",
                    help="also time transformers' GPT2LMHeadModel.generate on the same weights (needs transformers)")
+    _add_kv_dtype(p)
     p.add_argument("--repeat", type=whole_number(1, bench.MAX_REPEAT), default=None, metavar="R",
                    help="time each configuration R times, taking turns (kvviz and the peer, or GUI and headless), "
                         f"and keep the fastest of each (default: {GUI_BENCH_REPEAT} with --gui; otherwise "
@@ -270,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--theme", choices=THEMES, default="dark", help="the images' colours: " + THEME_HELP)
     _add_dtype(p)
     _add_window(p)
+    _add_kv_dtype(p)
     p.add_argument("--animate", action="store_true",
                    help="write an animation of the run instead, a frame per step: a GIF and/or an MP4 (H.264) "
                         "of one view, named kvviz-VIEW-stepsA-B.gif and .mp4")
@@ -303,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default=None, metavar="LIST",
                    help="with --export: comma-separated formats among png and pdf (default: both)")
     _add_window(p)
+    _add_kv_dtype(p)
     p.add_argument("--width", type=positive_int, default=None, metavar="PX",
                    help="with --export: PNG width in pixels, the height 9/16 of it (default: 1920)")
     p.add_argument("--model", type=_no_nul, default=None, metavar="M",

@@ -59,7 +59,7 @@ def plan_lockstep(
     """The plan of the run in `use_cache`'s mode, with the other mode's run as its `twin`. Both plans
     describe the same request; `cache_fault` breaks the cached one's cache; with `attention` both runs'
     records carry their newest query's attention weights."""
-    if plan_options.get("window"):  # a window asked for: the full cache against it, both cached
+    if plan_options.get("window") or plan_options.get("kv_dtype"):  # a lossy cache: the exact one against it
         full = engine.plan(prompt_ids, max_new_tokens, True, sampling, cache_fault=cache_fault, attention=attention,
                            **{**plan_options, "policy": EXACT})
         windowed = engine.plan(prompt_ids, full.budget, True, sampling, cache_fault=cache_fault,

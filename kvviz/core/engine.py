@@ -10,9 +10,10 @@ import torch
 
 from kvviz.core.counting import kv_with_cache, kv_without_cache
 from kvviz.core.errors import KvvizError
-from kvviz.core.kv_cache import CACHES_BY_FAULT, KVCache, WindowCache
+from kvviz.core.kv_cache import CACHES_BY_FAULT, KVCache, QuantizedCache, WindowCache
 from kvviz.core.records import (
     CACHE_FAULTS,
+    KV_DTYPES,
     AttentionWeights,
     CachePolicy,
     Candidate,
@@ -99,6 +100,9 @@ class Engine:
 
     def _new_cache(self, capacity: int, fault: str = "", policy: CachePolicy | None = None) -> KVCache:
         cfg = self.model.config
+        if policy is not None and policy.quantized:
+            return QuantizedCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, capacity, policy, dtype=self.dtype,
+                                  device=self.device)
         if policy is not None and policy.evicts:
             return WindowCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, policy, dtype=self.dtype, device=self.device)
         return CACHES_BY_FAULT[fault](cfg.n_layer, cfg.n_kv_head, cfg.head_dim, capacity, dtype=self.dtype,
@@ -156,17 +160,21 @@ class Engine:
         window: int = 0,
         sinks: int = 0,
         policy: CachePolicy | None = None,
+        kv_dtype: str = "",
     ) -> RunPlan:
         """Check a generation request now (GenerationError) and plan it: budget, passes, frames.
         `cache_fault` (a key of CACHE_FAULTS) breaks a cached run's cache on purpose; with `attention`,
         every record of the run carries its newest query's AttentionWeights. `window` keeps the last that many
         positions (0: the model's own sliding window, if it has one), `sinks` the first ones too; every pass
         attends to what that keeps, with the cache or without it. `policy`, given, is taken as it is (EXACT: every
-        position, even on a model with a window of its own)."""
+        position, even on a model with a window of its own). `kv_dtype` (a key of KV_DTYPES) stores the cache's
+        keys and values quantized."""
         sampling = sampling or SamplingSettings()
-        policy = self.policy(window, sinks) if policy is None else policy
+        policy = self.policy(window, sinks, kv_dtype) if policy is None else policy
         if policy.evicts and cache_fault:
             raise GenerationError("Break the cache plants its bug in a full cache; turn the window off first")
+        if policy.quantized and cache_fault:
+            raise GenerationError("Break the cache plants its bug in an exact cache; store it in full precision first")
         if cache_fault and cache_fault not in CACHE_FAULTS:
             raise GenerationError(f"unknown cache fault {cache_fault!r}; known: {', '.join(CACHE_FAULTS)}")
         if max_new_tokens <= 0:
@@ -199,8 +207,9 @@ class Engine:
             width=P + budget,
             final_with_cache=kv_with_cache(P, budget),
             final_without_cache=kv_without_cache(P, budget),
-            cache_bytes_per_position=KVCache.bytes_per_position(
-                cfg.n_layer, cfg.n_kv_head, cfg.head_dim, self.dtype) if use_cache else 0,
+            cache_bytes_per_position=(QuantizedCache.bytes_per_position_in(
+                cfg.n_layer, cfg.n_kv_head, cfg.head_dim, policy.kv_dtype) if policy.quantized else
+                KVCache.bytes_per_position(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, self.dtype)) if use_cache else 0,
             stop_reason="max_new_tokens" if budget == max_new_tokens else "context_full",
             sampling=describe_sampling(sampling.temperature, sampling.top_k, sampling.seed),
             run_id=run_id,
@@ -213,15 +222,23 @@ class Engine:
             policy=policy,
         )
 
-    def policy(self, window: int = 0, sinks: int = 0) -> CachePolicy:
-        """The cache policy of a run: `window` (or the model's own sliding window) and `sinks` (GenerationError
-        for numbers no run can use)."""
-        window = window or getattr(self.model.config, "sliding_window", 0)
+    def policy(self, window: int = 0, sinks: int = 0, kv_dtype: str = "") -> CachePolicy:
+        """The cache policy of a run: `window` (or the model's own sliding window), `sinks` and `kv_dtype`
+        (GenerationError for values no run can use)."""
+        if kv_dtype and kv_dtype not in KV_DTYPES:
+            raise GenerationError(f"no KV cache in {kv_dtype!r}: kvviz quantizes it to {', '.join(KV_DTYPES)}")
+        if kv_dtype and window:
+            raise GenerationError("a quantized cache keeps every position: leave out the window (one trade-off at "
+                                  "a time)")
+        if kv_dtype == "int4" and self.model.config.head_dim % 2:
+            raise GenerationError(f"an int4 cache packs two numbers a byte; {self.model.config.name}'s head size "
+                                  f"{self.model.config.head_dim} is odd")
+        window = window or (0 if kv_dtype else getattr(self.model.config, "sliding_window", 0))
         if window < 0 or sinks < 0:
             raise GenerationError(f"a window and sinks are counts of positions, got {window} and {sinks}")
         if sinks and not window:
             raise GenerationError("attention sinks go with a window: give --window too")
-        return CachePolicy(window, sinks)
+        return CachePolicy(window, sinks, kv_dtype)
 
     def generate(
         self,
@@ -280,7 +297,7 @@ class Engine:
         model = self.model
         n_layer = model.config.n_layer
         tokens = list(plan.prompt_ids)
-        fast = self.fast if use_cache and not plan.policy.evicts else None
+        fast = self.fast if use_cache and not plan.policy.lossy else None
         decode_weights = fast.decode_weights(model) if fast is not None else None
         computed_total = reused_total = without_total = 0
         step = 0
@@ -353,6 +370,7 @@ class Engine:
                 kv_evicted=cache.evicted if cache is not None else (0, 0),
                 positions_held=cache.positions_held if cache is not None else 0,
                 windowed=use_cache and plan.policy.evicts,
+                lossy=use_cache and plan.policy.lossy,
             )
             step += 1
             if final:

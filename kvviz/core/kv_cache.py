@@ -223,3 +223,88 @@ class WindowCache(KVCache):
 
 
 CACHES_BY_FAULT: dict[str, type[KVCache]] = {"": KVCache, "late_write": LateWriteCache}
+
+
+class QuantizedCache(KVCache):
+    """A cache that stores every key and value quantized (`policy.kv_dtype`: int8, int4 or fp8), per token and
+    head: each (head_dim,) vector gets a float32 scale, its largest magnitude over the format's largest value, and
+    is stored as round(x / scale) (int8 and int4, two int4 numbers to a byte) or x / scale in float8 e4m3 (fp8).
+    A new token never rescales the old ones, so it streams; KIVI's per-channel keys would need a group of tokens
+    first. Attention reads the dequantized rows, q * scale, in the model's number type: the cache's output drifts
+    from an exact cache's by that rounding, and `bytes_used` counts the stored numbers and their scales."""
+
+    def __init__(self, n_layer: int, n_head: int, head_dim: int, capacity: int, policy: CachePolicy,
+                 batch_size: int = 1, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        from kvviz.core.records import KV_DTYPES
+
+        if policy.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"no quantized cache in {policy.kv_dtype!r}; known: {', '.join(KV_DTYPES)}")
+        bits, self.largest = KV_DTYPES[policy.kv_dtype]
+        if bits == 4 and head_dim % 2:
+            raise ValueError(f"an int4 cache packs two numbers to a byte: head_dim {head_dim} is odd")
+        super().__init__(n_layer, n_head, head_dim, 0, batch_size, dtype, device)  # no float rows: see below
+        self.capacity, self.policy, self.model_dtype = capacity, policy, dtype
+        self.packed = bits == 4
+        stored = torch.float8_e4m3fn if policy.kv_dtype == "fp8" else torch.uint8 if self.packed else torch.int8
+        width = head_dim // 2 if self.packed else head_dim
+        shape = (n_layer, 2, batch_size, n_head, capacity)
+        self.codes = torch.zeros((*shape, width), dtype=stored, device=device)  # (L, 2, B, nh, S, hd or hd/2)
+        self.scales = torch.zeros((*shape, 1), dtype=torch.float32, device=device)  # (L, 2, B, nh, S, 1)
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes and scales of `x` (..., hd): scales (..., 1) float32, codes in the stored type."""
+        x = x.float()
+        scale = (x.abs().amax(dim=-1, keepdim=True) / self.largest).clamp_min(1e-12)
+        if self.policy.kv_dtype == "fp8":
+            return (x / scale).to(torch.float8_e4m3fn), scale
+        q = torch.round(x / scale).clamp(-self.largest, self.largest).to(torch.int8)
+        if self.packed:  # two numbers a byte: q + 8 in 0..15, even channels in the low half
+            q = (q + 8).to(torch.uint8)
+            q = q[..., 0::2] | (q[..., 1::2] << 4)
+        return q, scale
+
+    def dequantize(self, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """The rows `codes` with `scales` stand for, (..., hd) in the model's number type."""
+        if self.packed:
+            low = (codes & 0x0F).to(torch.int8) - 8
+            high = (codes >> 4).to(torch.int8) - 8
+            codes = torch.stack((low, high), dim=-1).flatten(-2)  # (..., hd): even, odd, even, ...
+        return (codes.float() * scales).to(self.model_dtype)
+
+    def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store `k`, `v` (B, nh, T, hs) quantized at `positions` (T,) of `layer`; return every cached K, V
+        dequantized, (B, nh, end, hs) each."""
+        T = k.shape[2]
+        start = int(positions[0])
+        end = self._claim(layer, start, T)
+        for i, rows in enumerate((k, v)):
+            codes, scales = self.quantize(rows)
+            self.codes[layer, i].narrow(2, start, T).copy_(codes)
+            self.scales[layer, i].narrow(2, start, T).copy_(scales)
+        self.last_written = (start, end)
+        self.reused[layer] = end - T
+        held = self.dequantize(self.codes[layer, :, :, :, :end], self.scales[layer, :, :, :, :end])
+        return held[0], held[1]  # (B, nh, end, hs) each
+
+    def append(self, layer: int, position: int, kv: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("a QuantizedCache runs the teaching forward's update, not a fast path's append")
+
+    @staticmethod
+    def bytes_per_position_in(n_layer: int, n_head: int, head_dim: int, kv_dtype: str, batch_size: int = 1) -> int:
+        """Stored bytes of one position over all layers: 2 (K and V) x L x heads x (hd x bits / 8 + a 4-byte
+        scale) x B."""
+        from kvviz.core.records import KV_DTYPES
+
+        bits = KV_DTYPES[kv_dtype][0]
+        return 2 * n_layer * n_head * (head_dim * bits // 8 + 4) * batch_size
+
+    @property
+    def bytes_used(self) -> int:
+        per_position = (self.codes[:, :, :, :, 0].numel() * self.codes.element_size()  # (L, 2, B, nh, hd) codes
+                        + self.scales[:, :, :, :, 0].numel() * self.scales.element_size())  # and their scales
+        return per_position * self.length
+
+    @property
+    def bytes_allocated(self) -> int:
+        return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()

@@ -22,7 +22,7 @@ from kvviz.core.batch_records import BatchRecord
 from kvviz.core.errors import KvvizError, control_characters, visible
 from kvviz.core.files import user_path
 from kvviz.core.memory import format_bytes
-from kvviz.core.records import StepRecord
+from kvviz.core.records import KV_DTYPES, StepRecord
 
 QUESTIONS = {
     "next_kv_with_cache": "How many K/V computations per layer will the next step make with the cache?",
@@ -45,7 +45,7 @@ MAX_LESSON_TOKENS = 4096
 LESSON_KEYS = {"title": str, "step": list}
 STEP_KEYS = {"title": str, "text": str, "notes": str, "prompt": str, "cache": (bool, str), "advance_to": int,
              "max_new_tokens": int, "model": str, "focus": str, "question": str, "window": int, "sinks": int,
-             "prompts": list, "block_size": int}
+             "prompts": list, "block_size": int, "kv_dtype": str}
 REQUIRED_STEP_KEYS = ("title", "text", "prompt", "cache", "advance_to", "max_new_tokens")
 REQUIRED_SERVING_KEYS = ("title", "text", "prompts", "advance_to", "max_new_tokens")  # a step with `prompts`
 MAX_LESSON_BYTES = 32 * 1024  # ten times the built-in lesson; anything larger is refused unread
@@ -72,6 +72,7 @@ class LessonStep:
     question: str | None = None  # a key of QUESTIONS
     window: int = 0  # the cache keeps the last this many positions (0: every one)
     sinks: int = 0  # and the first this many, as attention sinks
+    kv_dtype: str = ""  # the cache stores keys and values quantized (a key of records.KV_DTYPES; "": exact)
     prompts: tuple[str, ...] = ()  # a serving step's batch: its requests' prompts (advance_to counts its passes)
     block_size: int = 8  # a serving step's: positions per block of the paged cache
 
@@ -131,6 +132,7 @@ BUILTIN_LESSONS = {  # name -> what it teaches; the first is the default, each i
     "kv-sharing": "MHA, GQA, MQA: sharing keys and values across query heads",
     "kv-window": "sliding windows and attention sinks: a cache that evicts",
     "kv-paging": "serving many requests: a paged KV cache that shares prefixes",
+    "kv-quantized": "a quantized KV cache: a quarter of the bytes, and the drift it costs",
 }
 
 
@@ -251,6 +253,11 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
             raise LessonError(f"{source}: {where}{key}: {value} is not from 0 to {MAX_LESSON_TOKENS}")
     if sinks and not window:
         raise LessonError(f"{source}: {where}sinks: attention sinks go with a window: give window too")
+    kv_dtype = item.get("kv_dtype", "")
+    if kv_dtype and kv_dtype not in KV_DTYPES:
+        raise LessonError(f"{source}: {where}kv_dtype: expected one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}"[:300])
+    if kv_dtype and window:
+        raise LessonError(f"{source}: {where}kv_dtype: a quantized cache keeps every position: no window with it")
     focus = item.get("focus", "all")
     if focus not in FOCUSES:
         raise LessonError(f"{source}: {where}focus: expected one of {', '.join(FOCUSES)}, got {focus!r}"[:300])
@@ -262,7 +269,8 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
             raise LessonError(f"{source}: {where}{key}: {MEASURED_SPEED} belongs in a step's text")
     return LessonStep(title=item["title"].strip(), text=" ".join(item["text"].split()), prompt=item["prompt"],
                       cache=cache, advance_to=advance, max_new_tokens=budget, notes=item.get("notes", "").strip(),
-                      model=item.get("model"), focus=focus, question=question, window=window, sinks=sinks)
+                      model=item.get("model"), focus=focus, question=question, window=window, sinks=sinks,
+                      kv_dtype=kv_dtype)
 
 
 def _parse_serving_step(item: dict, source: str, where: str) -> LessonStep:
@@ -270,7 +278,7 @@ def _parse_serving_step(item: dict, source: str, where: str) -> LessonStep:
     for key in REQUIRED_SERVING_KEYS:
         if key not in item:
             raise LessonError(f"{source}: {where}{key}: missing")
-    for key in ("prompt", "cache", "window", "sinks"):
+    for key in ("prompt", "cache", "window", "sinks", "kv_dtype"):
         if key in item:
             raise LessonError(f"{source}: {where}{key}: a serving step has prompts, one cache for all, no window")
     prompts = item["prompts"]

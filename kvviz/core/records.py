@@ -34,18 +34,37 @@ class ModelInfo:
     dtype: str = "float32"  # the weights' and the cache's number type
 
 
+KV_DTYPES = {  # the number types a quantized KV cache stores keys and values in: bits a number, largest value
+    "int8": (8, 127.0),
+    "int4": (4, 7.0),
+    "fp8": (8, 448.0),  # float8 e4m3
+}
+
+
 @dataclass(frozen=True)
 class CachePolicy:
     """Which positions a cache keeps: every one (`window` 0), or the first `sinks` ever fed and the last `window`
     (a sliding window, as Mistral's; with sinks, StreamingLLM's attention sinks). A query attends to exactly the
-    positions the cache holds as it runs: its own and the window's others, and the sinks."""
+    positions the cache holds as it runs: its own and the window's others, and the sinks. `kv_dtype` (a key of
+    KV_DTYPES) stores every key and value quantized, with a scale each ("": in the weights' number type)."""
 
     window: int = 0
     sinks: int = 0
+    kv_dtype: str = ""
 
     @property
     def evicts(self) -> bool:
         return self.window > 0
+
+    @property
+    def quantized(self) -> bool:
+        return bool(self.kv_dtype)
+
+    @property
+    def lossy(self) -> bool:
+        """The cache changes what the model attends to (evicting or rounding): its output may part from an exact
+        cache's, by design."""
+        return self.evicts or self.quantized
 
     @property
     def capacity(self) -> int:
@@ -53,6 +72,8 @@ class CachePolicy:
         return self.sinks + self.window if self.evicts else 0
 
     def describe(self) -> str:
+        if self.quantized:
+            return f"every position, in {self.kv_dtype}"
         if not self.evicts:
             return "every position"
         sinks = f"the first {self.sinks} and " if self.sinks else ""
@@ -78,6 +99,7 @@ class RunRequest:
     attention: bool = False  # records carry the newest query's attention weights (the attention view is open)
     window: int = 0  # a sliding window of this many positions (0: the model's own, if any, else none)
     sinks: int = 0  # with `window`: the first positions kept as attention sinks
+    kv_dtype: str = ""  # a key of KV_DTYPES: the cache stores keys and values quantized ("": exact)
 
 
 @dataclass(frozen=True)
@@ -180,7 +202,8 @@ class RunPlan:
 
     @property
     def against_window(self) -> bool:
-        """Compare mode of a full cache against a windowed one (both runs cached), not of cached against uncached."""
+        """Compare mode of an exact cache against a lossy one (a window, or quantized; both runs cached), not of
+        cached against uncached."""
         return self.twin is not None and self.use_cache and self.twin.use_cache
 
     @property
@@ -188,22 +211,24 @@ class RunPlan:
         """What compare mode calls its two runs: the cached and the uncached, or the full cache and the window."""
         if not self.against_window:
             return "with cache", "without cache"
-        windowed = self if self.policy.evicts else self.twin
-        sinks = f" + {windowed.policy.sinks} sinks" if windowed.policy.sinks else ""
-        return "full cache", f"window of {windowed.policy.window}{sinks}"
+        lossy = self if self.policy.lossy else self.twin
+        if lossy.policy.quantized:
+            return "exact cache", f"{lossy.policy.kv_dtype} cache"
+        sinks = f" + {lossy.policy.sinks} sinks" if lossy.policy.sinks else ""
+        return "full cache", f"window of {lossy.policy.window}{sinks}"
 
     @property
     def cached_plan(self) -> RunPlan | None:
         """The run with the cache: this one or its twin (against a window: the full cache's)."""
         if self.against_window:
-            return self.twin if self.policy.evicts else self
+            return self.twin if self.policy.lossy else self
         return self if self.use_cache else self.twin
 
     @property
     def uncached_plan(self) -> RunPlan | None:
         """The run without the cache: this one or its twin (against a window: the windowed cache's)."""
         if self.against_window:
-            return self if self.policy.evicts else self.twin
+            return self if self.policy.lossy else self.twin
         return self.twin if self.use_cache else self
 
     @property
@@ -286,6 +311,7 @@ class StepRecord:
     kv_evicted: tuple[int, int] = (0, 0)  # positions [start, stop) this pass evicted from the cache (a window's)
     positions_held: int = 0  # positions the cache holds after this pass (0 without a cache)
     windowed: bool = False  # the pass ran on a cache that evicts (a window)
+    lossy: bool = False  # the pass ran on a cache that evicts or rounds (a window, or quantized)
 
     @property
     def twin_token_id(self) -> int | None:
@@ -307,10 +333,10 @@ class StepRecord:
 
     def lockstep_passes(self) -> tuple[tuple[StepRecord, ...], tuple[StepRecord, ...]]:
         """(cached passes, uncached passes) of this record's step in compare mode, this record included; of a
-        full cache against a window, (the full cache's, the window's)."""
+        full cache against a window, (the full cache's, the window's); likewise against a quantized cache."""
         both = (self, *self.twin)
-        if any(r.windowed for r in both) and all(r.use_cache for r in both):  # a pass may come alone: a fill
-            return tuple(r for r in both if not r.windowed), tuple(r for r in both if r.windowed)
+        if any(r.lossy for r in both) and all(r.use_cache for r in both):  # a pass may come alone: a fill
+            return tuple(r for r in both if not r.lossy), tuple(r for r in both if r.lossy)
         cached = tuple(r for r in both if r.use_cache)
         uncached = tuple(r for r in both if not r.use_cache)
         return cached, uncached

@@ -56,7 +56,7 @@ def start_run(
     fault = BROKEN_CACHE_FAULT if request.break_cache else ""
     options = dict(prompt=request.prompt if prompt_ids is None else None, model_name=model_name,
                    run_id=request.run_id, cache_fault=fault, attention=request.attention, window=request.window,
-                   sinks=request.sinks)
+                   sinks=request.sinks, kv_dtype=request.kv_dtype)
     if request.compare:
         plan = plan_lockstep(engine, ids, request.max_new_tokens, request.use_cache, sampling, **options)
         lockstep = Lockstep(engine, plan, sampling, top_candidates)

@@ -16,13 +16,13 @@ WARMUP_TOKENS = 8
 MAX_REPEAT = 100  # turns per configuration: more would only wait longer for the same fastest run
 
 
-def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bool) -> tuple[list[int], float, int]:
-    from kvviz.core.engine import generate_ids
-
+def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bool, kv_dtype: str = ""
+           ) -> tuple[list[int], float, int]:
     started = time.perf_counter()
-    ids, records = generate_ids(engine, prompt_ids, new_tokens, use_cache)
+    plan = engine.plan(prompt_ids, new_tokens, use_cache, kv_dtype=kv_dtype)
+    records = list(engine.run(plan, top_candidates=1))
     seconds = time.perf_counter() - started
-    return ids, seconds, records[-1].cache_bytes
+    return [r.token_id for r in records if r.token_id is not None], seconds, records[-1].cache_bytes
 
 
 def to_transformers(model):
@@ -107,10 +107,11 @@ class Timing(NamedTuple):
 
 def best_of(
     repeat: int, engine: Engine, peer: PreTrainedModel | None, prompt_ids: list[int], new_tokens: int,
-    use_cache: bool, float32_engine: Engine | None = None,
+    use_cache: bool, float32_engine: Engine | None = None, kv_dtype: str = "",
 ) -> dict[str, Timing]:
-    """Time kvviz `repeat` times, and right after each run the peer and kvviz in float32 (where given);
-    keep the fastest run of each, under the keys "kvviz", "peer" and "float32"."""
+    """Time kvviz `repeat` times, and right after each run the peer, kvviz in float32 (where given) and kvviz with
+    its cache quantized to `kv_dtype` (given); keep the fastest run of each, under the keys "kvviz", "peer",
+    "float32" and "quantized"."""
     if not 1 <= repeat <= MAX_REPEAT:
         raise KvvizError(f"repeat must be a whole number from 1 to {MAX_REPEAT}, got {repeat}")
     runners = {"kvviz": lambda: Timing(*_timed(engine, prompt_ids, new_tokens, use_cache))}
@@ -118,6 +119,8 @@ def best_of(
         runners["peer"] = lambda: Timing(*_time_peer(peer, prompt_ids, new_tokens, use_cache))
     if float32_engine is not None:
         runners["float32"] = lambda: Timing(*_timed(float32_engine, prompt_ids, new_tokens, use_cache))
+    if kv_dtype:
+        runners["quantized"] = lambda: Timing(*_timed(engine, prompt_ids, new_tokens, use_cache, kv_dtype))
     fastest: dict[str, Timing] = {}
     for _ in range(repeat):
         for name, runner in runners.items():
@@ -152,14 +155,15 @@ def weight_bytes(model) -> int:
 
 def run_bench(
     model: str | None, prompt: str, new_tokens: int, device: str = "cpu", peer: bool = False,
-    repeat: int | None = None, dtype: str = "float32",
+    repeat: int | None = None, dtype: str = "float32", kv_dtype: str = "",
 ) -> dict:
     """Cached and uncached tokens/s of kvviz (and, with `peer`, of transformers) in one process.
 
     Each configuration runs `repeat` times (by default CACHED_REPEAT for cached runs and
     UNCACHED_REPEAT for uncached ones), kvviz and the peer taking turns right after each other,
     and the fastest run of each counts (the usual rule for timings disturbed by other work on the
-    machine): the two cached runs that are compared are always seconds apart.
+    machine): the two cached runs that are compared are always seconds apart. With `kv_dtype` the cached run
+    with a quantized cache takes turns with the exact one.
     """
     import torch
 
@@ -169,8 +173,11 @@ def run_bench(
     loaded = load_model(model, device=device, dtype=getattr(torch, dtype))
     engine = Engine(loaded.model, loaded.tokenizer, device=device)
     prompt_ids = engine.encode_prompt(prompt)
+    engine.policy(kv_dtype=kv_dtype)  # a format the model cannot store in: refused before any timing
     for use_cache in (True, False):
         generate_ids(engine, prompt_ids, WARMUP_TOKENS, use_cache)
+    if kv_dtype:
+        _timed(engine, prompt_ids, WARMUP_TOKENS, True, kv_dtype)
     reference = None
     if peer:
         try:
@@ -184,7 +191,8 @@ def run_bench(
         generate_ids(float32_engine, prompt_ids, WARMUP_TOKENS, True)
     cached_repeat = repeat or CACHED_REPEAT
     uncached_repeat = repeat or UNCACHED_REPEAT
-    fastest_cached = best_of(cached_repeat, engine, reference, prompt_ids, new_tokens, True, float32_engine)
+    fastest_cached = best_of(cached_repeat, engine, reference, prompt_ids, new_tokens, True, float32_engine,
+                             kv_dtype)
     fastest_uncached = best_of(uncached_repeat, engine, reference, prompt_ids, new_tokens, False)
     cached, uncached = fastest_cached["kvviz"], fastest_uncached["kvviz"]
     peer_cached, peer_uncached = fastest_cached.get("peer"), fastest_uncached.get("peer")
@@ -218,6 +226,16 @@ def run_bench(
             "float32_cached_tokens_per_second": float32_rate,
             "cached_vs_float32": (n / cached.seconds) / float32_rate,
             "float32_identical": float32.ids == cached.ids,
+        })
+    if kv_dtype:
+        quantized = fastest_cached["quantized"]
+        quantized_rate = len(quantized.ids) / quantized.seconds
+        result.update({
+            "kv_dtype": kv_dtype,
+            "quantized_tokens_per_second": quantized_rate,
+            "quantized_vs_exact_cached": quantized_rate / (n / cached.seconds),
+            "quantized_identical": quantized.ids == cached.ids,
+            "quantized_cache_bytes": quantized.cache_bytes,
         })
     if peer_cached is not None and peer_uncached is not None:
         peer_cached_rate = len(peer_cached.ids) / peer_cached.seconds

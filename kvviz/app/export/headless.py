@@ -116,6 +116,7 @@ def run_export(
     dtype: str = "float32",
     window: int = 0,
     sinks: int = 0,
+    kv_dtype: str = "",
 ) -> list[Path]:
     """Generate `new_tokens` tokens and write kvviz-{chart,grid,view}-stepN.{fmt} into `out_dir`.
 
@@ -127,7 +128,8 @@ def run_export(
     With `compare`, the cached and the uncached run go in lockstep (kvviz.core.compare) and the one image per
     format is the compare view, kvviz-compare-stepN.{fmt}; `break_cache` plants the teaching bug.
     `theme` is "dark" or "light" (kvviz.app.theme): the images' colours. `dtype` is the weights' and the
-    cache's number type (float32, bfloat16 or float16). `window` and `sinks` give the cache a sliding window.
+    cache's number type (float32, bfloat16 or float16). `window` and `sinks` give the cache a sliding window;
+    `kv_dtype` (int8, int4, fp8) stores it quantized.
     """
     from kvviz.app import theme as themes
 
@@ -144,7 +146,8 @@ def run_export(
 
     app = ensure_application()
 
-    plan, records = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache, dtype, window, sinks)
+    plan, records = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache, dtype, window, sinks,
+                                kv_dtype)
     run = list(records())
     render = _render_compare if compare else _render_run
     with without_offscreen_chatter(), themes.using(theme), stops_deferred():  # Qt paints: a stop waits for a file
@@ -153,7 +156,7 @@ def run_export(
 
 def planned_run(model: str | None, prompt: str, new_tokens: int, use_cache: bool = True, compare: bool = False,
                 break_cache: bool = False, dtype: str = "float32", window: int = 0, sinks: int = 0,
-                ) -> tuple[RunPlan, Callable[[], Iterator[StepRecord]]]:
+                kv_dtype: str = "") -> tuple[RunPlan, Callable[[], Iterator[StepRecord]]]:
     """The plan of a headless run of `model` in `dtype` (a lockstep one with `compare`; `break_cache` plants the
     teaching bug), checked, and a function that runs it: the callers check what the plan tells them before the
     work starts."""
@@ -164,7 +167,7 @@ def planned_run(model: str | None, prompt: str, new_tokens: int, use_cache: bool
 
     loaded = load_model(model, dtype=torch_dtype(dtype))
     request = RunRequest(0, prompt, use_cache, new_tokens, compare=compare, break_cache=break_cache, window=window,
-                         sinks=sinks)
+                         sinks=sinks, kv_dtype=kv_dtype)
     run = start_run(Engine(loaded.model, loaded.tokenizer), request, loaded.name)
     return run.plan, run.passes
 

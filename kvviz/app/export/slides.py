@@ -90,7 +90,10 @@ def _footer(step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], dt
                                f"{done} of {plan.passes} passes, blocks of {step.block_size} positions, "
                                f"{step.max_new_tokens} new tokens each, greedy")
     made = records[-1].new_tokens if records else 0
-    if step.compare:
+    if step.compare and plan.against_window:
+        first, second = plan.lockstep_names
+        mode = f"the {first} and the {second} in lockstep"
+    elif step.compare:
         mode = "with and without KV cache in lockstep"
     else:
         mode = "with KV cache" if step.use_cache else "without KV cache"
@@ -114,7 +117,7 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
     if step.serving:
         return _run_batch_step(engine, model_name, step, where)
     request = RunRequest(0, step.prompt, step.use_cache or step.compare, step.max_new_tokens, compare=step.compare,
-                         window=step.window, sinks=step.sinks)
+                         window=step.window, sinks=step.sinks, kv_dtype=step.kv_dtype)
     try:
         run = start_run(engine, request, model_name)
     except KvvizError as exc:

@@ -70,6 +70,7 @@ class FreeApp:
     steps: int  # the token its run was at, or on its way to
     break_cache: bool
     window: tuple[int, int] = (0, 0)  # Run > Sliding window: positions and sinks
+    kv_dtype: str = ""  # Run > KV cache precision
 
 
 class LessonMode(QObject):
@@ -145,7 +146,7 @@ class LessonMode(QObject):
         w = self._window
         w.controls.store(w.settings)  # what is remembered: the free app's settings, never a lesson's
         self._free = FreeApp(w.session.latest_source, w.session.steps_target, w.controls.break_cache,
-                             (w.controls.window, w.controls.sinks))
+                             (w.controls.window, w.controls.sinks), w.controls.kv_dtype)
         self.active = True
         set_lesson_keys(w.actions, True)
         self.panel.set_notes_action(w.actions["lesson_notes"])
@@ -180,6 +181,9 @@ class LessonMode(QObject):
         c.restore(w.settings)  # the prompt and the run settings the lesson began with, compare mode too
         c.break_cache = free.break_cache
         c.window, c.sinks = free.window
+        c.kv_dtype = free.kv_dtype
+        with QSignalBlocker(actions[f"kv_{free.kv_dtype or 'exact'}"]):
+            actions[f"kv_{free.kv_dtype or 'exact'}"].setChecked(True)
         for name, on in (("compare", c.compare), ("break_cache", free.break_cache)):
             with QSignalBlocker(actions[name]):
                 actions[name].setChecked(on)
@@ -310,13 +314,17 @@ class LessonMode(QObject):
         return (plan is not None and plan.prompt == step.prompt and plan.use_cache == step.use_cache
                 and (plan.twin is not None) == step.compare and plan.max_new_tokens == step.max_new_tokens
                 and plan.sampling == "greedy" and not plan.cache_broken
-                and (not step.window or (plan.policy.window, plan.policy.sinks) == (step.window, step.sinks)))
+                and (not step.window or (plan.policy.window, plan.policy.sinks) == (step.window, step.sinks))
+                and plan.policy.kv_dtype == step.kv_dtype)
 
     def _set_controls(self, step: LessonStep) -> None:
         c, actions = self._window.controls, self._window.actions
         c.prompt_edit.setText(step.prompt)
         c.break_cache = False  # the teaching switch is the lecturer's to turn on, never a step's
         c.window, c.sinks = step.window, step.sinks
+        c.kv_dtype = step.kv_dtype
+        with QSignalBlocker(actions[f"kv_{step.kv_dtype or 'exact'}"]):
+            actions[f"kv_{step.kv_dtype or 'exact'}"].setChecked(True)
         c.set_run_settings(use_cache=step.use_cache, max_new_tokens=step.max_new_tokens, temperature=0.0,
                            compare=step.compare)
         for name, on in (("compare", step.compare), ("break_cache", False)):

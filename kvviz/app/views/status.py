@@ -69,12 +69,15 @@ class StatusLine(LiveLabel):
         plan, rec = self._plan, self._record
         if plan.twin is not None:
             first, second = plan.lockstep_names
-            mode = (f"comparing the {first} and a {second}" if plan.against_window
+            article = "an" if second[:1] in "aeiouf" else "a"  # an int8 cache, an fp8 cache; a window of 8
+            mode = (f"comparing the {first} and {article} {second}" if plan.against_window
                     else "comparing with and without cache")
         else:
             mode = "cache on" if plan.use_cache else "cache off"
             if plan.policy.evicts:
                 mode += f", keeping {plan.policy.describe()}"
+            elif plan.policy.quantized and plan.use_cache:
+                mode += f", stored in {plan.policy.kv_dtype}"
         if plan.cache_broken:
             mode += " \u00b7 CACHE BROKEN ON PURPOSE (Run menu)"
         precision = f"{self._precision} \u00b7 " if self._precision else ""

@@ -74,6 +74,7 @@ class RunControls(QWidget):
         self.compare = False  # View > Compare (remembered)
         self.break_cache = False  # Run > Break the cache (never remembered)
         self.window, self.sinks = 0, 0  # Run > Sliding window (never remembered): 0, every position
+        self.kv_dtype = ""  # Run > KV cache precision (never remembered): "" exact, or int8, int4, fp8
         self.attention = False  # View > Attention is open: records carry attention weights
         self.cache_check = QCheckBox("KV cache")
         self.cache_check.setChecked(True)
@@ -159,6 +160,7 @@ class RunControls(QWidget):
             attention=self.attention,
             window=self.window,
             sinks=self.sinks,
+            kv_dtype=self.kv_dtype,
         )
 
     def set_window(self, window: int, sinks: int) -> None:
@@ -166,6 +168,12 @@ class RunControls(QWidget):
         restarts."""
         if (window, sinks) != (self.window, self.sinks):
             self.window, self.sinks = window, sinks
+            self.request_changed.emit()
+
+    def set_kv_dtype(self, kv_dtype: str) -> None:
+        """Run > KV cache precision: store the cache quantized ("": exact); the run restarts up to the same token."""
+        if kv_dtype != self.kv_dtype:
+            self.kv_dtype = kv_dtype
             self.request_changed.emit()
 
     def set_attention(self, on: bool) -> None:

@@ -88,6 +88,7 @@ class MainWindow(QMainWindow):
         self.precision = PrecisionMenu(self.session, self.actions,  # Run > Precision, shown where the run is
                                        (self.status.set_precision, self.controls.show_precision,
                                         self.lesson_panel.set_precision))
+        self.actions["kv_exact"].setChecked(True)
         self._wire()
         restore_window(self, self.store, self.settings, self.controls, self.actions, self.presentation, self.run_view,
                        prompt)
@@ -140,9 +141,12 @@ class MainWindow(QMainWindow):
             "lesson": self.lesson.set_active, "lesson_sharing": lambda: self.lesson.switch("kv-sharing"),
             "lesson_window": lambda: self.lesson.switch("kv-window"),
             "lesson_paging": lambda: self.lesson.switch("kv-paging"),
+            "lesson_quantized": lambda: self.lesson.switch("kv-quantized"),
             "lesson_next": self.lesson.next, "lesson_back": self.lesson.back,
             "colour_blind": self.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
             "sliding_window": self.choose_window,
+            **{f"kv_{name or 'exact'}": (lambda on, name=name: on and self.set_kv_dtype(name))
+               for name in ("", "int8", "int4", "fp8")},
             "memory": lambda on: (self.workspace.show_memory(on), self.redraw()),
             "attention": lambda on: (self.run_view.show_attention(on), c.set_attention(on)),
             "heads": lambda: self.grid.toggle_heads(),
@@ -292,6 +296,12 @@ class MainWindow(QMainWindow):
         dialog = WindowDialog(self.controls.window, self.controls.sinks, self)
         if dialog.exec():
             self.controls.set_window(*dialog.chosen())
+
+    def set_kv_dtype(self, kv_dtype: str) -> None:
+        """Run > KV cache precision: the run restarts with its cache exact ("") or quantized; compare mode then puts
+        the exact cache beside the quantized one."""
+        self.actions[f"kv_{kv_dtype or 'exact'}"].setChecked(True)
+        self.controls.set_kv_dtype(kv_dtype)
 
     def escape(self) -> None:
         """Esc: the lesson's, else leave presenter mode, else the keyboard focus back on the grid."""

@@ -73,6 +73,7 @@ class DivergenceBanner(QWidget):
         self._broken = False
         self._names = ("with cache", "without cache")  # RunPlan.lockstep_names
         self._against_window = False
+        self._quantized = False  # against a quantized cache, not a window
         self._cached: list[str] = []  # each token step's token text, per run
         self._uncached: list[str] = []
         self.first_divergence: int | None = None
@@ -87,6 +88,7 @@ class DivergenceBanner(QWidget):
         self._broken = plan.cache_broken
         self._names = plan.lockstep_names
         self._against_window = plan.against_window
+        self._quantized = plan.against_window and (plan.policy.quantized or plan.twin.policy.quantized)
         self._cached, self._uncached = [], []
         self.first_divergence = None
         self.first_logit_divergence = None
@@ -140,7 +142,8 @@ class DivergenceBanner(QWidget):
         why = " The cache is broken on purpose (teaching switch)." if self._broken else ""
         against_window = self._against_window
         if against_window:
-            why = " A window changes what the model attends to: a trade-off, not a bug."
+            why = (f" An {self._names[1]} rounds every key and value: a trade-off for memory, not a bug."
+                   if self._quantized else " A window changes what the model attends to: a trade-off, not a bug.")
         logits = ""
         if self.first_logit_divergence is not None and (
                 self.first_divergence is None or self.first_logit_divergence < self.first_divergence):
@@ -150,7 +153,8 @@ class DivergenceBanner(QWidget):
         texts = self.continuations()
         first, second = self._names
         if texts is None:
-            text = (f"{logits}The tokens still agree, but the windowed run computes something else." if against_window
+            lossy = "quantized" if self._quantized else "windowed"
+            text = (f"{logits}The tokens still agree, but the {lossy} run computes something else." if against_window
                     else f"{logits}The tokens still agree, but the cached run computes something else.")
         else:
             cached, uncached = texts
