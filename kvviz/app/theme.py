@@ -52,9 +52,10 @@ class Theme:
     banner_text: str  # the banner's text on amber_tint
     frame: str  # lesson mode's outline around the view it points at
     cell_gap: float = 0.0  # the grid's gap between cells, as a share of a cell (0: a 1-pixel line)
-    # other models' lines in the memory view (gpt2-xl, Llama-3-8B, Llama-3-70B, Mistral-7B, Falcon-7B, DeepSeek-V2),
+    # other models' lines in the memory view (gpt2-xl, Llama-3-8B, Llama-3-70B, Mistral-7B, Falcon-7B, DeepSeek-V2,
+    # DeepSeek-V2-Lite),
     # told apart from one another and from teal (this run's); each also has its dash, and its name in its colour
-    series: tuple[str, ...] = ("#56B4E9", "#E8E8E8", "#F07AA8", "#B9A3FF", "#F0E442", "#FF7B5C")
+    series: tuple[str, ...] = ("#56B4E9", "#E8E8E8", "#F07AA8", "#B9A3FF", "#F0E442", "#FF7B5C", "#9BD770")
 
 
 DARK = Theme(
@@ -75,7 +76,7 @@ LIGHT = Theme(
     amber_tint="#FFF1DC", alert_tint="#FDECEA",
     foreground="#1B1E24", muted="#5B6270", disabled="#9AA1AD", on_amber="#1B1E24", banner_text="#7A4600",
     frame="#1B1E24", cell_gap=0.18,  # white between mid-tone cells keeps a light slide light
-    series=("#0072B2", "#3A3F48", "#C0306A", "#6A4FB3", "#7A6A00", "#C4410C"),
+    series=("#0072B2", "#3A3F48", "#C0306A", "#6A4FB3", "#7A6A00", "#C4410C", "#3F7F1F"),
 )
 
 THEMES = {theme.name: theme for theme in (DARK, LIGHT)}

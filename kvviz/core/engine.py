@@ -10,7 +10,7 @@ import torch
 
 from kvviz.core.counting import kv_with_cache, kv_without_cache
 from kvviz.core.errors import KvvizError
-from kvviz.core.kv_cache import CACHES_BY_FAULT, KVCache, QuantizedCache, WindowCache
+from kvviz.core.kv_cache import CACHES_BY_FAULT, KVCache, LatentCache, QuantizedCache, WindowCache
 from kvviz.core.records import (
     CACHE_FAULTS,
     KV_DTYPES,
@@ -100,6 +100,9 @@ class Engine:
 
     def _new_cache(self, capacity: int, fault: str = "", policy: CachePolicy | None = None) -> KVCache:
         cfg = self.model.config
+        if hasattr(cfg, "kv_lora_rank"):  # latent attention: one latent per position and layer
+            return LatentCache(cfg.n_layer, cfg.kv_lora_rank, cfg.qk_rope_head_dim, capacity, dtype=self.dtype,
+                               device=self.device)
         if policy is not None and policy.quantized:
             return QuantizedCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, capacity, policy, dtype=self.dtype,
                                   device=self.device)
@@ -173,6 +176,8 @@ class Engine:
         policy = self.policy(window, sinks, kv_dtype) if policy is None else policy
         if policy.evicts and cache_fault:
             raise GenerationError("Break the cache plants its bug in a full cache; turn the window off first")
+        if cache_fault and hasattr(self.model.config, "kv_lora_rank"):
+            raise GenerationError("Break the cache plants its bug in a per-head cache, not a latent one (MLA)")
         if policy.quantized and cache_fault:
             raise GenerationError("Break the cache plants its bug in an exact cache; store it in full precision first")
         if cache_fault and cache_fault not in CACHE_FAULTS:
@@ -207,9 +212,7 @@ class Engine:
             width=P + budget,
             final_with_cache=kv_with_cache(P, budget),
             final_without_cache=kv_without_cache(P, budget),
-            cache_bytes_per_position=(QuantizedCache.bytes_per_position_in(
-                cfg.n_layer, cfg.n_kv_head, cfg.head_dim, policy.kv_dtype) if policy.quantized else
-                KVCache.bytes_per_position(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, self.dtype)) if use_cache else 0,
+            cache_bytes_per_position=self._bytes_per_position(policy) if use_cache else 0,
             stop_reason="max_new_tokens" if budget == max_new_tokens else "context_full",
             sampling=describe_sampling(sampling.temperature, sampling.top_k, sampling.seed),
             run_id=run_id,
@@ -220,11 +223,25 @@ class Engine:
             head_dim=cfg.head_dim,
             dtype_bytes=torch.finfo(self.dtype).bits // 8,
             policy=policy,
+            cache_parts=(("latent c_kv", cfg.kv_lora_rank), ("RoPE key k_pe", cfg.qk_rope_head_dim))
+            if hasattr(cfg, "kv_lora_rank") else (),
         )
+
+    def _bytes_per_position(self, policy: CachePolicy) -> int:
+        """Bytes the cache of a run under `policy` takes a position, over all layers."""
+        cfg = self.model.config
+        if hasattr(cfg, "kv_lora_rank"):
+            return LatentCache.bytes_per_position_of(cfg.n_layer, cfg.latent_dim, self.dtype)
+        if policy.quantized:
+            return QuantizedCache.bytes_per_position_in(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, policy.kv_dtype)
+        return KVCache.bytes_per_position(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, self.dtype)
 
     def policy(self, window: int = 0, sinks: int = 0, kv_dtype: str = "") -> CachePolicy:
         """The cache policy of a run: `window` (or the model's own sliding window), `sinks` and `kv_dtype`
         (GenerationError for values no run can use)."""
+        if (window or sinks or kv_dtype) and hasattr(self.model.config, "kv_lora_rank"):
+            raise GenerationError(f"{self.model.config.name} caches latents (MLA): kvviz windows and quantizes "
+                                  "per-head caches only")
         if kv_dtype and kv_dtype not in KV_DTYPES:
             raise GenerationError(f"no KV cache in {kv_dtype!r}: kvviz quantizes it to {', '.join(KV_DTYPES)}")
         if kv_dtype and window:

@@ -308,3 +308,48 @@ class QuantizedCache(KVCache):
     @property
     def bytes_allocated(self) -> int:
         return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
+
+
+class LatentCache(KVCache):
+    """Multi-head latent attention's cache (kvviz.models.deepseek): per layer and position one latent `c_kv` of
+    `rank` numbers and one RoPE key `k_pe` of `rope_dim`, shared by every head, in a buffer shaped (layers, batch,
+    capacity, rank + rope_dim); each head's keys and values are rebuilt from it. `bytes_used` counts the filled
+    rows: layers x (rank + rope_dim) x bytes per number a position."""
+
+    def __init__(self, n_layer: int, rank: int, rope_dim: int, capacity: int, batch_size: int = 1,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        super().__init__(n_layer, 1, 0, 0, batch_size, dtype, device)  # no per-head rows: see `latents`
+        self.capacity, self.rank = capacity, rank
+        self.latents = torch.zeros((n_layer, batch_size, capacity, rank + rope_dim), dtype=dtype,
+                                   device=device)  # (L, B, S, r + rope)
+
+    def update(self, layer: int, positions: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store `c_kv` (B, T, r) and `k_pe` (B, T, rope) at `positions` (T,) of `layer`; return every cached
+        latent and RoPE key, (B, S, r) and (B, S, rope)."""
+        T = c_kv.shape[1]
+        start = int(positions[0])
+        end = self._claim(layer, start, T)
+        rows = self.latents[layer].narrow(1, start, T)  # (B, T, r + rope)
+        rows[..., : self.rank].copy_(c_kv)
+        rows[..., self.rank:].copy_(k_pe)
+        self.last_written = (start, end)
+        self.reused[layer] = end - T
+        held = self.latents[layer].narrow(1, 0, end)  # (B, S, r + rope)
+        return held[..., : self.rank], held[..., self.rank:]
+
+    def append(self, layer: int, position: int, kv: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("a LatentCache runs the teaching forward's update")
+
+    @staticmethod
+    def bytes_per_position_of(n_layer: int, latent_dim: int, dtype: torch.dtype, batch_size: int = 1) -> int:
+        """Bytes one position's latents take over all layers: L x (rank + rope_dim) x bytes per number x B."""
+        return n_layer * latent_dim * torch.empty((), dtype=dtype).element_size() * batch_size
+
+    @property
+    def bytes_used(self) -> int:
+        return self.latents[:, :, 0].numel() * self.latents.element_size() * self.length
+
+    @property
+    def bytes_allocated(self) -> int:
+        return self.latents.numel() * self.latents.element_size()

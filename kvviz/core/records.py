@@ -189,15 +189,19 @@ class RunPlan:
     head_dim: int = 0  # numbers per key (and per value) per head
     dtype_bytes: int = 4  # bytes per number of the weights and the cache
     policy: CachePolicy = EXACT  # which positions the cache keeps (and every pass attends to)
+    cache_parts: tuple[tuple[str, int], ...] = ()  # latent attention's: what a layer caches instead of heads,
+    # (name, numbers) each, e.g. (("latent c_kv", 512), ("RoPE key k_pe", 64)); () for a cache of heads
 
     @property
     def cache_heads(self) -> int:
-        """Heads whose keys and values the cache keeps per layer."""
-        return self.n_kv_head or self.n_head
+        """Rows the cache keeps per layer: KV heads, or latent attention's parts."""
+        return len(self.cache_parts) or self.n_kv_head or self.n_head
 
     @property
     def query_group(self) -> int:
-        """Query heads reading each cached head: 1 under multi-head attention."""
+        """Query heads reading each cached head: 1 under multi-head attention (and for latent parts)."""
+        if self.cache_parts:
+            return 1
         return self.n_head // self.cache_heads if self.cache_heads else 1
 
     @property

@@ -31,6 +31,9 @@ def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | l
     budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     if len(budgets) != len(prompts):
         raise GenerationError(f"{len(budgets)} budgets for {len(prompts)} prompts")
+    if hasattr(engine.model.config, "kv_lora_rank"):
+        raise GenerationError(f"{engine.model.config.name} caches latents (MLA); kvviz batch pages per-head caches "
+                              "only")
     if engine.policy().evicts:
         raise GenerationError(f"{engine.model.config.name} has a sliding window; the paged cache keeps every "
                               "position, so kvviz batch does not run it")

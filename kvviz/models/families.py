@@ -15,7 +15,7 @@ from types import ModuleType
 from torch import nn
 
 from kvviz.core.errors import ModelLoadError
-from kvviz.models import gpt2, gpt2_fast, gpt2_format, llama, llama_fast, llama_format
+from kvviz.models import deepseek, deepseek_format, gpt2, gpt2_fast, gpt2_format, llama, llama_fast, llama_format
 from kvviz.models.config_json import read_config, shown
 
 
@@ -35,11 +35,13 @@ class Family:
 FAMILIES: dict[str, Family] = {model_type: family for family in (
     Family(("gpt2",), "GPT-2", gpt2.GPT, gpt2_format, gpt2_fast),
     Family(llama_format.MODEL_TYPES, "Llama-family", llama.Llama, llama_format, llama_fast),
+    Family(deepseek_format.MODEL_TYPES, "DeepSeek-V2", deepseek.Deepseek, deepseek_format),
 ) for model_type in family.model_types}
 DEFAULT_FAMILY = FAMILIES["gpt2"]  # what a weights file without a config.json is read as
 PRESETS: dict[str, tuple[Family, object]] = {  # random:<name>: a family and one of its published shapes
     **{name: (FAMILIES["gpt2"], config) for name, config in gpt2.PRESETS.items()},
     **{name: (FAMILIES["llama"], config) for name, config in llama.PRESETS.items()},
+    **{name: (FAMILIES["deepseek_v2"], config) for name, config in deepseek.PRESETS.items()},
 }
 
 
@@ -57,7 +59,8 @@ def family_of_config(path: Path) -> Family:
     model_type = read_config(path).get("model_type")
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is None:
-        titles = " and ".join(dict.fromkeys(f.title for f in FAMILIES.values()))
+        *others, last = dict.fromkeys(f.title for f in FAMILIES.values())
+        titles = f"{', '.join(others)} and {last}" if others else last
         raise ModelLoadError(f"{path}: model_type is {shown(model_type)}, but kvviz runs {titles} checkpoints only")
     return family
 

@@ -24,10 +24,12 @@ from kvviz.core.records import RunPlan, StepRecord
 X_TICKS = [(0.0, "1"), (1.0, "10"), (2.0, "100"), (3.0, "1k"), (4.0, "10k"), (5.0, "100k")]
 Y_TICKS = [(3.0, "1 kB"), (6.0, "1 MB"), (9.0, "1 GB"), (12.0, "1 TB")]
 LINEAR_X_TICKS = [(float(k * 32768), f"{32 * k}k" if k else "0") for k in range(5)]
-SHOWN_REFERENCES = ("gpt2-xl", "Llama-3-8B", "Llama-3-70B", "Mistral-7B", "Falcon-7B", "DeepSeek-V2")
+SHOWN_REFERENCES = ("gpt2-xl", "Llama-3-8B", "Llama-3-70B", "Mistral-7B", "Falcon-7B", "DeepSeek-V2",
+                    "DeepSeek-V2-Lite")
 # each reference's dash pattern, in pen widths (() solid), in SHOWN_REFERENCES' order: lines that lie on one
 # another (gpt2-xl and Llama-3-70B; Llama-3-8B and Mistral-7B up to its window) are told apart without colour
-SERIES_DASHES = ((), (7.0, 2.5), (3.0, 2.0), (1.0, 1.8), (5.0, 1.8, 1.0, 1.8), (5.0, 1.8, 1.0, 1.8, 1.0, 1.8))
+SERIES_DASHES = ((), (7.0, 2.5), (3.0, 2.0), (1.0, 1.8), (5.0, 1.8, 1.0, 1.8), (5.0, 1.8, 1.0, 1.8, 1.0, 1.8),
+                 (2.0, 3.0))
 REFERENCE_WIDTH = 2.5  # pixels
 MODEL_WIDTH = 4.5  # the loaded model's line, over the others
 SCALES = ("log", "linear")

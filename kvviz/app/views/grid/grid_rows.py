@@ -20,11 +20,13 @@ MIN_LABEL_POINTS = 6.0  # the left labels shrink to fit their rows, down to this
 LABEL_SHARE = 0.8  # of a font's line height, what a label takes on the axis (as pyqtgraph measures it)
 
 
-def row_label(layer: int, head: int = -1, group: int = 1) -> str:
+def row_label(layer: int, head: int = -1, group: int = 1, parts: tuple[str, ...] = ()) -> str:
     """A row's label on the left axis: "L2" for layer 2, "L2 h0" for its head 0; a KV head that `group` query
-    heads share names them: "L2 kv0 ← q0 q1 q2"."""
+    heads share names them: "L2 kv0 ← q0 q1 q2"; latent attention's parts are named: "L2 latent c_kv"."""
     if head < 0:
         return f"L{layer}"
+    if parts:
+        return f"L{layer} {parts[head]}"
     if group == 1:
         return f"L{layer} h{head}"
     return f"L{layer} kv{head} ← " + " ".join(f"q{q}" for q in range(head * group, (head + 1) * group))
@@ -38,7 +40,8 @@ class GridRows:
     layer (its own row and its heads), a wider gap around it; `layer_rows[layer]` is a layer's own row.
     """
 
-    def __init__(self, n_layer: int, n_head: int = 0, expanded: Collection[int] = (), group: int = 1) -> None:
+    def __init__(self, n_layer: int, n_head: int = 0, expanded: Collection[int] = (), group: int = 1,
+                 parts: tuple[str, ...] = ()) -> None:
         layers: list[int] = []
         heads: list[int] = []
         kinds: list[int] = []
@@ -55,6 +58,7 @@ class GridRows:
                 kinds += [HEAD_ROW] * (n_head - 1) + [LAST_HEAD_ROW]
         self.n_layer = n_layer
         self.group = group  # query heads per cached head, for the labels
+        self.parts = parts  # latent attention's part names instead of heads
         self.layers = np.array(layers, dtype=np.intp)  # display row -> layer
         self.heads = np.array(heads, dtype=np.intp)  # display row -> head, -1 on a layer's row
         self.kinds = np.array(kinds, dtype=np.intp)[:, None]  # (rows, 1)
@@ -65,7 +69,7 @@ class GridRows:
 
     def labels(self) -> list[tuple[float, str]]:
         """Every row's label at its middle: "L2", then "L2 h0", "L2 h1"... when layer 2 is open."""
-        return [(r + 0.5, row_label(int(layer), int(head), self.group))
+        return [(r + 0.5, row_label(int(layer), int(head), self.group, self.parts))
                 for r, (layer, head) in enumerate(zip(self.layers, self.heads, strict=True))]
 
     def left_ticks(self, label_rows: int) -> list[tuple[float, str]]:
@@ -87,7 +91,8 @@ class GridRows:
                 last = max(last, labelled[above - 1])
             below = labelled[above] if above < len(labelled) else np.inf
             if r - last >= gap and below - r >= gap:
-                ticks.append((float(r) + 0.5, row_label(int(self.layers[r]), int(self.heads[r]), self.group)))
+                ticks.append((float(r) + 0.5, row_label(int(self.layers[r]), int(self.heads[r]), self.group,
+                                                        self.parts)))
                 last = r
         return sorted(ticks)
 
@@ -160,7 +165,9 @@ class GridAxes:
         the columns (nor part them from another grid's)."""
         width = None
         if plan is not None and plan.cache_heads > 0:
-            widest = row_label(plan.n_layer - 1, plan.cache_heads - 1, plan.query_group)
+            parts = tuple(name for name, _ in plan.cache_parts)
+            widest = max((row_label(plan.n_layer - 1, head, plan.query_group, parts)
+                          for head in range(plan.cache_heads)), key=len)
             width = 2 + QFontMetrics(self._font).horizontalAdvance(widest)
         if width != self._tick_width:
             self._tick_width = width

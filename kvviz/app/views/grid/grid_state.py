@@ -95,6 +95,9 @@ class GridState:
             f" (read by query heads {', '.join(str(q) for q in range(head * group, (head + 1) * group))})"
         head_kind = "KV head" if group > 1 else "head"
         where = f"layer {layer}" if head is None else f"layer {layer}, {head_kind} {head}{shared}"
+        if plan.cache_parts and head is not None:
+            name, numbers = plan.cache_parts[head]
+            where = f"layer {layer}, its {name} ({numbers} numbers, shared by every head)"
         lines = [f"{where}, position {position}", f"token: {token}"]
         state = int(self.states[layer, position])
         at = int(self.computed_at[layer, position])
@@ -124,7 +127,15 @@ class GridState:
             lines.append("an attention sink: kept in the cache for good")
         kv = "K and V" if head is None else f"K and V of head {head}"
         heads = plan.cache_heads
-        if plan.use_cache and state in (COMPUTED, REUSED, STALE) and heads > 0:  # in the cache: their bytes
+        if plan.use_cache and state in (COMPUTED, REUSED, STALE) and plan.cache_parts:  # a latent, not K and V
+            b = plan.dtype_bytes
+            sizes = [numbers for _, numbers in plan.cache_parts]
+            if head is None:
+                lines.append(f"the latent and the RoPE key: ({' + '.join(map(str, sizes))}) × {b} bytes = "
+                             f"{sum(sizes) * b:,} bytes; each head's K and V are rebuilt from them")
+            else:
+                lines.append(f"{plan.cache_parts[head][0]}: {sizes[head]} × {b} bytes = {sizes[head] * b:,} bytes")
+        elif plan.use_cache and state in (COMPUTED, REUSED, STALE) and heads > 0:  # in the cache: their bytes
             b, d = plan.dtype_bytes, plan.head_dim
             if head is None:
                 total = 2 * heads * d * b

@@ -273,7 +273,8 @@ class KVGridView(QWidget):
     def _set_rows(self) -> None:
         """The display rows: each layer, followed by its heads when it is expanded."""
         heads, group = (self._plan.cache_heads, self._plan.query_group) if self._plan is not None else (0, 1)
-        self._rows = GridRows(self._cells.n_layer, heads, self._expanded, group)
+        parts = tuple(name for name, _ in self._plan.cache_parts) if self._plan is not None else ()
+        self._rows = GridRows(self._cells.n_layer, heads, self._expanded, group, parts)
         if hasattr(self, "plot_widget"):
             self._fit_height()
 
