@@ -43,6 +43,7 @@ def test_the_serving_view_steps_a_shared_prefix_batch_by_clicker_and_exports(win
 
     qtbot.keyClick(window, Qt.Key.Key_B, Qt.KeyboardModifier.ShiftModifier)
     assert window.run_view.isVisible() and not window.workspace.serving.get().isVisible()
+    assert window.run_view.grid.plot_widget.hasFocus()  # Space steps the run again, typing nothing
 
 
 def test_the_paging_lesson_reveals_the_blocks_measured_and_leaving_it_brings_the_run_back(qtbot, app_model):

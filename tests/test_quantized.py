@@ -108,3 +108,6 @@ def test_the_app_compares_the_exact_cache_with_an_int8_one_from_the_run_menu(qtb
     banner = window.workspace.compare_view.banner.label.text()
     assert "An int8 cache rounds every key and value: a trade-off for memory, not a bug." in banner
     assert "comparing the exact cache and an int8 cache" in window.status.text()
+    held = window.workspace.compare_view.counts.progress.text()
+    positions = record.positions_held
+    assert f"bytes held: {positions * 9216:,} and {positions * 2592:,}, 3.6\u00d7 less" in held  # the bytes saved

@@ -43,6 +43,7 @@ class ServingMode:
         self.workspace.show_serving(on)
         if not on:
             self.batch.pause()
+            self.workspace.focus_grid()  # the keys step the run again; none of them types into the prompt
             return
         if self.batch.plan is None and not self.batch.records:
             self.run()

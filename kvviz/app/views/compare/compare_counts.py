@@ -101,8 +101,10 @@ class CompareCounts(CountPanel):
         text = self._progress_text(plan, steps)
         if plan.against_window and self._cached is not None and self._uncached is not None:
             first, second = plan.lockstep_names
+            full, lossy = self._cached.cache_bytes, self._uncached.cache_bytes
             text += (f"; positions held: {self._cached.positions_held} ({first}), "
-                     f"{self._uncached.positions_held} ({second})")
+                     f"{self._uncached.positions_held} ({second}); bytes held: {full:,} and {lossy:,}"
+                     + (f", {full / lossy:.1f}× less" if lossy and full > lossy else ""))
         self.progress.setText(text)
 
     @staticmethod
