@@ -137,5 +137,11 @@ def test_the_grid_opens_a_layer_into_its_latent_and_rope_key(mla, qtbot):
         info = win.grid.cell_info(0, 0, 0)
         assert "its latent c_kv (16 numbers, shared by every head)" in info and "16 × 4 bytes = 64 bytes" in info
         assert "(16 + 8) × 4 bytes = 96 bytes" in win.grid.cell_info(0, 0)
+        qtbot.keyClick(win, Qt.Key.Key_M)  # View > Memory: the latent's formula, and the measured bytes on its line
+        win.redraw()
+        memory = win.workspace.memory_view
+        assert "layers × (16 latent + 8 RoPE) × bytes per element" in memory.formula.text()
+        positions, measured = memory.points()
+        assert list(measured) == [p * 2 * 24 * 4 for p in positions] and len(positions) >= 1
     finally:
         win.close()

@@ -56,6 +56,10 @@ class MemoryState:
         plan, muted = self.plan, theme.muted
         general = ("bytes per token = 2 \u00d7 layers \u00d7 KV heads \u00d7 head dim \u00d7 bytes per element "
                    "(\u00d7 batch)")
+        if plan is not None and plan.cache_parts:  # latent attention caches no K and V per head
+            parts = " + ".join(f"{numbers} {name.split()[0]}" for name, numbers in plan.cache_parts)
+            general = (f"bytes per token = layers \u00d7 ({parts}) \u00d7 bytes per element (\u00d7 batch): one "
+                       "latent and one RoPE key per layer, shared by every head (MLA)")
         if plan is None or plan.cache_bytes_per_position == 0:
             return f"{general}<br><span style='color:{muted}'>no cache in this run: no measured points</span>"
         last = max(self.points) if self.points else 0
