@@ -155,8 +155,10 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
 
 
 def test_the_sharing_lesson_starts_from_the_help_menu_and_runs_by_clicker(qtbot, app_model):
-    """Help > Lesson: MHA, GQA, MQA; Page Down through its eleven slides loads each step's model and reveals the
-    bytes its cache measured (2 x layers x KV heads x head size x 4 bytes, by hand)."""
+    """Help > Lesson: MHA, GQA, MQA; Page Down through its first five slides loads each step's model and reveals
+    the bytes its cache measured (2 x layers x KV heads x head size x 4 bytes, by hand). The later slides' models
+    (SmolLM2's shape, with and without GQA) are the same path, their answers checked in the exported deck
+    (test_cli_lesson), where they cost no window."""
     win = open_window(qtbot, app_model, None)
     try:
         qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
@@ -165,19 +167,14 @@ def test_the_sharing_lesson_starts_from_the_help_menu_and_runs_by_clicker(qtbot,
         lesson, panel = win.lesson, win.lesson_panel
         assert lesson.active and lesson.lesson.title == "MHA, GQA, MQA: sharing keys and values"
         seen = []
-        for _ in range(10):
+        for _ in range(5):
             press(qtbot, win, Qt.Key.Key_PageDown)  # a presenter's clicker sends Page Down
             seen.append((win.session.source, panel.answer_text()))
-            if lesson.step.focus == "memory":
-                assert win.workspace.memory_view.isVisibleTo(win)
         assert [answer for _, answer in seen if answer.startswith("measured")] == [
-            "measured 9,216 bytes", "measured 3,072 bytes", "measured 1,536 bytes",
-            "measured 377,487,360 bytes (360 MiB)", "measured 1,132,462,080 bytes (1.05 GiB)"]
-        assert win.session.source == "kvviz-shakespeare-gqa" and win.session.plan.twin is not None
-        assert (win.session.plan.n_head, win.session.plan.cache_heads) == (6, 2)
+            "measured 9,216 bytes", "measured 3,072 bytes", "measured 1,536 bytes"]
+        assert (win.session.plan.n_head, win.session.plan.cache_heads) == (6, 1)  # MQA: one KV head
         assert [source for source, _ in seen] == [
-            "kvviz-shakespeare", *["kvviz-shakespeare-gqa"] * 2, *["random:kvviz-shakespeare-mqa"] * 2,
-            *["random:smollm2-135m"] * 2, *["random:smollm2-135m-mha"] * 2, "kvviz-shakespeare-gqa"]
+            "kvviz-shakespeare", *["kvviz-shakespeare-gqa"] * 2, *["random:kvviz-shakespeare-mqa"] * 2]
     finally:
         win.close()
 
