@@ -145,3 +145,15 @@ def test_the_grid_opens_a_layer_into_its_latent_and_rope_key(mla, qtbot):
         assert list(measured) == [p * 2 * 24 * 4 for p in positions] and len(positions) >= 1
     finally:
         win.close()
+
+
+def test_the_bench_peer_of_an_mla_model_is_transformers_on_the_same_weights(mla):
+    """kvviz bench --peer builds DeepseekV2ForCausalLM from the model it times (it raised on this family)."""
+    from kvviz.measure.bench import to_transformers
+
+    peer, _, model = mla
+    rebuilt = to_transformers(model)
+    with torch.no_grad():
+        ids = torch.tensor([PROMPT_IDS])
+        assert type(rebuilt).__name__ == "DeepseekV2ForCausalLM"
+        assert torch.allclose(rebuilt(ids).logits, peer(ids).logits, atol=1e-5, rtol=0)

@@ -26,12 +26,15 @@ def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bo
 
 
 def to_transformers(model):
-    """transformers' model of `model`'s family (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM) holding
+    """transformers' model of `model`'s family (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,
+    DeepseekV2ForCausalLM) holding
     exactly its weights, in the same dtype, as `from_pretrained(dtype=...)` makes it: RoPE's frequencies stay
     float32 (a plain `.to(bfloat16)` would round them, and the peer would compute other angles)."""
+    from kvviz.models.deepseek import Deepseek
     from kvviz.models.gpt2 import GPT
 
-    peer = _gpt2_peer(model) if isinstance(model, GPT) else _llama_peer(model)
+    peer = (_gpt2_peer(model) if isinstance(model, GPT) else _deepseek_peer(model) if isinstance(model, Deepseek)
+            else _llama_peer(model))
     weights = next(model.parameters())
     frequencies = {name: b.clone() for name, b in peer.named_buffers() if name.endswith("inv_freq")}
     peer = peer.eval().to(device=weights.device, dtype=weights.dtype)
@@ -57,6 +60,24 @@ def _llama_peer(model):
     missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
         raise RuntimeError(f"weights do not map onto {model_class.__name__}: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
+    peer.tie_weights()
+    return peer
+
+
+def _deepseek_peer(model):
+    import transformers
+
+    from kvviz.models import deepseek_format
+
+    cfg = model.config
+    fields = {k: v for k, v in deepseek_format.config_to_json(cfg).items()
+              if k not in ("architectures", "model_type", "torch_dtype")}
+    peer = transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(**fields))
+    missing, unexpected = peer.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
+    missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"weights do not map onto DeepseekV2ForCausalLM: missing {missing[:3]}, "
                            f"unexpected {unexpected[:3]}")
     peer.tie_weights()
     return peer
