@@ -102,6 +102,7 @@ BAD_BATCHES = [
     (("--new-tokens", "4"), "no prompt: give --prompt TEXT (once per request) or --prompts-file FILE"),
     (("--prompts-file", "{empty}"), "{empty}: holds no prompt (one prompt per line)"),
     (("--prompt", "Hi", "--block-size", "0"), "argument --block-size: must be"),
+    (("--prompts-file", "{fifo}"), "{fifo}: not a regular file"),  # would wait for a writer forever
     (("--prompt", "Hi", "--prompt", ("word " * 250).strip(), "--new-tokens", "16"),
      "request 2: 250 prompt tokens and 16 new do not fit the model's context of 256"),
 ]
@@ -109,11 +110,14 @@ BAD_BATCHES = [
 
 @pytest.mark.parametrize(("args", "message"), BAD_BATCHES)
 def test_a_bad_batch_is_one_line_and_status_2(kvviz_cli, tmp_path, args, message):
-    empty = tmp_path / "prompts.txt"
+    import os
+
+    empty, fifo = tmp_path / "prompts.txt", tmp_path / "fifo"
     empty.write_text("\n  \n")
-    done = kvviz_cli("batch", *[a.format(empty=empty) for a in args])
+    os.mkfifo(fifo)
+    done = kvviz_cli("batch", *[a.format(empty=empty, fifo=fifo) for a in args])
     assert done.returncode == 2 and done.stdout == ""
-    assert len(done.stderr.splitlines()) == 1 and message.format(empty=empty) in done.stderr
+    assert len(done.stderr.splitlines()) == 1 and message.format(empty=empty, fifo=fifo) in done.stderr
 
 
 def test_the_paging_lesson_answers_the_blocks_four_requests_hold_by_hand_count(kvviz_cli, tmp_path):

@@ -248,6 +248,7 @@ def folder_problem(out_dir: Path) -> str | None:
 
 
 MAX_PROMPTS = 256  # requests one batch takes from a prompts file
+MAX_PROMPTS_BYTES = 16 * 1024 * 1024  # a prompts file larger than this is refused unread
 
 
 def read_prompts(path: Path | str) -> list[str]:
@@ -256,8 +257,14 @@ def read_prompts(path: Path | str) -> list[str]:
     from kvviz.core.records import MAX_PROMPT_CHARACTERS
 
     path = user_path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO or a device: reading could wait forever
+        raise KvvizError(f"{path}: not a regular file")
     try:
-        data = path.read_bytes()
+        with path.open("rb") as handle:
+            data = handle.read(MAX_PROMPTS_BYTES + 1)
+        if len(data) > MAX_PROMPTS_BYTES:
+            raise KvvizError(f"{path}: larger than {MAX_PROMPTS_BYTES // (1024 * 1024)} MB; a prompts file is at most "
+                             "that")
     except IsADirectoryError:
         raise KvvizError(f"{path}: is a folder, not a prompts file") from None
     except OSError as exc:
