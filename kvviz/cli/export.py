@@ -42,8 +42,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_export_animation(args: argparse.Namespace) -> int:
     """`kvviz export --animate`: a GIF and/or an MP4 of one view, a frame per step."""
     run_animation = app_export("run_animation", "export --animate")
-    if args.kv_dtype:
-        raise UsageError("--kv-dtype: the stills show a quantized cache; an animation keeps an exact one")
     if args.break_cache and not args.compare:
         raise UsageError("--break-cache shows in the compare view: add --compare")
     given = {"formats": args.format, "width": args.width, "target": args.target, "steps": args.steps,
@@ -51,7 +49,7 @@ def cmd_export_animation(args: argparse.Namespace) -> int:
     with dtype_honoured(args.dtype, "cpu"):
         paths = run_animation(args.model, args.prompt, args.new_tokens, args.out, use_cache=not args.no_cache,
                               compare=args.compare, break_cache=args.break_cache, theme=args.theme, dtype=args.dtype,
-                              window=args.window, sinks=args.sinks,
+                              window=args.window, sinks=args.sinks, kv_dtype=args.kv_dtype or "",
                               **{name: value for name, value in given.items() if value is not None})
     print(*paths, sep="\n")
     return 0

@@ -315,7 +315,8 @@ def run_animation(model: str | None, prompt: str, new_tokens: int, out_dir: Path
                   width: int = DEFAULT_ANIMATION_WIDTH, compare: bool = False, break_cache: bool = False,
                   target: str | None = None, steps: tuple[int, int] | None = None, fps: float = DEFAULT_FPS,
                   hold: float = DEFAULT_HOLD, progress: Callable[[int, int], None] | None = None,
-                  theme: str | None = None, dtype: str = "float32", window: int = 0, sinks: int = 0) -> list[Path]:
+                  theme: str | None = None, dtype: str = "float32", window: int = 0, sinks: int = 0,
+                  kv_dtype: str = "") -> list[Path]:
     """`kvviz export --animate`: generate `new_tokens` tokens and write kvviz-{target}-stepsA-B.{gif,mp4}.
 
     `target` is "chart", "grid" or "view" (the default); with `compare`, the compare view of the cached and
@@ -346,7 +347,8 @@ def run_animation(model: str | None, prompt: str, new_tokens: int, out_dir: Path
         raise ExportError(f"{out_dir}: {problem}")
 
     ensure_application()
-    plan, run = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache, dtype, window, sinks)
+    plan, run = planned_run(model, prompt, new_tokens, use_cache, compare, break_cache, dtype, window, sinks,
+                            kv_dtype)
     first, last = steps if steps is not None else (1, plan.passes)
     check_steps(first, last, plan.passes)  # before the run: the plan knows its passes
     records = tuple(run())
