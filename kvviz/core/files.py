@@ -247,6 +247,29 @@ def folder_problem(out_dir: Path) -> str | None:
     return None
 
 
+def read_text_file(file: Path, limit: int, limit_text: str, what: str, error: type[KvvizError] = KvvizError,
+                   encoding: str = "utf-8") -> str:
+    """The UTF-8 text of a small file a user names (a lesson, a prompts file): `error` with one line naming it for
+    one that is missing, a folder, a FIFO or a device (reading could wait forever), larger than `limit` bytes
+    (refused unread: `limit_text` says how large), unreadable or not UTF-8."""
+    if file.exists() and not file.is_file() and not file.is_dir():
+        raise error(f"{file}: not a regular file")
+    try:
+        with file.open("rb") as handle:
+            data = handle.read(limit + 1)
+        if len(data) > limit:
+            raise error(f"{file}: larger than {limit_text}; a {what} is at most that")
+        return data.decode(encoding)
+    except FileNotFoundError as exc:
+        raise error(f"{file}: no such {what}") from exc
+    except IsADirectoryError as exc:
+        raise error(f"{file}: is a folder, not a {what}") from exc
+    except OSError as exc:
+        raise error(f"{file}: cannot be read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise error(f"{file}: not UTF-8 text") from exc
+
+
 MAX_PROMPTS = 256  # requests one batch takes from a prompts file
 MAX_PROMPTS_BYTES = 16 * 1024 * 1024  # a prompts file larger than this is refused unread
 
@@ -257,22 +280,7 @@ def read_prompts(path: Path | str) -> list[str]:
     from kvviz.core.records import MAX_PROMPT_CHARACTERS
 
     path = user_path(path)
-    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO or a device: reading could wait forever
-        raise KvvizError(f"{path}: not a regular file")
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_PROMPTS_BYTES + 1)
-        if len(data) > MAX_PROMPTS_BYTES:
-            raise KvvizError(f"{path}: larger than {MAX_PROMPTS_BYTES // (1024 * 1024)} MB; a prompts file is at most "
-                             "that")
-    except IsADirectoryError:
-        raise KvvizError(f"{path}: is a folder, not a prompts file") from None
-    except OSError as exc:
-        raise KvvizError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise KvvizError(f"{path}: is not UTF-8 text (byte {exc.start})") from None
+    text = read_text_file(path, MAX_PROMPTS_BYTES, "16 MB", "prompts file", encoding="utf-8-sig")
     prompts = [line for line in text.splitlines() if line.strip()]
     if not prompts:
         raise KvvizError(f"{path}: holds no prompt (one prompt per line)")

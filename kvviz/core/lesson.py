@@ -20,7 +20,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from kvviz.core.batch_records import BatchRecord
 from kvviz.core.errors import KvvizError, control_characters, visible
-from kvviz.core.files import user_path
+from kvviz.core.files import read_text_file, user_path
 from kvviz.core.memory import format_bytes
 from kvviz.core.records import KV_DTYPES, StepRecord
 
@@ -149,22 +149,7 @@ def load_lesson(path: Path | str | None = None) -> Lesson:
         file = builtin_lesson_path(*([] if path is None else [str(path)]))
     else:
         file = user_path(path)
-    if file.exists() and not file.is_file() and not file.is_dir():  # a FIFO or a device: reading could wait forever
-        raise LessonError(f"{file}: not a regular file")
-    try:
-        with file.open("rb") as handle:
-            data = handle.read(MAX_LESSON_BYTES + 1)
-        if len(data) > MAX_LESSON_BYTES:
-            raise LessonError(f"{file}: larger than {MAX_LESSON_BYTES // 1024} KB; a lesson file is at most that")
-        text = data.decode("utf-8")
-    except FileNotFoundError as exc:
-        raise LessonError(f"{file}: no such lesson file") from exc
-    except IsADirectoryError as exc:
-        raise LessonError(f"{file}: is a folder, not a lesson file") from exc
-    except OSError as exc:
-        raise LessonError(f"{file}: cannot be read ({exc.strerror or exc})") from exc
-    except UnicodeDecodeError as exc:
-        raise LessonError(f"{file}: not UTF-8 text") from exc
+    text = read_text_file(file, MAX_LESSON_BYTES, f"{MAX_LESSON_BYTES // 1024} KB", "lesson file", LessonError)
     return parse_lesson(text, str(file))
 
 

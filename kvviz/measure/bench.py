@@ -55,14 +55,7 @@ def _llama_peer(model):
               if k not in ("architectures", "model_type", "torch_dtype")}
     config_class, model_class = ((transformers.Qwen2Config, transformers.Qwen2ForCausalLM) if model_type == "qwen2"
                                  else (transformers.LlamaConfig, transformers.LlamaForCausalLM))
-    peer = model_class(config_class(**fields))
-    missing, unexpected = peer.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
-    missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
-    if missing or unexpected:
-        raise RuntimeError(f"weights do not map onto {model_class.__name__}: missing {missing[:3]}, "
-                           f"unexpected {unexpected[:3]}")
-    peer.tie_weights()
-    return peer
+    return _holding(model_class(config_class(**fields)), model)
 
 
 def _deepseek_peer(model):
@@ -73,11 +66,16 @@ def _deepseek_peer(model):
     cfg = model.config
     fields = {k: v for k, v in deepseek_format.config_to_json(cfg).items()
               if k not in ("architectures", "model_type", "torch_dtype")}
-    peer = transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(**fields))
+    return _holding(transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(**fields)), model)
+
+
+def _holding(peer, model):
+    """`peer` (a transformers model of `model`'s family and shape) with `model`'s weights, its head tied where
+    `model`'s is; RuntimeError if any weight has no place in it."""
     missing, unexpected = peer.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
-    missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
+    missing = [k for k in missing if not (model.config.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
-        raise RuntimeError(f"weights do not map onto DeepseekV2ForCausalLM: missing {missing[:3]}, "
+        raise RuntimeError(f"weights do not map onto {type(peer).__name__}: missing {missing[:3]}, "
                            f"unexpected {unexpected[:3]}")
     peer.tie_weights()
     return peer
