@@ -107,6 +107,7 @@ def test_the_app_compares_the_exact_cache_with_an_int8_one_from_the_run_menu(qtb
     assert record.max_abs_logit_diff > record.logit_tolerance  # the rounding shows, measured
     banner = window.workspace.compare_view.banner.label.text()
     assert "An int8 cache rounds every key and value: a trade-off for memory, not a bug." in banner
+    assert "float noise" not in banner  # the rounding parts the logits by design, not by noise
     assert "comparing the exact cache and an int8 cache" in window.status.text()
     held = window.workspace.compare_view.counts.progress.text()
     positions = record.positions_held

@@ -148,8 +148,9 @@ class DivergenceBanner(QWidget):
         if self.first_logit_divergence is not None and (
                 self.first_divergence is None or self.first_logit_divergence < self.first_divergence):
             difference, tolerance = self._logit_divergence
+            noise = "" if against_window else f", beyond the float noise of {format_logit_diff(tolerance)}"
             logits = (f"The runs' logits part at token step {self.first_logit_divergence}: max |\u0394logit| "
-                      f"{format_logit_diff(difference)}, beyond the float noise of {format_logit_diff(tolerance)}. ")
+                      f"{format_logit_diff(difference)}{noise}. ")  # a lossy cache parts them by design
         texts = self.continuations()
         first, second = self._names
         if texts is None:
