@@ -41,6 +41,13 @@ def test_the_serving_view_steps_a_shared_prefix_batch_by_clicker_and_exports(win
     assert errors == ["Type at least one prompt, one per line, or open a prompts file."]
     assert mode.batch.records[-1] is record  # the batch shown stays
 
+    window.workspace.serving.get().prompts.setPlainText("ROMEO:\nJULIET:")
+    window.load_model("random:kvviz-shakespeare-gqa")  # another model: the batch is planned anew on it
+    gqa = "random:kvviz-shakespeare-gqa"
+    qtbot.waitUntil(lambda: mode.batch.plan is not None and mode.batch.plan.model_name == gqa, timeout=60_000)
+    qtbot.keyClick(window, Qt.Key.Key_Space)
+    qtbot.waitUntil(lambda: len(mode.batch.records) == 1, timeout=30_000)
+
     qtbot.keyClick(window, Qt.Key.Key_B, Qt.KeyboardModifier.ShiftModifier)
     assert window.run_view.isVisible() and not window.workspace.serving.get().isVisible()
     assert window.run_view.grid.plot_widget.hasFocus()  # Space steps the run again, typing nothing

@@ -59,6 +59,13 @@ class BatchSession(QObject):
         self.pause()
         self._ask()
 
+    def forget(self) -> None:
+        """Drop the batch (its model was replaced): nothing to step until the next `start`."""
+        self.pause()
+        self._run_id += 1  # a pass still on its way belongs to the old batch
+        self.plan, self.records, self.speed, self._waiting = None, [], None, False
+        self.state_changed.emit()
+
     def toggle_play(self, interval_ms: int) -> None:
         if self.playing:
             self.pause()

@@ -29,6 +29,7 @@ class ServingMode:
         batch.measured.connect(lambda speed: self._view().show_speed(speed))
         batch.failed.connect(lambda message: say(message, alert=True))
         batch.state_changed.connect(self._show_state)
+        window.session.model_loaded.connect(self._on_model_loaded)
 
     def _view(self):
         return self.page_view.get().view
@@ -63,6 +64,12 @@ class ServingMode:
         page = self.page_view.get()
         page.set_inputs(prompts, block_size, new_tokens)
         self.run(passes)
+
+    def _on_model_loaded(self, _info) -> None:
+        """A new model: the batch of the old one is gone from the worker; plan it anew on this one."""
+        self.batch.forget()
+        if self.active:
+            self.run()
 
     def _on_started(self, plan) -> None:
         self._view().reset(plan)
