@@ -58,16 +58,16 @@ def test_a_short_training_run_learns_and_writes_a_loadable_model(tmp_path, prese
     (tmp_path / "texts").mkdir()
     corpus = _tiny_corpus(tmp_path / "texts")
     assert "ROMEO:" in read_corpus(corpus)["romeo_and_juliet"]
-    settings = TrainSettings(preset=preset, steps=12, batch_size=2, block_size=32, learning_rate=3e-3,
+    settings = TrainSettings(preset=preset, steps=6, batch_size=2, block_size=32, learning_rate=3e-3,
                              warmup_steps=1, eval_every=100, seed=3)
     out = tmp_path / "model"
     figures = train(settings, corpus, out)
 
-    assert figures["steps"] == 12 and figures["tokens_seen"] == 12 * 2 * 32
-    assert figures["validation_loss"] < 8.0, "twelve steps on a repeated speech must learn something"
+    assert figures["steps"] == 6 and figures["tokens_seen"] == 6 * 2 * 32
+    assert figures["validation_loss"] < 8.0, "six steps on a repeated speech must learn something"
     assert json.loads((out / "training.json").read_text())["figures"]["validation_loss"] == figures["validation_loss"]
     card = (out / "MODEL_CARD.md").read_text()
-    assert f"{figures['validation_loss']:.3f}" in card and "--steps 12" in card
+    assert f"{figures['validation_loss']:.3f}" in card and "--steps 6" in card
     loaded = load_model(str(out))
     assert loaded.config.n_layer == 6 and loaded.config.n_head == 6
     if preset == "kvviz-shakespeare-gqa":  # a Llama folder with GPT-2's tokens, its GPT-2 pair measured beside it
