@@ -9,6 +9,7 @@ from PySide6.QtWidgets import QMainWindow
 
 from kvviz.app.run.batch_session import BatchSession
 from kvviz.app.views.on_demand import OnDemandView
+from kvviz.app.views.serving.serving_view import ServingView
 from kvviz.app.window.serving_page import ServingPage
 from kvviz.app.window.workspace import Workspace
 
@@ -16,7 +17,7 @@ from kvviz.app.window.workspace import Workspace
 class ServingMode:
     """Switches the window into serving mode and back, and drives its batch. The page is built on first use."""
 
-    def __init__(self, window: QMainWindow, workspace: Workspace, batch: BatchSession, say,
+    def __init__(self, window: QMainWindow, workspace: Workspace, batch: BatchSession, say: Callable[..., None],
                  show_state: Callable[[bool, bool, bool], None]) -> None:
         self.window, self.workspace, self.batch, self._say = window, workspace, batch, say
         self._show_controls = show_state  # the run controls' Step, Play and Reset: (can step, playing, can reset)
@@ -31,7 +32,7 @@ class ServingMode:
         batch.state_changed.connect(self._show_state)
         window.session.model_loaded.connect(self._on_model_loaded)
 
-    def _view(self):
+    def _view(self) -> ServingView:
         return self.page_view.get().view
 
     def _wire(self, page: ServingPage) -> None:
