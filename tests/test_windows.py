@@ -320,26 +320,38 @@ def test_compare_mode_puts_the_full_cache_beside_the_window_and_words_the_partin
     assert "a trade-off, not a bug" in view.banner.label.text()
 
 
-def test_a_qwen2_window_on_every_layer_matches_transformers_and_a_window_on_some_is_one_line(tmp_path, kvviz_cli):
-    import json
-
+@pytest.mark.parametrize("max_window_layers", [0, 1])
+def test_a_qwen2_window_on_every_layer_or_on_the_upper_ones_matches_transformers(tmp_path, max_window_layers):
+    """use_sliding_window with max_window_layers k: layers k and above keep the last 6 positions, those below
+    keep every one, as transformers' Qwen2 does; 24 greedy tokens equal, cached and uncached, logits within 1e-4,
+    and the cache holds 6 positions in a windowed layer and every one in a full layer."""
     config = transformers.Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                      use_sliding_window=True, sliding_window=6, max_window_layers=0,
+                                      use_sliding_window=True, sliding_window=6, max_window_layers=max_window_layers,
                                       attn_implementation="eager")
     peer = spread_peer(transformers.Qwen2ForCausalLM, config, 6)
     peer.save_pretrained(tmp_path / "qwen2")
     model = load_checkpoint(tmp_path / "qwen2")
-    assert model.config.sliding_window == 6
+    assert (model.config.sliding_window, model.config.window_first_layer) == (6, max_window_layers)
     engine = Engine(model)
+    cached = list(engine.run(engine.plan(PROMPT_IDS, 24)))
     with torch.no_grad():
         reference = peer.generate(torch.tensor([PROMPT_IDS]), max_new_tokens=24, do_sample=False,
                                   pad_token_id=0)[0, len(PROMPT_IDS):].tolist()
-    assert tokens(engine.run(engine.plan(PROMPT_IDS, 24))) == tokens(engine.run(engine.plan(PROMPT_IDS, 24, False))) \
-        == reference
-    config_path = tmp_path / "qwen2" / "config.json"
-    raw = json.loads(config_path.read_text())
-    config_path.write_text(json.dumps({**raw, "max_window_layers": 1}))
-    done = kvviz_cli("memory", "--model", str(tmp_path / "qwen2"))
-    assert (done.returncode, done.stderr) == (2, f"kvviz: {config_path}: use_sliding_window with max_window_layers=1 "
-                                                 "windows layers 1 to 1 only; kvviz windows every layer or none\n")
+        sequence = torch.tensor([PROMPT_IDS + reference])
+        expected = peer(sequence).logits[0]  # (T, V)
+        ours = model(sequence, kv_cache=engine._new_cache(sequence.shape[1], "", engine.policy()))[0]
+    assert tokens(cached) == tokens(engine.run(engine.plan(PROMPT_IDS, 24, False))) == reference
+    assert torch.allclose(ours, expected, atol=1e-4, rtol=0)
+    positions = len(PROMPT_IDS) + 24
+    per_layer = 2 * 2 * 16 * 4  # K and V, 2 KV heads of 16 numbers, float32: 256 bytes a position and layer
+    held = max_window_layers * positions + (2 - max_window_layers) * 6
+    assert cached[-1].cache_bytes == held * per_layer
+    from kvviz.app.views.grid.cell_states import EVICTED
+    from kvviz.app.views.grid.grid_state import GridState
+
+    grid = GridState(engine.plan(PROMPT_IDS, 24))
+    for record in cached:
+        grid.apply(record)
+    evicted = (grid.states == EVICTED).sum(axis=1)  # per layer: a full layer evicts nothing
+    assert evicted.tolist() == [0 if layer < max_window_layers else positions - 6 for layer in range(2)]

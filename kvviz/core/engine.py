@@ -107,7 +107,8 @@ class Engine:
             return QuantizedCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, capacity, policy, dtype=self.dtype,
                                   device=self.device)
         if policy is not None and policy.evicts:
-            return WindowCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, policy, dtype=self.dtype, device=self.device)
+            return WindowCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, policy, dtype=self.dtype, device=self.device,
+                               width=capacity)
         return CACHES_BY_FAULT[fault](cfg.n_layer, cfg.n_kv_head, cfg.head_dim, capacity, dtype=self.dtype,
                                       device=self.device)
 
@@ -250,12 +251,14 @@ class Engine:
         if kv_dtype == "int4" and self.model.config.head_dim % 2:
             raise GenerationError(f"an int4 cache packs two numbers a byte; {self.model.config.name}'s head size "
                                   f"{self.model.config.head_dim} is odd")
-        window = window or (0 if kv_dtype else getattr(self.model.config, "sliding_window", 0))
+        own = 0 if window or kv_dtype else getattr(self.model.config, "sliding_window", 0)  # the model's own window
+        first_layer = getattr(self.model.config, "window_first_layer", 0) if own else 0  # ... on its layers only
+        window = window or own
         if window < 0 or sinks < 0:
             raise GenerationError(f"a window and sinks are counts of positions, got {window} and {sinks}")
         if sinks and not window:
             raise GenerationError("attention sinks go with a window: give --window too")
-        return CachePolicy(window, sinks, kv_dtype)
+        return CachePolicy(window, sinks, kv_dtype, first_layer)
 
     def generate(
         self,
@@ -337,7 +340,7 @@ class Engine:
             else:
                 idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
                 positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
-                rule = cache if use_cache or not plan.policy.evicts else self._new_cache(0, "", plan.policy)
+                rule = cache if use_cache or not plan.policy.evicts else self._new_cache(plan.width, "", plan.policy)
                 logits = model(idx, positions, rule, last_only=True, probe=probe)[0, -1]  # (V,)
             if record_attention:
                 attention = _attention_weights(probe.attention, fed_stop)

@@ -142,13 +142,16 @@ class WindowCache(KVCache):
     rows the policy keeps. `held[layer]` lists the position each slot holds; `length` counts positions fed."""
 
     def __init__(self, n_layer: int, n_head: int, head_dim: int, policy: CachePolicy, batch_size: int = 1,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", width: int = 0) -> None:
         if not policy.evicts:
             raise ValueError("a WindowCache needs a window")
-        super().__init__(n_layer, n_head, head_dim, policy.capacity, batch_size, dtype, device)
+        # layers below policy.first_layer keep every position: their buffers hold the run's `width`
+        capacity = max(policy.capacity, width) if policy.first_layer else policy.capacity
+        super().__init__(n_layer, n_head, head_dim, capacity, batch_size, dtype, device)
         self.policy = policy
         self.held: list[list[int]] = [[] for _ in range(n_layer)]
         self.key_positions: list[int] = []  # the positions of the keys the latest update returned, in order
+        self._window = policy.window  # the window of the layer the latest update was of (a full layer's: all)
 
     def update(
         self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -163,12 +166,14 @@ class WindowCache(KVCache):
         if layer == self.n_layer - 1:
             self.length = end
         keys, values = self._layer_kv[layer].unbind(0)  # (B, nh, capacity, hs) each
-        held, window, sinks = self.held[layer], self.policy.window, self.policy.sinks
+        window = self.policy.window if self.policy.windows(layer) else self.capacity + end  # a full layer: all
+        held, sinks = self.held[layer], self.policy.sinks
+        self._window = window
         self.reused[layer] = len(held)
         self.last_written = (start, end)  # positions, not slots: the grid shows where each position's K/V went
         leaving = start - window  # no longer visible to the query at `start`: its slot takes the new rows
         evicting = leaving >= sinks and leaving in held
-        if T == 1 and (evicting or len(held) < self.capacity):
+        if T == 1 and (evicting or len(held) < min(self.capacity, sinks + window)):
             slot = held.index(leaving) if evicting else len(held)
             keys.narrow(2, slot, 1).copy_(k)
             values.narrow(2, slot, 1).copy_(v)
@@ -198,7 +203,7 @@ class WindowCache(KVCache):
         """(T, S) True where the query at each of `positions` attends to each key the latest update returned."""
         keys = torch.tensor(self.key_positions, device=positions.device)[None, :]  # (1, S)
         queries = positions[:, None]  # (T, 1)
-        return (keys <= queries) & ((keys < self.policy.sinks) | (keys > queries - self.policy.window))
+        return (keys <= queries) & ((keys < self.policy.sinks) | (keys > queries - self._window))
 
     def sink_keys(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """(S,) True for the keys the latest update returned that are attention sinks."""
@@ -217,9 +222,9 @@ class WindowCache(KVCache):
 
     @property
     def bytes_used(self) -> int:
-        """Bytes of the K and V rows held, over all layers: at most `sinks + window` positions' worth."""
-        per_position = 2 * self.keys[:, :, :, 0].numel() * self.keys.element_size()
-        return per_position * self.positions_held
+        """Bytes of the K and V rows held, layer by layer: at most `sinks + window` positions in a windowed layer."""
+        per_layer_position = 2 * self.keys[0, :, :, 0].numel() * self.keys.element_size()
+        return per_layer_position * sum(len(held) for held in self.held)
 
 
 CACHES_BY_FAULT: dict[str, type[KVCache]] = {"": KVCache, "late_write": LateWriteCache}

@@ -51,6 +51,7 @@ class CachePolicy:
     window: int = 0
     sinks: int = 0
     kv_dtype: str = ""
+    first_layer: int = 0  # layers below it keep every position (Qwen2's max_window_layers); the window is above
 
     @property
     def evicts(self) -> bool:
@@ -68,8 +69,12 @@ class CachePolicy:
 
     @property
     def capacity(self) -> int:
-        """The most positions the cache holds at once: sinks + window (0: no bound)."""
+        """The most positions a windowed layer holds at once: sinks + window (0: no bound)."""
         return self.sinks + self.window if self.evicts else 0
+
+    def windows(self, layer: int) -> bool:
+        """Whether `layer` evicts (every layer does, but those below `first_layer`)."""
+        return self.evicts and layer >= self.first_layer
 
     def describe(self) -> str:
         if self.quantized:
@@ -77,7 +82,8 @@ class CachePolicy:
         if not self.evicts:
             return "every position"
         sinks = f"the first {self.sinks} and " if self.sinks else ""
-        return f"{sinks}the last {self.window} positions"
+        layers = f" in layers {self.first_layer} and above (every position below)" if self.first_layer else ""
+        return f"{sinks}the last {self.window} positions{layers}"
 
 
 EXACT = CachePolicy()

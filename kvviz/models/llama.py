@@ -39,6 +39,7 @@ class LlamaConfig:
     o_bias: bool = False  # a bias on the output projection too (Llama's attention_bias)
     tie_word_embeddings: bool = True  # the output head is the embedding matrix
     sliding_window: int = 0  # Mistral's: each query attends to the last this many positions (0: to all)
+    window_first_layer: int = 0  # Qwen2's max_window_layers: the window is on this layer and those above
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:

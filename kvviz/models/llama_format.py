@@ -38,14 +38,13 @@ def config_from_json(path: Path) -> LlamaConfig:
     if model_type == "mistral" and raw.get("sliding_window") is not None:
         window = _whole(raw, path, "sliding_window", 0)
         window = window if 0 < window < raw.get("max_position_embeddings", 2048) else 0
-    if model_type == "qwen2" and raw.get("use_sliding_window"):  # a window on layers max_window_layers and later
+    first_layer = 0  # Qwen2 windows the layers from max_window_layers on; the ones below keep every position
+    if model_type == "qwen2" and raw.get("use_sliding_window"):
         layers, first = _whole(raw, path, "num_hidden_layers", 32), _whole(raw, path, "max_window_layers", 28)
-        if 0 < first < layers:
-            raise ModelLoadError(f"{path}: use_sliding_window with max_window_layers={first} windows layers {first} "
-                                 f"to {layers - 1} only; kvviz windows every layer or none")
-        if first == 0:
+        if first < layers:
             window = _whole(raw, path, "sliding_window", 4096)
             window = window if 0 < window < raw.get("max_position_embeddings", 32768) else 0
+            first_layer = first if window else 0
     heads = _whole(raw, path, "num_attention_heads", 32)
     try:
         return LlamaConfig(
@@ -63,6 +62,7 @@ def config_from_json(path: Path) -> LlamaConfig:
             o_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             sliding_window=window,
+            window_first_layer=first_layer,
             name=path.parent.name,
         )
     except ValueError as exc:
@@ -103,6 +103,8 @@ def config_to_json(config: LlamaConfig, model_type: str = "llama") -> dict:
         "attention_bias": config.qkv_bias and config.o_bias,
         "tie_word_embeddings": config.tie_word_embeddings,
         **({"sliding_window": config.sliding_window} if config.sliding_window else {}),
+        **({"use_sliding_window": True, "max_window_layers": config.window_first_layer}
+           if config.window_first_layer else {}),
         "hidden_act": "silu",
         "torch_dtype": "float32",
     }

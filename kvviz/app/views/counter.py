@@ -118,6 +118,10 @@ class CounterPanel(CountPanel):
         if rec is None:
             return keeps
         evicted = rec.fed_stop - rec.positions_held
+        windowed = rec.n_layer - min(plan.policy.first_layer, rec.n_layer)
+        if windowed < rec.n_layer:  # a window on the upper layers only (Qwen2's max_window_layers)
+            return (f"{keeps}: a windowed layer holds {rec.positions_held} positions; K/V evicted: {evicted} per "
+                    f"windowed layer ({evicted * windowed} in its {windowed} windowed layers)")
         return (f"{keeps}: it holds {rec.positions_held} positions; K/V evicted: {evicted} per layer "
                 f"({evicted * rec.n_layer} in all {rec.n_layer} layers)")
 

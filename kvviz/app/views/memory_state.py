@@ -43,6 +43,8 @@ class MemoryState:
         capacity = self.plan.policy.capacity
         x = contexts([*sorted(self.points), *([capacity] if capacity else [])])
         held = np.minimum(x, capacity) if capacity else x
+        first = min(self.plan.policy.first_layer, self.plan.n_layer)  # layers below it hold every position
+        held = (first * x + (self.plan.n_layer - first) * held) / self.plan.n_layer
         return x, held * self.plan.cache_bytes_per_position
 
     def measured(self) -> tuple[np.ndarray, np.ndarray]:

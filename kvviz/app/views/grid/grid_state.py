@@ -54,7 +54,8 @@ class GridState:
         written = record.written_positions(width) if record.kv_written is not None else fed
         computed = np.s_[:, written]  # every layer, the slots this pass wrote
         start, stop = record.kv_evicted  # a window's: gone before this pass read the cache
-        self.evicted_at[:, min(start, width):min(stop, width)] = record.step + 1
+        first = self.plan.policy.first_layer if self.plan is not None else 0  # layers below it keep every position
+        self.evicted_at[first:, min(start, width):min(stop, width)] = record.step + 1
         reused = np.zeros(self.states.shape, dtype=bool)
         reused[:, record.reused_positions(width)] = True
         reused &= self.evicted_at < 0  # what a window evicted is read no more
