@@ -33,6 +33,11 @@ def test_the_serving_view_steps_a_shared_prefix_batch_by_clicker_and_exports(win
     assert f"{measured.args[0].speedup:.2f}\u00d7" in view.speed_line.text()
     image = QImage(str(export_widget(view, tmp_path / "serving.png", 1280)))
     assert image.width() == 1280
+    page = window.workspace.serving.get()
+    window.presentation.set_presenter(True)  # F11: the batch's settings make room for the view, as the run's do
+    assert not page.inputs.isVisible() and view.isVisible()
+    window.presentation.set_presenter(False)
+    assert page.inputs.isVisible()
 
     errors = []
     monkeypatch.setattr("kvviz.app.window.serving_page.show_error", lambda parent, title, text: errors.append(text))

@@ -81,6 +81,7 @@ class MainWindow(QMainWindow):
         self.serving = ServingMode(self, self.workspace, BatchSession(self.session.controller, self),
                                    self.banner.say, self.controls.set_state)  # View > Serving: a batch, paged
         self.presentation.add_view(self.workspace.serving)
+        self.workspace.serving.on_built(lambda page: self.presentation.add_chrome(page.inputs))
         self.lesson = LessonMode(self, self.lesson_panel, lesson)
         self.copier = ImageCopier(self, self.workspace)  # Ctrl+Shift+C, and "Copy image" on the plots
         self.actions = build_actions(self, self._action_slots())

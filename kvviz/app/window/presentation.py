@@ -58,6 +58,12 @@ class Presentation(QObject):
         self.presenter = False
         self._zoom_before_presenter = 1.0
 
+    def add_chrome(self, widget: QWidget) -> None:
+        """A widget made after the window's that presenter mode hides too (and hides now, if it is on)."""
+        self._chrome.append(widget)
+        if self.presenter:
+            widget.hide()
+
     def add_view(self, view: RunViewProtocol) -> None:
         """A view made after the window's: it takes the zoom and the theme from now on, and the present ones now."""
         self._views.append(view)

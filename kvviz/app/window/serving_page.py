@@ -66,10 +66,14 @@ class ServingPage(QWidget):
         options.addStretch(1)
         for widget in (self.open_button, self.block_size, self.new_tokens, self.share, self.run_button):
             options.addWidget(widget)
+        self.inputs = QWidget()  # the batch's settings: presenter mode hides them, as it hides the run's
+        inputs = QVBoxLayout(self.inputs)
+        inputs.setContentsMargins(0, 0, 0, 0)
+        inputs.addLayout(options)
+        inputs.addWidget(self.prompts)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addLayout(options)
-        layout.addWidget(self.prompts)
+        layout.addWidget(self.inputs)
         layout.addWidget(self.view, 1)
         self.open_button.clicked.connect(self.open_prompts_file)
         self.run_button.clicked.connect(self.run_requested)
