@@ -147,3 +147,11 @@ def spread_peer(model_class, config, seed: int):
         for parameter in peer.parameters():
             parameter.normal_(0.0, 0.15 if parameter.dim() > 1 else 0.05)
     return peer
+
+
+def peer_greedy(peer, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    """The tokens a transformers model generates greedily after `prompt_ids`: the reference a family's run is
+    held to."""
+    with torch.no_grad():
+        out = peer.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()

@@ -517,7 +517,7 @@ def test_a_cancelled_download_mid_run_leaves_the_run_going(qtbot, window, monkey
 
 
 def test_error_sentences_end_with_one_full_stop():
-    from kvviz.app.run.worker import describe_load_error, describe_run_error
+    from kvviz.app.run.worker_failures import describe_load_error, describe_run_error
 
     assert describe_run_error("m", RuntimeError("Inference tensors do not track version counter.")) == (
         "Generation with m stopped: Inference tensors do not track version counter.")

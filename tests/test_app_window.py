@@ -164,7 +164,7 @@ def test_full_speed_run_shows_its_final_state_when_it_ends(qtbot, window):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are a Linux feature")
 def test_worker_runs_below_the_gui_priority(window):
-    from kvviz.app.run.worker import WORKER_NICENESS
+    from kvviz.app.run.worker_failures import WORKER_NICENESS
 
     worker_id = window.session.controller.worker.native_thread_id
     assert worker_id is not None and worker_id != threading.get_native_id()

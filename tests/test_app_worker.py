@@ -11,7 +11,7 @@ import pytest
 from helpers_qt import download_until_cancelled
 from PySide6.QtWidgets import QMessageBox
 
-from kvviz.app.run.worker import describe_load_error
+from kvviz.app.run.worker_failures import describe_load_error
 from kvviz.app.settings import app_settings
 from kvviz.app.window.main_window import MainWindow
 

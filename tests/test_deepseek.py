@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers_checkpoints import byte_level_tokenizer, spread_peer
+from helpers_checkpoints import byte_level_tokenizer, peer_greedy, spread_peer
 
 from kvviz.core.engine import Engine
 from kvviz.sources.weights import load_checkpoint
@@ -45,8 +45,7 @@ def test_mla_matches_transformers_greedy_for_30_tokens_cached_and_uncached(mla):
     cached = list(engine.run(engine.plan(PROMPT_IDS, 30, use_cache=True)))
     uncached = list(engine.run(engine.plan(PROMPT_IDS, 30, use_cache=False)))
     with torch.no_grad():
-        reference = peer.generate(torch.tensor([PROMPT_IDS]), max_new_tokens=30, do_sample=False,
-                                  pad_token_id=0)[0, len(PROMPT_IDS):].tolist()
+        reference = peer_greedy(peer, PROMPT_IDS, 30)
         sequence = torch.tensor([PROMPT_IDS + reference])
         expected = peer(sequence).logits[0]  # (T, V)
         ours = model(sequence)[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoints import byte_level_tokenizer, spread_peer
+from helpers_checkpoints import byte_level_tokenizer, peer_greedy, spread_peer
 
 from kvviz.core.engine import Engine, generate_ids
 from kvviz.core.kv_cache import KVCache
@@ -119,8 +119,7 @@ def test_greedy_tokens_are_the_same_with_and_without_the_cache_and_in_transforme
     cached, records = generate_ids(engine, PROMPT_IDS, 20, use_cache=True)
     uncached, _ = generate_ids(engine, PROMPT_IDS, 20, use_cache=False)
     with torch.no_grad():
-        reference = peer.generate(torch.tensor([PROMPT_IDS]), max_new_tokens=20, do_sample=False,
-                                  pad_token_id=0)[0, len(PROMPT_IDS):].tolist()
+        reference = peer_greedy(peer, PROMPT_IDS, 20)
     assert cached == uncached == reference
     assert len(set(cached)) > 1, "weights this flat would not test much"
     cfg = model.config  # the cache keeps the KV heads only: 2 * L * nkv * hd * 4 bytes a position

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoints import spread_peer
+from helpers_checkpoints import peer_greedy, spread_peer
 
 from kvviz.core.engine import Engine, GenerationError
 from kvviz.sources.weights import load_checkpoint, load_model
@@ -38,8 +38,7 @@ def test_a_mistral_window_of_8_over_40_tokens_matches_transformers_cached_and_un
     cached = list(engine.run(engine.plan(PROMPT_IDS, 40, use_cache=True)))
     uncached = list(engine.run(engine.plan(PROMPT_IDS, 40, use_cache=False)))
     with torch.no_grad():
-        reference = peer.generate(torch.tensor([PROMPT_IDS]), max_new_tokens=40, do_sample=False,
-                                  pad_token_id=0)[0, len(PROMPT_IDS):].tolist()
+        reference = peer_greedy(peer, PROMPT_IDS, 40)
         sequence = torch.tensor([PROMPT_IDS + reference])
         expected = peer(sequence).logits[0]  # (T, V): every query attends to its window only
         ours = model(sequence, kv_cache=engine._new_cache(0, "", engine.policy()))[0]
@@ -294,7 +293,7 @@ def test_compare_mode_puts_the_full_cache_beside_the_window_and_words_the_partin
     with qtbot.waitSignal(window.run_prepared, timeout=10_000):
         window.actions["compare"].trigger()
     plan = window.session.plan
-    assert plan.against_window and plan.lockstep_names == ("full cache", "window of 2 + 1 sinks")
+    assert plan.against_lossy and plan.lockstep_names == ("full cache", "window of 2 + 1 sinks")
     budget = plan.budget
     for _ in range(budget):
         qtbot.keyClick(window, Qt.Key.Key_Space)
@@ -336,8 +335,7 @@ def test_a_qwen2_window_on_every_layer_or_on_the_upper_ones_matches_transformers
     engine = Engine(model)
     cached = list(engine.run(engine.plan(PROMPT_IDS, 24)))
     with torch.no_grad():
-        reference = peer.generate(torch.tensor([PROMPT_IDS]), max_new_tokens=24, do_sample=False,
-                                  pad_token_id=0)[0, len(PROMPT_IDS):].tolist()
+        reference = peer_greedy(peer, PROMPT_IDS, 24)
         sequence = torch.tensor([PROMPT_IDS + reference])
         expected = peer(sequence).logits[0]  # (T, V)
         ours = model(sequence, kv_cache=engine._new_cache(sequence.shape[1], "", engine.policy()))[0]

@@ -32,7 +32,7 @@ def batch_prompts(args: argparse.Namespace) -> list[str]:
 def run_batch_command(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
     """Plan the batch before anything runs, then run it batched and one at a time."""
     from kvviz.core.engine import Engine, SamplingSettings
-    from kvviz.core.serving import plan_batch, run_batch, run_one_at_a_time
+    from kvviz.core.serving import measure_speed, plan_batch, run_batch, run_one_at_a_time
 
     prompts = batch_prompts(args)
     loaded = load(args.model, args.device, args.dtype)
@@ -60,15 +60,12 @@ def run_batch_command(args: argparse.Namespace, load: Callable, say: Callable[[s
         step_of[request] += 1
 
     records = list(run_batch(engine, plan, sampling, against_solo))
-    batch_seconds = sum(r.seconds for r in records)
     solo_logits.clear()
-    for _ in range(args.repeat - 1):  # taking turns, keeping the fastest of each: a busy machine slows either
-        solo_seconds = min(solo_seconds, run_one_at_a_time(engine, plan, sampling)[1])
-        batch_seconds = min(batch_seconds, sum(r.seconds for r in run_batch(engine, plan, sampling)))
+    speed = measure_speed(engine, plan, args.repeat, sampling, first=(sum(r.seconds for r in records), solo_seconds))
     last = records[-1]
-    new_tokens = sum(len(o) for o in last.outputs)
-    tps = new_tokens / batch_seconds if batch_seconds > 0 else None
-    sequential_tps = new_tokens / solo_seconds if solo_seconds > 0 else None
+    tps, sequential_tps = speed.tokens_per_second, speed.sequential_tokens_per_second
+    tokens = sum(r.budget for r in plan.requests)
+    batch_seconds, solo_seconds = tokens / tps, tokens / sequential_tps
     report = {
         "model": loaded.name,
         "requests": [{"prompt": r.prompt, "prompt_ids": list(r.prompt_ids), "output_ids": list(out),

@@ -70,6 +70,7 @@ class BlockState:
 
     block: int
     owners: tuple[int, ...]  # request indices, in order
+    first_position: int  # the position its first slot holds (the same in every owner's table)
     token_ids: tuple[int, ...]
     token_labels: tuple[str, ...]
 

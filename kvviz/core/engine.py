@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 
 from kvviz.core.counting import kv_with_cache, kv_without_cache
-from kvviz.core.errors import KvvizError
+from kvviz.core.errors import GenerationError
 from kvviz.core.kv_cache import CACHES_BY_FAULT, KVCache, LatentCache, QuantizedCache, WindowCache
 from kvviz.core.records import (
     CACHE_FAULTS,
@@ -21,34 +20,12 @@ from kvviz.core.records import (
     StepRecord,
     describe_sampling,
 )
+from kvviz.core.sampling import SamplingSettings, choose, sampling_generator
 from kvviz.core.tokenizer import Tokenizer, get_tokenizer
 from kvviz.models.families import family_of
 from kvviz.models.probe import PassProbe
 
 __all__ = ["Candidate", "Engine", "GenerationError", "RunPlan", "SamplingSettings", "StepRecord", "generate_ids"]
-
-
-class GenerationError(KvvizError):
-    """A generation request that cannot run (empty budget, prompt too long for the context)."""
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """Greedy when `temperature` is 0; otherwise softmax sampling, optionally from the top `top_k`."""
-
-    temperature: float = 0.0
-    top_k: int | None = None
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise GenerationError(f"temperature must be 0 (greedy) or positive, got {self.temperature}")
-        if self.top_k is not None and self.top_k <= 0:
-            raise GenerationError(f"top-k must be a positive integer, got {self.top_k}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
 
 
 class Engine:
@@ -70,6 +47,11 @@ class Engine:
     @property
     def n_ctx(self) -> int:
         return self.model.config.n_ctx
+
+    @property
+    def caches_latents(self) -> bool:
+        """The model caches one latent per position and layer (latent attention, MLA), not keys and values per head."""
+        return hasattr(self.model.config, "kv_lora_rank")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -100,7 +82,7 @@ class Engine:
 
     def _new_cache(self, capacity: int, fault: str = "", policy: CachePolicy | None = None) -> KVCache:
         cfg = self.model.config
-        if hasattr(cfg, "kv_lora_rank"):  # latent attention: one latent per position and layer
+        if self.caches_latents:
             return LatentCache(cfg.n_layer, cfg.kv_lora_rank, cfg.qk_rope_head_dim, capacity, dtype=self.dtype,
                                device=self.device)
         if policy is not None and policy.quantized:
@@ -115,40 +97,10 @@ class Engine:
     def choose(
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
     ) -> tuple[int, tuple[Candidate, ...]]:
-        logits = logits.float()  # (V,)
-        if not bool(torch.isfinite(logits).all()):
-            raise GenerationError(f"{self.model.config.name}: the model's logits hold NaN or infinite values in "
-                                  f"{str(self.dtype).removeprefix('torch.')}; its output means nothing")
-        if logits.shape[-1] > self.tokenizer.vocab_size:
-            # Vocabularies padded past the tokenizer's (50304 in nanoGPT) hold ids with no text: never pick them.
-            logits = logits[: self.tokenizer.vocab_size]
-        if sampling.greedy:
-            # The first maximum, as argmax picks it; probabilities only for the candidates shown.
-            best, index = torch.max(logits, dim=-1)
-            token = int(index)
-            log_total = torch.logsumexp(logits, dim=-1)
-            if top == 1:
-                values, ids = torch.exp(best - log_total).reshape(1), index.reshape(1)
-            else:
-                values, ids = torch.topk(logits, min(top, logits.shape[-1]))
-                values = torch.exp(values - log_total)
-        else:
-            scaled = logits / sampling.temperature
-            if sampling.top_k is not None and sampling.top_k < scaled.shape[-1]:
-                kth = torch.topk(scaled, sampling.top_k).values[-1]
-                scaled = torch.where(scaled < kth, torch.full_like(scaled, float("-inf")), scaled)
-            probs = torch.softmax(scaled, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=generator))
-            if top == 1:
-                value, index = torch.max(probs, dim=-1)  # one candidate: a max is cheaper than a top-k
-                values, ids = value.reshape(1), index.reshape(1)
-            else:
-                values, ids = torch.topk(probs, min(top, probs.shape[-1]))
-        candidates = tuple(
-            Candidate(int(i), self.tokenizer.token_label(int(i)), float(p))
-            for p, i in zip(values.tolist(), ids.tolist(), strict=True)
-        )
-        return token, candidates
+        """The next token from `logits` (V,) and the `top` likeliest candidates (kvviz.core.sampling.choose)."""
+        return choose(logits, sampling, generator, top, self.tokenizer,
+                      f"{self.model.config.name}: the model's logits hold NaN or infinite values in "
+                      f"{str(self.dtype).removeprefix('torch.')}; its output means nothing")
 
     def plan(
         self,
@@ -177,7 +129,7 @@ class Engine:
         policy = self.policy(window, sinks, kv_dtype) if policy is None else policy
         if policy.evicts and cache_fault:
             raise GenerationError("Break the cache plants its bug in a full cache; turn the window off first")
-        if cache_fault and hasattr(self.model.config, "kv_lora_rank"):
+        if cache_fault and self.caches_latents:
             raise GenerationError("Break the cache plants its bug in a per-head cache, not a latent one (MLA)")
         if policy.quantized and cache_fault:
             raise GenerationError("Break the cache plants its bug in an exact cache; store it in full precision first")
@@ -225,13 +177,13 @@ class Engine:
             dtype_bytes=torch.finfo(self.dtype).bits // 8,
             policy=policy,
             cache_parts=(("latent c_kv", cfg.kv_lora_rank), ("RoPE key k_pe", cfg.qk_rope_head_dim))
-            if hasattr(cfg, "kv_lora_rank") else (),
+            if self.caches_latents else (),
         )
 
     def _bytes_per_position(self, policy: CachePolicy) -> int:
         """Bytes the cache of a run under `policy` takes a position, over all layers."""
         cfg = self.model.config
-        if hasattr(cfg, "kv_lora_rank"):
+        if self.caches_latents:
             return LatentCache.bytes_per_position_of(cfg.n_layer, cfg.latent_dim, self.dtype)
         if policy.quantized:
             return QuantizedCache.bytes_per_position_in(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, policy.kv_dtype)
@@ -240,7 +192,7 @@ class Engine:
     def policy(self, window: int = 0, sinks: int = 0, kv_dtype: str = "") -> CachePolicy:
         """The cache policy of a run: `window` (or the model's own sliding window), `sinks` and `kv_dtype`
         (GenerationError for values no run can use)."""
-        if (window or sinks or kv_dtype) and hasattr(self.model.config, "kv_lora_rank"):
+        if (window or sinks or kv_dtype) and self.caches_latents:
             raise GenerationError(f"{self.model.config.name} caches latents (MLA): kvviz windows and quantizes "
                                   "per-head caches only")
         if kv_dtype and kv_dtype not in KV_DTYPES:
@@ -306,13 +258,7 @@ class Engine:
     ) -> Iterator[StepRecord]:
         P, budget, use_cache, stop_reason = plan.prompt_tokens, plan.budget, plan.use_cache, plan.stop_reason
         record_attention = plan.attention
-        generator = None
-        if not sampling.greedy:
-            generator = torch.Generator(device=self.device)
-            if sampling.seed is None:
-                generator.seed()  # fresh entropy for this run only; torch's global generator is left alone
-            else:
-                generator.manual_seed(sampling.seed)
+        generator = sampling_generator(sampling, self.device)
 
         model = self.model
         n_layer = model.config.n_layer

@@ -29,6 +29,10 @@ class KvvizError(ValueError):
     """Bad input or an impossible request: the CLI prints its first line and exits with 2, the app shows it."""
 
 
+class GenerationError(KvvizError):
+    """A generation request that cannot run (empty budget, prompt too long for the context)."""
+
+
 class ModelLoadError(KvvizError):
     """A model source that cannot be used: one line that starts with the source as typed ("gpt2: ...")."""
 

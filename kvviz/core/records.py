@@ -211,7 +211,7 @@ class RunPlan:
         return self.n_head // self.cache_heads if self.cache_heads else 1
 
     @property
-    def against_window(self) -> bool:
+    def against_lossy(self) -> bool:
         """Compare mode of an exact cache against a lossy one (a window, or quantized; both runs cached), not of
         cached against uncached."""
         return self.twin is not None and self.use_cache and self.twin.use_cache
@@ -219,7 +219,7 @@ class RunPlan:
     @property
     def lockstep_names(self) -> tuple[str, str]:
         """What compare mode calls its two runs: the cached and the uncached, or the full cache and the window."""
-        if not self.against_window:
+        if not self.against_lossy:
             return "with cache", "without cache"
         lossy = self if self.policy.lossy else self.twin
         if lossy.policy.quantized:
@@ -230,14 +230,14 @@ class RunPlan:
     @property
     def cached_plan(self) -> RunPlan | None:
         """The run with the cache: this one or its twin (against a window: the full cache's)."""
-        if self.against_window:
+        if self.against_lossy:
             return self.twin if self.policy.lossy else self
         return self if self.use_cache else self.twin
 
     @property
     def uncached_plan(self) -> RunPlan | None:
         """The run without the cache: this one or its twin (against a window: the windowed cache's)."""
-        if self.against_window:
+        if self.against_lossy:
             return self if self.policy.lossy else self.twin
         return self.twin if self.use_cache else self
 

@@ -8,15 +8,16 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from kvviz.core.batch_records import BatchPlan, BatchRecord, BatchRequestPlan, BlockState
+from kvviz.core.batch_records import BatchPlan, BatchRecord, BatchRequestPlan, BatchSpeed, BlockState
 from kvviz.core.counting import plural
 from kvviz.core.engine import Engine, GenerationError, SamplingSettings
 from kvviz.core.kv_cache import KVCache
 from kvviz.core.paged import PagedCache
 from kvviz.core.records import describe_sampling
+from kvviz.core.sampling import sampling_generator
 from kvviz.models.probe import PassProbe
 
-__all__ = ["plan_batch", "run_batch", "run_one_at_a_time"]
+__all__ = ["measure_speed", "plan_batch", "run_batch", "run_one_at_a_time"]
 
 
 def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | list[int], block_size: int,
@@ -31,7 +32,7 @@ def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | l
     budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     if len(budgets) != len(prompts):
         raise GenerationError(f"{len(budgets)} budgets for {len(prompts)} prompts")
-    if hasattr(engine.model.config, "kv_lora_rank"):
+    if engine.caches_latents:
         raise GenerationError(f"{engine.model.config.name} caches latents (MLA); kvviz batch pages per-head caches "
                               "only")
     if engine.policy().evicts:
@@ -51,17 +52,6 @@ def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | l
     return BatchPlan(tuple(requests), model_name or cfg.name, cfg.n_layer, engine.n_ctx, block_size, num_blocks,
                      share_prefixes, bytes_per_position,
                      describe_sampling(sampling.temperature, sampling.top_k, sampling.seed), run_id)
-
-
-def _generator(engine: Engine, sampling: SamplingSettings) -> torch.Generator | None:
-    if sampling.greedy:
-        return None
-    generator = torch.Generator(device=engine.device)
-    if sampling.seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(sampling.seed)  # each request draws as its own run with this seed would
-    return generator
 
 
 def run_batch(engine: Engine, plan: BatchPlan, sampling: SamplingSettings | None = None,
@@ -85,7 +75,7 @@ def _passes(engine: Engine, plan: BatchPlan, cache: PagedCache, sampling: Sampli
             watch_logits: Callable[[int, torch.Tensor], None] | None) -> Iterator[BatchRecord]:
     requests = plan.requests
     tokenizer = engine.tokenizer
-    generators = [_generator(engine, sampling) for _ in requests]
+    generators = [sampling_generator(sampling, engine.device) for _ in requests]  # each draws as its run alone
     outputs: list[list[int]] = [[] for _ in requests]
     finished = [False] * len(requests)
     released = [False] * len(requests)
@@ -111,7 +101,8 @@ def _passes(engine: Engine, plan: BatchPlan, cache: PagedCache, sampling: Sampli
             output_labels=tuple(tuple(tokenizer.token_label(t) for t in o) for o in outputs),
             lengths=tuple(cache.lengths.get(i, 0) for i in range(len(requests))),
             tables=tuple(tuple(cache.tables.get(i, ())) for i in range(len(requests))),
-            blocks=tuple(BlockState(b, owners[b], tuple(cache.block_tokens[b]),
+            blocks=tuple(BlockState(b, owners[b], cache.tables[owners[b][0]].index(b) * cache.block_size,
+                                    tuple(cache.block_tokens[b]),
                                     tuple(tokenizer.token_label(t) for t in cache.block_tokens[b])) for b in in_use),
             free_blocks=tuple(sorted(cache.free)), num_blocks=cache.num_blocks, block_size=cache.block_size,
             kv_computed=computed, reused_positions=reused, copies=cache.copies,
@@ -161,3 +152,15 @@ def run_one_at_a_time(engine: Engine, plan: BatchPlan, sampling: SamplingSetting
                 ids.append(step.token_id)
         outputs.append(ids)
     return outputs, seconds
+
+
+def measure_speed(engine: Engine, plan: BatchPlan, turns: int = 2, sampling: SamplingSettings | None = None,
+                  first: tuple[float, float] | None = None) -> BatchSpeed:
+    """The batch against the same requests one at a time, taking `turns` turns and keeping the fastest of each (a
+    busy machine slows either). `first`, given, is a turn already timed: (batched, one-at-a-time seconds)."""
+    batched, sequential = first if first is not None else (float("inf"), float("inf"))
+    for _ in range(turns - (first is not None)):
+        sequential = min(sequential, run_one_at_a_time(engine, plan, sampling)[1])
+        batched = min(batched, sum(r.seconds for r in run_batch(engine, plan, sampling)))
+    tokens = sum(r.budget for r in plan.requests)
+    return BatchSpeed(len(plan.requests), tokens / batched, tokens / sequential, turns)

@@ -90,7 +90,7 @@ def _footer(step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], dt
                                f"{done} of {plan.passes} passes, blocks of {step.block_size} positions, "
                                f"{step.max_new_tokens} new tokens each, greedy")
     made = records[-1].new_tokens if records else 0
-    if step.compare and plan.against_window:
+    if step.compare and plan.against_lossy:
         first, second = plan.lockstep_names
         mode = f"the {first} and the {second} in lockstep"
     elif step.compare:
@@ -147,9 +147,8 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
 def _run_batch_step(engine: Engine, model_name: str, step: LessonStep, where: str) -> StepRun:
     """A serving step's batch: its records up to `advance_to` passes (`shown`), and all of them (`advanced`, for
     the question's answer and the speed, measured as the app measures it once the batch is done)."""
-    from kvviz.core.batch_records import BatchSpeed
     from kvviz.core.lesson import measured_batch_answer
-    from kvviz.core.serving import plan_batch, run_batch, run_one_at_a_time
+    from kvviz.core.serving import measure_speed, plan_batch, run_batch
 
     try:
         plan = plan_batch(engine, [engine.encode_prompt(p) for p in step.prompts], step.max_new_tokens,
@@ -159,13 +158,8 @@ def _run_batch_step(engine: Engine, model_name: str, step: LessonStep, where: st
     records = tuple(run_batch(engine, plan))
     shown = records[: step.advance_to]
     answer = measured_batch_answer(step.question, records[-1]) if step.question else None
-    speed = None
-    if step.question or step.advance_to == plan.passes:  # a slide that shows the batch done shows its speed
-        tokens = sum(r.budget for r in plan.requests)
-        turns = 2
-        sequential = min(run_one_at_a_time(engine, plan)[1] for _ in range(turns))
-        batched = min(sum(r.seconds for r in run_batch(engine, plan)) for _ in range(turns))
-        speed = BatchSpeed(len(plan.requests), tokens / batched, tokens / sequential, turns)
+    # a slide that shows the batch done shows its speed, measured as the app measures it
+    speed = measure_speed(engine, plan) if step.question or step.advance_to == plan.passes else None
     return StepRun(plan=plan, shown=shown, advanced=records, answer=answer, batch_speed=speed)
 
 

@@ -7,8 +7,6 @@ imported inside the worker thread, so the window shows before they load.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 import weakref
@@ -17,14 +15,18 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from kvviz.app.run.shared_interpreter import worker_thread_guards
-from kvviz.core.errors import DownloadCancelled, as_sentence, first_line, is_out_of_memory
+from kvviz.app.run.worker_failures import (
+    check_dtype_runs,
+    describe_load_error,
+    describe_run_error,
+    lower_thread_priority,
+)
+from kvviz.core.errors import DownloadCancelled, as_sentence, first_line
 from kvviz.core.records import ModelInfo, RunRequest
 
 if TYPE_CHECKING:
     from kvviz.core.engine import Engine
     from kvviz.core.run import Run
-
-WORKER_NICENESS = 10  # the model runs this far below the GUI's scheduling priority (Linux)
 
 _THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
 
@@ -36,65 +38,6 @@ def running_threads() -> list[QThread]:
 
 class StepAborted(Exception):
     """Raised inside a forward pass when the window is closing."""
-
-
-def lower_thread_priority(niceness: int = WORKER_NICENESS) -> bool:
-    """Run the calling thread (and the compute threads torch starts from it, which inherit it) below
-    the GUI: in Linux's idle scheduling class, which yields a core to the GUI thread the moment it
-    wakes (a niced thread still holds it for milliseconds), and `niceness` steps below the process
-    where that class is refused. Linux only; True if done."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        target = os.getpriority(os.PRIO_PROCESS, os.getpid()) + niceness
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, target))
-    except OSError:
-        return False
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
-    except (OSError, AttributeError):
-        pass
-    return True
-
-
-def describe_load_error(source: str, exc: BaseException) -> str:
-    """One sentence for a model that failed to load."""
-    from kvviz.core.errors import KvvizError
-
-    label = source or "the embedded model"
-    if isinstance(exc, (KvvizError, DtypeUnsupported)):
-        return as_sentence(first_line(exc))
-    if is_out_of_memory(exc):
-        return f"Not enough memory to load {label}; choose a smaller model."
-    return as_sentence(f"Could not load {label}: {first_line(exc)}")
-
-
-class DtypeUnsupported(Exception):
-    """A model loaded in a number type its device cannot compute in."""
-
-
-def check_dtype_runs(model, dtype: str) -> None:
-    """One token through `model` in `dtype`: a DtypeUnsupported sentence if the device cannot compute in it."""
-    if dtype == "float32":
-        return
-    import torch
-
-    try:
-        with torch.inference_mode():
-            model(torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device))
-    except (RuntimeError, TypeError) as exc:
-        if is_out_of_memory(exc):
-            raise
-        device = next(model.parameters()).device.type
-        raise DtypeUnsupported(f"{dtype} cannot run on {device} here ({first_line(exc)}); "
-                               "the previous precision is kept.") from exc
-
-
-def describe_run_error(model_name: str, exc: BaseException) -> str:
-    """One sentence for a generation step that failed."""
-    if is_out_of_memory(exc):
-        return f"Not enough memory to continue with {model_name}; lower max new tokens or choose a smaller model."
-    return as_sentence(f"Generation with {model_name} stopped: {first_line(exc)}")
 
 
 class GenerationWorker(QObject):
@@ -297,25 +240,18 @@ class GenerationWorker(QObject):
             self._batch = None
             self._measure_batch(plan)
 
-    def _measure_batch(self, plan, turns: int = 2) -> None:
-        """Time the batch and its requests one at a time, taking turns, the fastest of each (not while stepping:
-        a click's wait is no pass's time)."""
-        from kvviz.core.batch_records import BatchSpeed
-        from kvviz.core.serving import run_batch, run_one_at_a_time
+    def _measure_batch(self, plan) -> None:
+        """Time the batch against its requests one at a time (not while stepping: a click's wait is no pass's time)."""
+        from kvviz.core.serving import measure_speed
 
-        tokens = sum(r.budget for r in plan.requests)
-        batched = sequential = float("inf")
         try:
-            for _ in range(turns):
-                sequential = min(sequential, run_one_at_a_time(self._engine, plan)[1])
-                batched = min(batched, sum(r.seconds for r in run_batch(self._engine, plan)))
+            speed = measure_speed(self._engine, plan)
         except StepAborted:
             return
         except Exception as exc:
             self.batch_failed.emit(plan.run_id, describe_run_error(plan.model_name, exc))
             return
-        self.batch_measured.emit(plan.run_id, BatchSpeed(len(plan.requests), tokens / batched, tokens / sequential,
-                                                         turns))
+        self.batch_measured.emit(plan.run_id, speed)
 
     @Slot(int)
     def play(self, interval_ms: int) -> None:

@@ -70,7 +70,7 @@ class StatusLine(LiveLabel):
         if plan.twin is not None:
             first, second = plan.lockstep_names
             article = "an" if second[:1] in "aeiouf" else "a"  # an int8 cache, an fp8 cache; a window of 8
-            mode = (f"comparing the {first} and {article} {second}" if plan.against_window
+            mode = (f"comparing the {first} and {article} {second}" if plan.against_lossy
                     else "comparing with and without cache")
         else:
             mode = "cache on" if plan.use_cache else "cache off"

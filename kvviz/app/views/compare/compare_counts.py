@@ -99,7 +99,7 @@ class CompareCounts(CountPanel):
         self.table.show_values(self.values())
         steps = max((r.new_tokens for r in (self._cached, self._uncached) if r is not None), default=0)
         text = self._progress_text(plan, steps)
-        if plan.against_window and self._cached is not None and self._uncached is not None:
+        if plan.against_lossy and self._cached is not None and self._uncached is not None:
             first, second = plan.lockstep_names
             full, lossy = self._cached.cache_bytes, self._uncached.cache_bytes
             text += (f"; positions held: {self._cached.positions_held} ({first}), "

@@ -197,7 +197,7 @@ class CompareTimePlot(QWidget):
         if sentence is None:
             return f"<b>measured time</b> <span style='color:{self._theme.muted}'>appears with the first step</span>"
         teal, amber = self._theme.teal, self._theme.amber
-        if self._plan is not None and self._plan.against_window:
+        if self._plan is not None and self._plan.against_lossy:
             first, second = self._plan.lockstep_names
             return (f"<b>measured time</b> &nbsp; <span style='color:{teal}'>{first} {cached:.3g} s</span>, "
                     f"<span style='color:{amber}'>{second} {uncached:.3g} s</span>")

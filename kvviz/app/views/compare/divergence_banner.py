@@ -72,7 +72,7 @@ class DivergenceBanner(QWidget):
         self._theme = themes.current()
         self._broken = False
         self._names = ("with cache", "without cache")  # RunPlan.lockstep_names
-        self._against_window = False
+        self._against_lossy = False
         self._quantized = False  # against a quantized cache, not a window
         self._cached: list[str] = []  # each token step's token text, per run
         self._uncached: list[str] = []
@@ -87,8 +87,8 @@ class DivergenceBanner(QWidget):
     def reset(self, plan: RunPlan) -> None:
         self._broken = plan.cache_broken
         self._names = plan.lockstep_names
-        self._against_window = plan.against_window
-        self._quantized = plan.against_window and (plan.policy.quantized or plan.twin.policy.quantized)
+        self._against_lossy = plan.against_lossy
+        self._quantized = plan.against_lossy and (plan.policy.quantized or plan.twin.policy.quantized)
         self._cached, self._uncached = [], []
         self.first_divergence = None
         self.first_logit_divergence = None
@@ -140,22 +140,22 @@ class DivergenceBanner(QWidget):
             self.label.hide()
             return
         why = " The cache is broken on purpose (teaching switch)." if self._broken else ""
-        against_window = self._against_window
-        if against_window:
+        against_lossy = self._against_lossy
+        if against_lossy:
             why = (f" An {self._names[1]} rounds every key and value: a trade-off for memory, not a bug."
                    if self._quantized else " A window changes what the model attends to: a trade-off, not a bug.")
         logits = ""
         if self.first_logit_divergence is not None and (
                 self.first_divergence is None or self.first_logit_divergence < self.first_divergence):
             difference, tolerance = self._logit_divergence
-            noise = "" if against_window else f", beyond the float noise of {format_logit_diff(tolerance)}"
+            noise = "" if against_lossy else f", beyond the float noise of {format_logit_diff(tolerance)}"
             logits = (f"The runs' logits part at token step {self.first_logit_divergence}: max |\u0394logit| "
                       f"{format_logit_diff(difference)}{noise}. ")  # a lossy cache parts them by design
         texts = self.continuations()
         first, second = self._names
         if texts is None:
             lossy = "quantized" if self._quantized else "windowed"
-            text = (f"{logits}The tokens still agree, but the {lossy} run computes something else." if against_window
+            text = (f"{logits}The tokens still agree, but the {lossy} run computes something else." if against_lossy
                     else f"{logits}The tokens still agree, but the cached run computes something else.")
         else:
             cached, uncached = texts

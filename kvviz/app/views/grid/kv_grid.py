@@ -133,7 +133,7 @@ class KVGridView(QWidget):
             self._show_nothing()
             return
         self._plan = shown
-        names = plan.lockstep_names if plan.against_window else None
+        names = plan.lockstep_names if plan.against_lossy else None
         self._run_name = names[0 if self.lockstep == "cached" else 1] if names and self.lockstep else None
         self._cells = GridState(shown)
         self.legend_row.show_stale(plan.cache_broken)  # compare mode: the legend under both grids

@@ -32,9 +32,7 @@ def pool_cells(record: BatchRecord) -> list[BlockCell]:
     """Every block of the pool in order, as the record leaves it."""
     cells = [BlockCell(b) for b in range(record.num_blocks)]
     for state in record.blocks:
-        owner = state.owners[0]
-        index = record.tables[owner].index(state.block)
-        first = index * record.block_size
+        first = state.first_position
         cells[state.block] = BlockCell(state.block, state.owners, (first, first + len(state.token_ids)),
                                        len(state.token_ids), state.token_labels)
     return cells

@@ -1,0 +1,72 @@
+"""What the worker thread does besides running the engine: it lowers its own priority below the GUI's, checks
+that a model computes in the number type it was loaded in, and says in one sentence why a load or a step
+failed."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from kvviz.core.errors import as_sentence, first_line, is_out_of_memory
+
+WORKER_NICENESS = 10  # the model runs this far below the GUI's scheduling priority (Linux)
+
+
+def lower_thread_priority(niceness: int = WORKER_NICENESS) -> bool:
+    """Run the calling thread (and the compute threads torch starts from it, which inherit it) below
+    the GUI: in Linux's idle scheduling class, which yields a core to the GUI thread the moment it
+    wakes (a niced thread still holds it for milliseconds), and `niceness` steps below the process
+    where that class is refused. Linux only; True if done."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        target = os.getpriority(os.PRIO_PROCESS, os.getpid()) + niceness
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, target))
+    except OSError:
+        return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+    except (OSError, AttributeError):
+        pass
+    return True
+
+
+def describe_load_error(source: str, exc: BaseException) -> str:
+    """One sentence for a model that failed to load."""
+    from kvviz.core.errors import KvvizError
+
+    label = source or "the embedded model"
+    if isinstance(exc, (KvvizError, DtypeUnsupported)):
+        return as_sentence(first_line(exc))
+    if is_out_of_memory(exc):
+        return f"Not enough memory to load {label}; choose a smaller model."
+    return as_sentence(f"Could not load {label}: {first_line(exc)}")
+
+
+class DtypeUnsupported(Exception):
+    """A model loaded in a number type its device cannot compute in."""
+
+
+def check_dtype_runs(model, dtype: str) -> None:
+    """One token through `model` in `dtype`: a DtypeUnsupported sentence if the device cannot compute in it."""
+    if dtype == "float32":
+        return
+    import torch
+
+    try:
+        with torch.inference_mode():
+            model(torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device))
+    except (RuntimeError, TypeError) as exc:
+        if is_out_of_memory(exc):
+            raise
+        device = next(model.parameters()).device.type
+        raise DtypeUnsupported(f"{dtype} cannot run on {device} here ({first_line(exc)}); "
+                               "the previous precision is kept.") from exc
+
+
+def describe_run_error(model_name: str, exc: BaseException) -> str:
+    """One sentence for a generation step that failed."""
+    if is_out_of_memory(exc):
+        return f"Not enough memory to continue with {model_name}; lower max new tokens or choose a smaller model."
+    return as_sentence(f"Generation with {model_name} stopped: {first_line(exc)}")
