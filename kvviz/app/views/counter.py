@@ -43,6 +43,9 @@ class CounterPanel(CountPanel):
         self.window_note = QLabel("")  # a cache with a window: what it holds and what it evicted, measured
         self.window_note.setWordWrap(True)
         self.window_note.hide()
+        self.latent_note = QLabel("")  # latent attention: the numbers it caches against multi-head attention's
+        self.latent_note.setWordWrap(True)
+        self.latent_note.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
@@ -50,9 +53,11 @@ class CounterPanel(CountPanel):
         layout.addLayout(self.table)
         layout.addWidget(self.measured_note)
         layout.addWidget(self.window_note)
+        layout.addWidget(self.latent_note)
         layout.addWidget(self.progress)
         layout.addStretch(1)
-        self.show_parts(self.heading, self.table, (self.measured_note, self.window_note, self.progress))
+        self.show_parts(self.heading, self.table, (self.measured_note, self.window_note, self.latent_note,
+                                                          self.progress))
 
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
@@ -96,6 +101,8 @@ class CounterPanel(CountPanel):
         self.table.show_layers(plan.n_layer)
         self.window_note.setVisible(plan.policy.evicts and plan.use_cache)
         self.window_note.setText(self._window_text(plan, rec))
+        self.latent_note.setVisible(plan.multi_head_numbers > 0)
+        self.latent_note.setText(self.latent_text(plan))
         measured = "with_cache" if plan.use_cache else "without_cache"
         counted = "without_cache" if measured == "with_cache" else "with_cache"
         self.measured_note.setText(f"measured in this run: {ROW_TITLES[measured]}; "
@@ -108,6 +115,25 @@ class CounterPanel(CountPanel):
         stop_reason = rec.stop_reason if rec.final else None
         self.progress.setText(self._progress_text(plan, rec.new_tokens, rec.step + 1, rec.token_id is None,
                                                   stop_reason))
+
+    @staticmethod
+    def latent_text(plan: RunPlan) -> str:
+        """Latent attention (MLA): the numbers its cache keeps a layer and position against what multi-head
+        attention with the same heads would keep (each head's key and value), and a position's bytes, from the
+        family's sizes as the plan records them; "" for a cache of heads."""
+        multi_head = plan.multi_head_numbers
+        if not multi_head:
+            return ""
+        latent = sum(numbers for _, numbers in plan.cache_parts)
+        parts = " + ".join(f"{numbers} {name.split()[0]}" for name, numbers in plan.cache_parts)
+        key, value = plan.head_key_value
+        text = (f"latent cache: {parts} = {latent:,} numbers a layer and position; multi-head attention with the "
+                f"same {plan.n_head} heads would keep {plan.n_head} \u00d7 ({key} + {value}) = {multi_head:,}: "
+                f"{multi_head / latent:.1f}\u00d7 more")
+        if plan.use_cache and plan.cache_bytes_per_position:
+            text += (f". A position over {plan.n_layer} layers: {plan.cache_bytes_per_position:,} bytes against "
+                     f"{multi_head * plan.dtype_bytes * plan.n_layer:,}")
+        return text
 
     @staticmethod
     def _window_text(plan: RunPlan, rec: StepRecord | None) -> str:
