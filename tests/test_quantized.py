@@ -113,7 +113,8 @@ def test_the_app_compares_the_exact_cache_with_an_int8_one_from_the_run_menu(qtb
     positions = record.positions_held
     shown = [(name.text(), value.text()) for name, value in counts.bytes_labels.values()]
     assert shown == [("exact cache", f"{positions * 9216:,} bytes".replace(",", "\u2009")),  # the lead: the bytes
-                     ("int8 cache", f"{positions * 2592:,} bytes".replace(",", "\u2009")), ("held", "3.6\u00d7 fewer")]
+                     ("int8 cache", f"{positions * 2592:,} bytes".replace(",", "\u2009")),
+                     ("int8 cache holds", "3.6\u00d7 fewer")]
     assert counts.bytes_box.isVisible() and not counts.work_box.isVisible()  # no big "avoided 0, ratio 1.00×"
     assert "dequantizes every stored row" in window.workspace.compare_view.time_plot.ratio.text()
 

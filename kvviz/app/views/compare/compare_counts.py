@@ -72,7 +72,6 @@ class CompareCounts(CountPanel):
             self.bytes_grid.addWidget(name, row, 0)
             self.bytes_grid.addWidget(value, row, 1)
             self.bytes_labels[key] = (name, value)
-        self.bytes_labels["ratio"][0].setText("held")
         self.work_note = LiveLabel("", rich=False, wrap=True)  # against a lossy cache: the computations, small
         self.work_note.setObjectName("muted")
         self.progress = LiveLabel("", rich=False, wrap=True)
@@ -97,6 +96,7 @@ class CompareCounts(CountPanel):
         for key, name in zip(("with_cache", "without_cache"), plan.lockstep_names, strict=True):
             self.table.labels[key][0].setText(name)
             self.bytes_labels["full" if key == "with_cache" else "lossy"][0].setText(name)
+        self.bytes_labels["ratio"][0].setText(f"{plan.lockstep_names[1]} holds")
         lossy = self._plan is not None and plan.against_lossy
         self._show_lossy(lossy)
         if self._plan is not None:

@@ -18,9 +18,8 @@ from kvviz.core.records import RunPlan, StepRecord
 from kvviz.measure.speed import RatioEstimate, paired_ratio
 
 RUNS = ("cached", "uncached")  # row 0 and row 1 of the arrays
-# beside a quantized cache's time: its slowdown is kvviz's, not the format's
-DEQUANTIZE_NOTE = ("slower here because kvviz dequantizes every stored row at each step, in plain torch; "
-                   "serving engines read the quantized cache inside fused attention kernels")
+# beside a quantized cache's time: its cost here is kvviz's plain dequantizing, not the format's
+DEQUANTIZE_NOTE = "kvviz dequantizes every stored row at each step; engines use fused kernels: not an engine's times"
 TIME_PLOT_MIN_HEIGHT = 200  # pixels at zoom 1: two small plots and the ratio line stay readable
 
 
