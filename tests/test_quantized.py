@@ -129,6 +129,6 @@ def test_the_quantized_lesson_says_what_kvviz_scales_and_what_the_engines_do():
     first = " ".join(lesson.steps[0].text.split())
     assert "each key and value vector (one token, one head)" in first and "float32 scale" in first
     assert "vLLM's fp8 cache has one scale for a layer's keys and one for its values" in first
-    assert "keeps the newest tokens (128 by default) unquantized" in first
     assert "vLLM's fp8, Hugging Face's int8" not in first
+    assert "keeps the newest 128 tokens unquantized" in lesson.steps[0].notes  # QuantizedCache's residual window
     assert "dequantizes every stored row" in lesson.steps[1].notes
