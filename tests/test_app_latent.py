@@ -104,10 +104,12 @@ def test_the_counter_sets_the_latent_against_multi_head_attention_with_the_same_
     counter.apply(records)
     counter.refresh()
     text = counter.latent_note.text()
+    assert counter.heading.text() == "Latent computations"  # one latent a position: each head's K/V rebuilt from it
     assert counter.latent_note.isVisible()
     assert "512 latent + 64 RoPE = 576 numbers a layer and position" in text
-    assert "16 \u00d7 (192 + 128) = 5,120" in text and "8.9\u00d7 more" in text  # 5,120 / 576 = 8.89
-    assert "A position over 2 layers: 4,608 bytes against 40,960" in text  # 2 × 576 × 4 and 2 × 5,120 × 4
+    # 5,120 / 576 = 8.89
+    assert "multi-head attention with its 16 heads: 16 \u00d7 (192 + 128) = 5,120, 8.9\u00d7 more" in text
+    assert "A position, 2 layers: 4,608 bytes against 40,960" in text  # 2 × 576 × 4 and 2 × 5,120 × 4
     assert records[-1].cache_bytes == 5 * 2 * 576 * 4  # the latent's bytes are what the cache measures (5 positions)
 
 
@@ -122,4 +124,5 @@ def test_the_counter_of_a_cache_of_heads_has_no_latent_line(qtbot, app_model):
     counter.show()
     counter.reset(plan)
     assert counter.latent_note.isHidden() and counter.latent_note.text() == ""
+    assert counter.heading.text() == "K/V computations"
     assert plan.multi_head_numbers == 0

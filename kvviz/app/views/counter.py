@@ -16,6 +16,12 @@ STOP_REASONS = {  # short: the progress line keeps the room it had (the banner e
 }
 
 
+# the counter's heading: a cache of K and V, or latent attention's (the latent is what a pass computes or reuses)
+HEADINGS = {False: "K/V computations", True: "Latent computations"}
+LATENT_UNIT = ("Latent attention: one latent and RoPE key, for one layer and one token position; every pass "
+               "rebuilds each head's K and V from the cached latents.")
+
+
 class CounterPanel(CountPanel):
     """K/V computations in the lab's unit (per layer, per token position), all-layers total beside.
 
@@ -31,7 +37,7 @@ class CounterPanel(CountPanel):
         self._plan: RunPlan | None = None
         self._record: StepRecord | None = None
 
-        self.heading = QLabel("K/V computations")
+        self.heading = QLabel(HEADINGS[False])
         unit = "The unit of the lab: one key and value row, for one layer and one token position."
         self.heading.setToolTip(unit)
         self.table = CountTable((18, 4), unit)
@@ -99,6 +105,9 @@ class CounterPanel(CountPanel):
         if plan is None:
             return
         self.table.show_layers(plan.n_layer)
+        latent = bool(plan.cache_parts)
+        self.heading.setText(HEADINGS[latent])
+        self.heading.setToolTip(LATENT_UNIT if latent else self.table.per_layer_header.toolTip())
         self.window_note.setVisible(plan.policy.evicts and plan.use_cache)
         self.window_note.setText(self._window_text(plan, rec))
         self.latent_note.setVisible(plan.multi_head_numbers > 0)
@@ -127,11 +136,11 @@ class CounterPanel(CountPanel):
         latent = sum(numbers for _, numbers in plan.cache_parts)
         parts = " + ".join(f"{numbers} {name.split()[0]}" for name, numbers in plan.cache_parts)
         key, value = plan.head_key_value
-        text = (f"latent cache: {parts} = {latent:,} numbers a layer and position; multi-head attention with the "
-                f"same {plan.n_head} heads would keep {plan.n_head} \u00d7 ({key} + {value}) = {multi_head:,}: "
+        text = (f"latent cache: {parts} = {latent:,} numbers a layer and position; multi-head attention with its "
+                f"{plan.n_head} heads: {plan.n_head} \u00d7 ({key} + {value}) = {multi_head:,}, "
                 f"{multi_head / latent:.1f}\u00d7 more")
         if plan.use_cache and plan.cache_bytes_per_position:
-            text += (f". A position over {plan.n_layer} layers: {plan.cache_bytes_per_position:,} bytes against "
+            text += (f". A position, {plan.n_layer} layers: {plan.cache_bytes_per_position:,} bytes against "
                      f"{multi_head * plan.dtype_bytes * plan.n_layer:,}")
         return text
 
