@@ -126,3 +126,13 @@ def test_the_counter_of_a_cache_of_heads_has_no_latent_line(qtbot, app_model):
     assert counter.latent_note.isHidden() and counter.latent_note.text() == ""
     assert counter.heading.text() == "K/V computations"
     assert plan.multi_head_numbers == 0
+
+
+def test_part_rows_are_proportional_and_say_so_where_they_cannot_be():
+    from kvviz.app.views.grid.grid_rows import GridRows, part_rows
+
+    assert part_rows((512, 64)) == (8, 1) and part_rows((16, 8)) == (2, 1)  # V2-Lite, the tests' small MLA
+    assert part_rows((4096, 2)) == (16, 1)  # capped: 2,048 rows would bury the other layers
+    rows = GridRows(2, 2, [1], parts=("latent c_kv", "RoPE key k_pe"), sizes=(4096, 2))
+    assert [text for _, text in rows.labels()] == ["L0", "L1", "L1 latent c_kv (4096, not to scale)",
+                                                   "L1 RoPE key k_pe (2)"]
