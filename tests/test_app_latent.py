@@ -63,6 +63,8 @@ def test_the_legend_title_and_tooltips_of_a_latent_cache_say_the_latent_is_reuse
     info = latent_grid.cell_info(0, 0)  # the prompt's first position: computed at step 1, reused since
     assert "latent computed at step 1" in info and "latent reused from the cache" in info
     assert "K/V computed" not in info
+    assert "(512 + 64) × 4 bytes = 2,304 bytes" in info  # what the cache keeps of the layer and position
+    assert "multi-head attention with its 16 heads would keep 16 × (192 + 128) × 4 = 20,480 bytes" in info
 
 
 def test_a_cache_of_heads_keeps_its_k_v_words(qtbot, latent_grid, app_model):

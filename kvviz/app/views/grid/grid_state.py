@@ -135,6 +135,10 @@ class GridState:
             if head is None:
                 lines.append(f"the latent and the RoPE key: ({' + '.join(map(str, sizes))}) × {b} bytes = "
                              f"{sum(sizes) * b:,} bytes; each head's K and V are rebuilt from them")
+                if plan.multi_head_numbers:  # what the latent saves
+                    key, value = plan.head_key_value
+                    lines.append(f"multi-head attention with its {plan.n_head} heads would keep {plan.n_head} × "
+                                 f"({key} + {value}) × {b} = {plan.multi_head_numbers * b:,} bytes")
             else:
                 lines.append(f"{plan.cache_parts[head][0]}: {sizes[head]} × {b} bytes = {sizes[head] * b:,} bytes")
         elif plan.use_cache and state in (COMPUTED, REUSED, STALE) and heads > 0:  # in the cache: their bytes
