@@ -462,3 +462,77 @@ def test_compare_view_fits_a_projector_screen(qtbot, lockstep, screen):
     gap = (view.main_splitter.geometry().bottom() + view.identity_strip.geometry().top()) // 2
     assert scroll.grab().toImage().pixelColor(view.width() // 2, gap).name().upper() == theme.DARK.background, \
         "the gaps between panels are the theme's background"
+
+
+# ----- against a window or a quantized cache: the bytes held lead -----
+@pytest.fixture(scope="module")
+def lossy_lockstep(engine):
+    """lossy_lockstep(**options) -> (plan, records) of the exact cache against a window or a quantized one."""
+    from kvviz.core.compare import Lockstep, plan_lockstep
+
+    runs: dict[tuple, tuple] = {}
+
+    def run(**options):
+        key = tuple(sorted(options.items()))
+        if key not in runs:
+            plan = plan_lockstep(engine, engine.encode_prompt(PROMPT), N, True, **options)
+            runs[key] = plan, list(Lockstep(engine, plan).records())
+        return runs[key]
+
+    return run
+
+
+@pytest.mark.parametrize(("options", "second"), [({"window": 4}, "window of 4"), ({"kv_dtype": "int8"}, "int8 cache")],
+                         ids=["window", "int8"])
+def test_a_lossy_compare_leads_with_the_bytes_each_cache_holds(view, engine, lossy_lockstep, options, second):
+    """Both runs keep a cache and compute the same K/V: "avoided 0, ratio 1.00×" would lead with nothing. The big
+    figures are the bytes each cache holds (a hand count: positions × 2 × layers × heads × bytes a head), and how
+    many times fewer; the computations are a small line."""
+    cfg = engine.model.config
+    plan, records = lossy_lockstep(**options)
+    view.reset(plan)
+    view.apply(records)
+    view.refresh()
+    counts = view.counts
+    positions = len(engine.encode_prompt(PROMPT)) + N  # the exact cache after its filling pass
+    full = positions * 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * 4  # float32
+    if "window" in options:
+        lossy = 4 * 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * 4  # the last 4 positions
+    else:
+        lossy = positions * 2 * cfg.n_layer * cfg.n_kv_head * (cfg.head_dim + 4)  # a byte a number, a float32 scale
+    assert counts.values()["bytes_held"] == (full, lossy)
+    assert counts.against_lossy() and counts.bytes_box.isVisible() and counts.bytes_heading.isVisible()
+    assert not counts.work_box.isVisible() and not counts.heading.isVisible()  # no big "avoided 0, 1.00×"
+    name, value = counts.bytes_labels["full"]
+    assert (name.text(), value.text()) == ("full cache" if "window" in options else "exact cache",
+                                           f"{full:,} bytes".replace(",", "\u2009"))
+    name, value = counts.bytes_labels["lossy"]
+    assert (name.text(), value.text()) == (second, f"{lossy:,} bytes".replace(",", "\u2009"))
+    ratio = [label.text() for label in counts.bytes_labels["ratio"]]
+    assert ratio == [f"{second} holds", f"{full / lossy:.1f}\u00d7 fewer"]
+    assert value.font().pointSizeF() > counts.work_note.font().pointSizeF()  # the lead is the big figure
+    assert counts.work_note.isVisible() and f"{positions} per layer in each run" in counts.work_note.text()
+
+
+def test_a_cached_against_uncached_compare_still_leads_with_the_computations(view, lockstep):
+    plan, records = lockstep(True)
+    view.reset(plan)
+    view.apply(records)
+    view.refresh()
+    assert view.counts.work_box.isVisible() and not view.counts.bytes_box.isVisible()
+    assert view.counts.values()["bytes_held"] is None
+
+
+def test_a_quantized_compare_says_why_its_cache_is_slower_beside_the_times(view, lossy_lockstep):
+    plan, records = lossy_lockstep(kv_dtype="int8")
+    view.reset(plan)
+    view.apply(records)
+    view.refresh()
+    text = view.time_plot.ratio.text()
+    assert "int8 cache" in text and "kvviz dequantizes every stored row at each step" in text
+    assert "engines use fused kernels: not an engine's times" in text
+    plan, records = lossy_lockstep(window=4)  # a window's time needs no such note
+    view.reset(plan)
+    view.apply(records)
+    view.refresh()
+    assert "window of 4" in view.time_plot.ratio.text() and "dequantizes" not in view.time_plot.ratio.text()

@@ -132,7 +132,7 @@ def test_the_grid_opens_a_layer_into_its_latent_and_rope_key(mla, qtbot):
         qtbot.keyClick(win, Qt.Key.Key_H)  # View > Heads: layer 0 opens
         win.redraw()
         labels = [text for _, text in win.grid._rows.labels()]
-        assert labels[:3] == ["L0", "L0 latent c_kv", "L0 RoPE key k_pe"]
+        assert labels[:3] == ["L0", "L0 latent c_kv (16)", "L0 RoPE key k_pe (8)"]  # 2 rows and 1: in proportion
         info = win.grid.cell_info(0, 0, 0)
         assert "its latent c_kv (16 numbers, shared by every head)" in info and "16 × 4 bytes = 64 bytes" in info
         assert "(16 + 8) × 4 bytes = 96 bytes" in win.grid.cell_info(0, 0)

@@ -109,6 +109,26 @@ def test_the_app_compares_the_exact_cache_with_an_int8_one_from_the_run_menu(qtb
     assert "An int8 cache rounds every key and value: a trade-off for memory, not a bug." in banner
     assert "float noise" not in banner  # the rounding parts the logits by design, not by noise
     assert "comparing the exact cache and an int8 cache" in window.status.text()
-    held = window.workspace.compare_view.counts.progress.text()
+    counts = window.workspace.compare_view.counts
     positions = record.positions_held
-    assert f"bytes held: {positions * 9216:,} and {positions * 2592:,}, 3.6\u00d7 less" in held  # the bytes saved
+    shown = [(name.text(), value.text()) for name, value in counts.bytes_labels.values()]
+    assert shown == [("exact cache", f"{positions * 9216:,} bytes".replace(",", "\u2009")),  # the lead: the bytes
+                     ("int8 cache", f"{positions * 2592:,} bytes".replace(",", "\u2009")),
+                     ("int8 cache holds", "3.6\u00d7 fewer")]
+    assert counts.bytes_box.isVisible() and not counts.work_box.isVisible()  # no big "avoided 0, ratio 1.00×"
+    assert "dequantizes every stored row" in window.workspace.compare_view.time_plot.ratio.text()
+
+
+def test_the_quantized_lesson_says_what_kvviz_scales_and_what_the_engines_do():
+    """kvviz keeps a float32 scale per token and head vector; vLLM's fp8 cache scales per tensor (a layer's keys, its
+    values), transformers' QuantizedCache quantizes groups and keeps a full-precision residual window: the lesson
+    must not give the engines kvviz's per-vector scale."""
+    from kvviz.core.lesson import builtin_lesson_path, load_lesson
+
+    lesson = load_lesson(builtin_lesson_path("kv-quantized"))
+    first = " ".join(lesson.steps[0].text.split())
+    assert "each key and value vector (one token, one head)" in first and "float32 scale" in first
+    assert "vLLM's fp8 cache has one scale for a layer's keys and one for its values" in first
+    assert "vLLM's fp8, Hugging Face's int8" not in first
+    assert "keeps the newest 128 tokens unquantized" in lesson.steps[0].notes  # QuantizedCache's residual window
+    assert "dequantizes every stored row" in lesson.steps[1].notes

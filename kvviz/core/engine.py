@@ -178,6 +178,7 @@ class Engine:
             policy=policy,
             cache_parts=(("latent c_kv", cfg.kv_lora_rank), ("RoPE key k_pe", cfg.qk_rope_head_dim))
             if self.caches_latents else (),
+            head_key_value=(cfg.qk_head_dim, cfg.v_head_dim) if self.caches_latents else (),
         )
 
     def _bytes_per_position(self, policy: CachePolicy) -> int:

@@ -197,6 +197,14 @@ class RunPlan:
     policy: CachePolicy = EXACT  # which positions the cache keeps (and every pass attends to)
     cache_parts: tuple[tuple[str, int], ...] = ()  # latent attention's: what a layer caches instead of heads,
     # (name, numbers) each, e.g. (("latent c_kv", 512), ("RoPE key k_pe", 64)); () for a cache of heads
+    head_key_value: tuple[int, int] = ()  # latent attention's: the numbers of each head's key and value that every
+    # pass rebuilds from the latent (qk_head_dim, v_head_dim), e.g. (192, 128); () for a cache of heads
+
+    @property
+    def multi_head_numbers(self) -> int:
+        """Latent attention: the numbers a layer would cache a position as multi-head attention with the same heads,
+        each head's key and value (heads × (qk_head_dim + v_head_dim)); 0 for a cache of heads."""
+        return self.n_head * sum(self.head_key_value) if self.cache_parts and self.head_key_value else 0
 
     @property
     def cache_heads(self) -> int:

@@ -16,6 +16,12 @@ STOP_REASONS = {  # short: the progress line keeps the room it had (the banner e
 }
 
 
+# the counter's heading: a cache of K and V, or latent attention's (the latent is what a pass computes or reuses)
+HEADINGS = {False: "K/V computations", True: "Latent computations"}
+LATENT_UNIT = ("Latent attention: one latent and RoPE key, for one layer and one token position; every pass "
+               "rebuilds each head's K and V from the cached latents.")
+
+
 class CounterPanel(CountPanel):
     """K/V computations in the lab's unit (per layer, per token position), all-layers total beside.
 
@@ -31,7 +37,7 @@ class CounterPanel(CountPanel):
         self._plan: RunPlan | None = None
         self._record: StepRecord | None = None
 
-        self.heading = QLabel("K/V computations")
+        self.heading = QLabel(HEADINGS[False])
         unit = "The unit of the lab: one key and value row, for one layer and one token position."
         self.heading.setToolTip(unit)
         self.table = CountTable((18, 4), unit)
@@ -43,6 +49,9 @@ class CounterPanel(CountPanel):
         self.window_note = QLabel("")  # a cache with a window: what it holds and what it evicted, measured
         self.window_note.setWordWrap(True)
         self.window_note.hide()
+        self.latent_note = QLabel("")  # latent attention: the numbers it caches against multi-head attention's
+        self.latent_note.setWordWrap(True)
+        self.latent_note.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
@@ -50,9 +59,11 @@ class CounterPanel(CountPanel):
         layout.addLayout(self.table)
         layout.addWidget(self.measured_note)
         layout.addWidget(self.window_note)
+        layout.addWidget(self.latent_note)
         layout.addWidget(self.progress)
         layout.addStretch(1)
-        self.show_parts(self.heading, self.table, (self.measured_note, self.window_note, self.progress))
+        self.show_parts(self.heading, self.table, (self.measured_note, self.window_note, self.latent_note,
+                                                          self.progress))
 
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
@@ -94,8 +105,13 @@ class CounterPanel(CountPanel):
         if plan is None:
             return
         self.table.show_layers(plan.n_layer)
+        latent = bool(plan.cache_parts)
+        self.heading.setText(HEADINGS[latent])
+        self.heading.setToolTip(LATENT_UNIT if latent else self.table.per_layer_header.toolTip())
         self.window_note.setVisible(plan.policy.evicts and plan.use_cache)
         self.window_note.setText(self._window_text(plan, rec))
+        self.latent_note.setVisible(plan.multi_head_numbers > 0)
+        self.latent_note.setText(self.latent_text(plan))
         measured = "with_cache" if plan.use_cache else "without_cache"
         counted = "without_cache" if measured == "with_cache" else "with_cache"
         self.measured_note.setText(f"measured in this run: {ROW_TITLES[measured]}; "
@@ -108,6 +124,25 @@ class CounterPanel(CountPanel):
         stop_reason = rec.stop_reason if rec.final else None
         self.progress.setText(self._progress_text(plan, rec.new_tokens, rec.step + 1, rec.token_id is None,
                                                   stop_reason))
+
+    @staticmethod
+    def latent_text(plan: RunPlan) -> str:
+        """Latent attention (MLA): the numbers its cache keeps a layer and position against what multi-head
+        attention with the same heads would keep (each head's key and value), and a position's bytes, from the
+        family's sizes as the plan records them; "" for a cache of heads."""
+        multi_head = plan.multi_head_numbers
+        if not multi_head:
+            return ""
+        latent = sum(numbers for _, numbers in plan.cache_parts)
+        parts = " + ".join(f"{numbers} {name.split()[0]}" for name, numbers in plan.cache_parts)
+        key, value = plan.head_key_value
+        text = (f"latent cache: {parts} = {latent:,} numbers a layer and position; multi-head attention with its "
+                f"{plan.n_head} heads: {plan.n_head} \u00d7 ({key} + {value}) = {multi_head:,}, "
+                f"{multi_head / latent:.1f}\u00d7 more")
+        if plan.use_cache and plan.cache_bytes_per_position:
+            text += (f". A position, {plan.n_layer} layers: {plan.cache_bytes_per_position:,} bytes against "
+                     f"{multi_head * plan.dtype_bytes * plan.n_layer:,}")
+        return text
 
     @staticmethod
     def _window_text(plan: RunPlan, rec: StepRecord | None) -> str:

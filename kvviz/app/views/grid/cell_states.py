@@ -19,9 +19,23 @@ STATE_NAMES = {
     STALE: "stale slot: this token's K/V went one slot late",
     EVICTED: "K/V evicted: outside the window",
 }
+# A latent cache (MLA) keeps a latent and a RoPE key a position, not K and V: every pass rebuilds each head's K and
+# V from the latent, so what a pass computes or reuses is the latent.
+LATENT_STATE_NAMES = {
+    **STATE_NAMES,
+    PENDING: "token without its latent yet",
+    COMPUTED: "latent computed this step",
+    REUSED: "latent reused from the cache (each head's K/V rebuilt from it)",
+}
+
+
+def state_names(latent: bool) -> dict[int, str]:
+    """The cell states' names: of a cache of K and V, or of latent attention's cache of latents (`latent`)."""
+    return LATENT_STATE_NAMES if latent else STATE_NAMES
 
 # What a row of the grid shows, for its cells' separators.
 LAYER_ROW = 0  # a layer: the usual gap below it
 HEAD_ROW = 1  # an expanded layer's row or one of its heads: a soft 1 px line below it, so they read as one band
 LAST_HEAD_ROW = 2  # the last head of an expanded layer, or the row above one: a wide gap parts the layers
-ROW_KINDS = (LAYER_ROW, HEAD_ROW, LAST_HEAD_ROW)
+INNER_ROW = 3  # a row inside a part drawn several rows tall (a latent beside its RoPE key): no line below it
+ROW_KINDS = (LAYER_ROW, HEAD_ROW, LAST_HEAD_ROW, INNER_ROW)

@@ -16,6 +16,7 @@ from kvviz.app.views.grid.cell_states import (
     COMPUTED,
     EMPTY,
     EVICTED,
+    HEAD_ROW,
     LAST_HEAD_ROW,
     LAYER_ROW,
     PENDING,
@@ -23,6 +24,7 @@ from kvviz.app.views.grid.cell_states import (
     ROW_KINDS,
     STALE,
     STATE_NAMES,
+    state_names,
 )
 
 if TYPE_CHECKING:
@@ -63,7 +65,7 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int 
             tile[-gap:, :] = dark
         elif row == LAST_HEAD_ROW:
             tile[-min(max(2 * gap, size // 4), max(gap, size // 3)):, :] = dark  # twice a layer's, or a quarter
-        elif size >= 6:  # halfway between the cell and the gap: heads of one layer, one band
+        elif row == HEAD_ROW and size >= 6:  # halfway between the cell and the gap: heads of one layer, one band
             tile[-1, :] = (colour.astype(np.uint16) + dark) // 2
         tile[:, -gap:] = dark
     return tile
@@ -116,6 +118,13 @@ class GridLegend(FlowLayout):
         entry = self._optional[state]
         if entry.parentWidget() is not None:
             entry.setVisible(on and self._shown)
+
+    def show_latent(self, latent: bool) -> None:
+        """Name the states for a cache of latents (MLA: the latent is computed and reused, each head's K and V
+        rebuilt from it every pass) or of K and V."""
+        names = state_names(latent)
+        for _swatch, text, state in self._entries:
+            text.setText(names[state])
 
     def show_look(self, colour_blind: bool, theme: Theme) -> None:
         """Draw the swatches as the grid draws its cells."""

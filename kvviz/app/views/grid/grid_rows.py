@@ -9,11 +9,12 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont, QFontMetrics, QFontMetricsF
 
-from kvviz.app.views.grid.cell_states import HEAD_ROW, LAST_HEAD_ROW, LAYER_ROW
+from kvviz.app.views.grid.cell_states import HEAD_ROW, INNER_ROW, LAST_HEAD_ROW, LAYER_ROW
 from kvviz.app.views.grid.grid_state import GridState
 from kvviz.core.records import RunPlan
 
 TICK_LABEL_LIMIT = 40  # label columns with their tokens up to this many positions
+MAX_PART_ROWS = 16  # the tallest a latent attention part is drawn, in rows: beyond, not to scale (its label says so)
 
 
 MIN_LABEL_POINTS = 6.0  # the left labels shrink to fit their rows, down to this size
@@ -32,6 +33,21 @@ def row_label(layer: int, head: int = -1, group: int = 1, parts: tuple[str, ...]
     return f"L{layer} kv{head} ← " + " ".join(f"q{q}" for q in range(head * group, (head + 1) * group))
 
 
+def part_rows(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """How many rows each of latent attention's parts takes, in proportion to its numbers (`sizes`): the smallest
+    one row, (512, 64) 8 rows and 1; at most MAX_PART_ROWS."""
+    if not sizes:
+        return ()
+    smallest = max(1, min(sizes))
+    return tuple(min(MAX_PART_ROWS, max(1, round(n / smallest))) for n in sizes)
+
+
+def part_label(name: str, numbers: int, rows: int, scale: int) -> str:
+    """A latent attention part's name with its width: "latent c_kv (512)"; "not to scale" where capped."""
+    to_scale = rows * scale == numbers or rows < MAX_PART_ROWS
+    return f"{name} ({numbers})" if to_scale else f"{name} ({numbers}, not to scale)"
+
+
 class GridRows:
     """The display rows of `n_layer` layers of `n_head` heads each, the `expanded` layers opened into their heads.
 
@@ -41,7 +57,8 @@ class GridRows:
     """
 
     def __init__(self, n_layer: int, n_head: int = 0, expanded: Collection[int] = (), group: int = 1,
-                 parts: tuple[str, ...] = ()) -> None:
+                 parts: tuple[str, ...] = (), sizes: tuple[int, ...] = ()) -> None:
+        tall = part_rows(sizes) if parts and len(sizes) == n_head else (1,) * n_head  # rows each head takes
         layers: list[int] = []
         heads: list[int] = []
         kinds: list[int] = []
@@ -53,12 +70,16 @@ class GridRows:
             heads.append(-1)
             kinds.append(HEAD_ROW if opened else LAYER_ROW)
             if opened:
-                layers += [layer] * n_head
-                heads += range(n_head)
-                kinds += [HEAD_ROW] * (n_head - 1) + [LAST_HEAD_ROW]
+                for head, rows in enumerate(tall):  # a part several rows tall: no line inside it
+                    layers += [layer] * rows
+                    heads += [head] * rows
+                    kinds += [INNER_ROW] * (rows - 1) + [HEAD_ROW if head < n_head - 1 else LAST_HEAD_ROW]
         self.n_layer = n_layer
         self.group = group  # query heads per cached head, for the labels
         self.parts = parts  # latent attention's part names instead of heads
+        if parts and len(sizes) == n_head:  # their widths in the labels: the rows' heights are in proportion
+            self.parts = tuple(part_label(name, numbers, rows, max(1, min(sizes)))
+                               for name, numbers, rows in zip(parts, sizes, tall, strict=True))
         self.layers = np.array(layers, dtype=np.intp)  # display row -> layer
         self.heads = np.array(heads, dtype=np.intp)  # display row -> head, -1 on a layer's row
         self.kinds = np.array(kinds, dtype=np.intp)[:, None]  # (rows, 1)
@@ -68,9 +89,17 @@ class GridRows:
         return len(self.layers)
 
     def labels(self) -> list[tuple[float, str]]:
-        """Every row's label at its middle: "L2", then "L2 h0", "L2 h1"... when layer 2 is open."""
-        return [(r + 0.5, row_label(int(layer), int(head), self.group, self.parts))
-                for r, (layer, head) in enumerate(zip(self.layers, self.heads, strict=True))]
+        """Every row's label at its middle: "L2", then "L2 h0", "L2 h1"... when layer 2 is open; a part drawn
+        several rows tall is labelled once, at its middle."""
+        return [(middle, row_label(int(self.layers[r]), int(self.heads[r]), self.group, self.parts))
+                for r, middle in self._blocks()]
+
+    def _blocks(self) -> list[tuple[int, float]]:
+        """(first row, middle) of each run of rows that show one thing: a layer, a head, or a tall part."""
+        starts = [r for r in range(len(self.layers))
+                  if r == 0 or (self.layers[r], self.heads[r]) != (self.layers[r - 1], self.heads[r - 1])]
+        ends = [*starts[1:], len(self.layers)]
+        return [(start, (start + end) / 2) for start, end in zip(starts, ends, strict=True)]
 
     def left_ticks(self, label_rows: int) -> list[tuple[float, str]]:
         """Every row's label when `label_rows` labels fit the grid's height; else layer labels every few layers,
@@ -85,16 +114,22 @@ class GridRows:
         labelled = self.layer_rows[::step]
         ticks = [(float(r) + 0.5, row_label(int(self.layers[r]))) for r in labelled]
         last = -np.inf  # the row of the label above
-        for r in np.flatnonzero(self.heads >= 0):
+        for r, middle in ((start, middle) for start, middle in self._blocks() if self.heads[start] >= 0):
             above = np.searchsorted(labelled, r)  # labelled[above] is the next layer label below r
             if above:
                 last = max(last, labelled[above - 1])
             below = labelled[above] if above < len(labelled) else np.inf
             if r - last >= gap and below - r >= gap:
-                ticks.append((float(r) + 0.5, row_label(int(self.layers[r]), int(self.heads[r]), self.group,
-                                                        self.parts)))
+                ticks.append((float(middle), row_label(int(self.layers[r]), int(self.heads[r]), self.group,
+                                                       self.parts)))
                 last = r
         return sorted(ticks)
+
+
+def plan_rows(plan: RunPlan, expanded: Collection[int] = ()) -> GridRows:
+    """The display rows of `plan`'s layers, the `expanded` ones opened into their cached heads (or latent parts)."""
+    return GridRows(plan.n_layer, plan.cache_heads, expanded, plan.query_group,
+                    tuple(name for name, _ in plan.cache_parts), tuple(numbers for _, numbers in plan.cache_parts))
 
 
 def fitting_font(font: QFont, pitch: float) -> QFont | None:
@@ -165,9 +200,8 @@ class GridAxes:
         the columns (nor part them from another grid's)."""
         width = None
         if plan is not None and plan.cache_heads > 0:
-            parts = tuple(name for name, _ in plan.cache_parts)
-            widest = max((row_label(plan.n_layer - 1, head, plan.query_group, parts)
-                          for head in range(plan.cache_heads)), key=len)
+            last = plan.n_layer - 1
+            widest = max((text for _, text in plan_rows(plan, {last}).labels()), key=len)
             width = 2 + QFontMetrics(self._font).horizontalAdvance(widest)
         if width != self._tick_width:
             self._tick_width = width

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, EVICTED, PENDING, REUSED, STALE, STATE_NAMES
+from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, EVICTED, PENDING, REUSED, STALE, state_names
 from kvviz.app.views.labels import chip_text
 from kvviz.core.records import RunPlan, StepRecord
 
@@ -100,6 +100,7 @@ class GridState:
             name, numbers = plan.cache_parts[head]
             where = f"layer {layer}, its {name} ({numbers} numbers, shared by every head)"
         lines = [f"{where}, position {position}", f"token: {token}"]
+        kept = "latent" if plan.cache_parts else "K/V"  # latent attention computes and keeps a latent
         state = int(self.states[layer, position])
         at = int(self.computed_at[layer, position])
         holds, broken = int(self.holds[layer, position]), bool(plan.cache_fault)
@@ -111,9 +112,9 @@ class GridState:
         elif at < 0 and self.fed[layer, position]:
             lines.append("its K/V was computed but written one slot late: this slot was never written")
         elif at < 0:
-            lines.append("K/V not computed yet" if state == PENDING else "position does not exist yet")
+            lines.append(f"{kept} not computed yet" if state == PENDING else "position does not exist yet")
         else:
-            lines.append(f"K/V computed at step {at}")
+            lines.append(f"{kept} computed at step {at}")
             if broken and holds != position:
                 lines.append(f"this slot holds position {holds}'s K/V: written one slot late (broken cache)")
             if plan.use_cache:
@@ -123,7 +124,7 @@ class GridState:
                 n = int(self.times_computed[layer, position])
                 lines.append(f"no cache: computed {n} time{'s' if n != 1 else ''} so far, reused never")
         if state != EMPTY:
-            lines.append(STATE_NAMES[state])
+            lines.append(state_names(bool(plan.cache_parts))[state])
         if plan.use_cache and position < plan.policy.sinks:
             lines.append("an attention sink: kept in the cache for good")
         kv = "K and V" if head is None else f"K and V of head {head}"
@@ -134,6 +135,10 @@ class GridState:
             if head is None:
                 lines.append(f"the latent and the RoPE key: ({' + '.join(map(str, sizes))}) × {b} bytes = "
                              f"{sum(sizes) * b:,} bytes; each head's K and V are rebuilt from them")
+                if plan.multi_head_numbers:  # what the latent saves
+                    key, value = plan.head_key_value
+                    lines.append(f"multi-head attention with its {plan.n_head} heads would keep {plan.n_head} × "
+                                 f"({key} + {value}) × {b} = {plan.multi_head_numbers * b:,} bytes")
             else:
                 lines.append(f"{plan.cache_parts[head][0]}: {sizes[head]} × {b} bytes = {sizes[head] * b:,} bytes")
         elif plan.use_cache and state in (COMPUTED, REUSED, STALE) and heads > 0:  # in the cache: their bytes

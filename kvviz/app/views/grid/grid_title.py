@@ -26,11 +26,13 @@ def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, t
         sinks = plan.policy.sinks
         kept = f", the sinks {0}\u2013{sinks - 1}" if sinks > 1 else ", the sink 0" if sinks else ""
         size += f", keeping the last {plan.policy.window}{kept}"
+    # latent attention keeps a latent a position and rebuilds every head's K and V from it each pass
+    kept = "latent (K/V rebuilt from it)" if plan.cache_parts else "K/V"
     if lockstep is None:
-        head = f"<b>K/V per layer and position</b> &nbsp; {size}, {mode}"
+        head = f"<b>{kept} per layer and position</b> &nbsp; {size}, {mode}"
     else:
         colour = theme.teal if lockstep == "cached" else theme.amber
-        head = f"<b><span style='color:{colour}'>{mode}</span></b> &nbsp; K/V per layer and position, {size}"
+        head = f"<b><span style='color:{colour}'>{mode}</span></b> &nbsp; {kept} per layer and position, {size}"
 
     def caption(detail: str) -> str:
         return f"{head}<br><span style='color:{theme.muted}'>{detail}</span>"

@@ -22,7 +22,7 @@ from kvviz.app.views.grid.grid_lockstep import (
     waiting_title,
 )
 from kvviz.app.views.grid.grid_plot import GridPlot
-from kvviz.app.views.grid.grid_rows import GridRows
+from kvviz.app.views.grid.grid_rows import GridRows, plan_rows
 from kvviz.app.views.grid.grid_state import GridState
 from kvviz.app.views.grid.grid_title import grid_title
 from kvviz.app.views.live_label import LiveLabel
@@ -138,6 +138,7 @@ class KVGridView(QWidget):
         self._cells = GridState(shown)
         self.legend_row.show_stale(plan.cache_broken)  # compare mode: the legend under both grids
         self.legend_row.show_evicted(plan.policy.evicts or (plan.twin is not None and plan.twin.policy.evicts))
+        self.legend_row.show_latent(bool(shown.cache_parts))  # latent attention computes and reuses latents
         self._set_rows()
         self._plot.axes.reserve_width(self._plan)
         self._update_outline()
@@ -272,9 +273,7 @@ class KVGridView(QWidget):
     # ----- drawing -----
     def _set_rows(self) -> None:
         """The display rows: each layer, followed by its heads when it is expanded."""
-        heads, group = (self._plan.cache_heads, self._plan.query_group) if self._plan is not None else (0, 1)
-        parts = tuple(name for name, _ in self._plan.cache_parts) if self._plan is not None else ()
-        self._rows = GridRows(self._cells.n_layer, heads, self._expanded, group, parts)
+        self._rows = plan_rows(self._plan, self._expanded) if self._plan is not None else GridRows(self._cells.n_layer)
         if hasattr(self, "plot_widget"):
             self._fit_height()
 
@@ -303,7 +302,7 @@ class KVGridView(QWidget):
         if self._plan is None or layer is None or not 0 <= layer < self._cells.n_layer:
             self._plot.outline(None)
             return
-        rows = 1 + (self._plan.cache_heads if layer in self._expanded else 0)
+        rows = int((self._rows.layers == layer).sum())  # its own row and its heads' (a tall part's rows too)
         self._plot.outline(QRectF(0, int(self._rows.layer_rows[layer]), self._cells.width, rows))
 
     def _update_title(self) -> None:
