@@ -323,11 +323,14 @@ def measured_answer(question: str, previous: StepRecord | None, record: StepReco
         return record.without_cache_total / record.with_cache_total if record.with_cache_total else 0.0
     if question == "cache_bytes_after_next":
         return record.cache_bytes
-    per_token = record.cache_bytes // record.positions_held if record.positions_held else 0
+    # bytes a layer caches a position, from what each layer holds (a window's layers hold fewer than the others)
+    held = record.layer_positions_held or (record.positions_held,) * record.n_layer
+    per_layer_position = record.cache_bytes // sum(held) if sum(held) else 0
     if question == "cache_bytes_per_token":
-        return per_token
+        return per_layer_position * len(held)
     if question == "cache_bytes_at_8k":
-        return per_token * LONG_CONTEXT
+        capacity = record.layer_capacity or (0,) * len(held)
+        return per_layer_position * sum(min(LONG_CONTEXT, cap) if cap else LONG_CONTEXT for cap in capacity)
     raise ValueError(f"unknown question {question!r}")
 
 
