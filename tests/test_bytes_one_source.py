@@ -151,3 +151,22 @@ def test_the_lessons_byte_answers_count_what_each_layer_holds(family, per_token,
     _, records = measured(folders[family])
     assert measured_answer("cache_bytes_per_token", None, records[-1]) == per_token
     assert measured_answer("cache_bytes_at_8k", None, records[-1]) == at_8k
+
+
+def test_a_byte_answer_names_the_precision_it_was_measured_in(folders):
+    from kvviz.core.lesson import format_answer
+
+    _, records = measured(folders["llama"])
+    value = measured_answer("cache_bytes_at_8k", None, records[-1])
+    assert format_answer("cache_bytes_at_8k", value, records[-1].cache_precision) == (
+        "2,097,152 bytes (2 MiB) in float32")  # 256 bytes a token x 8,192, by hand
+
+
+def test_kvviz_memory_prints_a_folder_name_without_its_control_bytes(folders, kvviz_cli, tmp_path):
+    import shutil
+
+    hostile = tmp_path / "evil\x1b]0;owned\x07name"
+    shutil.copytree(folders["gpt2"], hostile)
+    result = kvviz_cli("memory", "--model", str(hostile))
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout and "\\x1b" in result.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvviz.cli import json_output as cli_json
-from kvviz.core.errors import KvvizError, ModelLoadError
+from kvviz.core.errors import KvvizError, ModelLoadError, visible
 from kvviz.core.files import user_path
 from kvviz.core.memory import Architecture, find_architecture, format_bytes, reference_architectures
 
@@ -33,7 +33,7 @@ def model_architecture(source: str | None) -> Architecture:
             config = read_family_config(path / "config.json")[1]
         else:  # a .safetensors file, or a folder without config.json: the shapes come from its tensors
             config = load_model(name).config
-    return cache_shape(config, name, "the model's config")
+    return cache_shape(config, visible(name), "the model's config")  # a folder's name may hold control bytes
 
 
 def cmd_memory(args: argparse.Namespace) -> int:

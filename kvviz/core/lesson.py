@@ -334,14 +334,16 @@ def measured_answer(question: str, previous: StepRecord | None, record: StepReco
     raise ValueError(f"unknown question {question!r}")
 
 
-def format_answer(question: str, value: float) -> str:
-    """The answer as the app and the slides show it: 87, 6.8x, 36,864 bytes."""
+def format_answer(question: str, value: float, precision: str = "") -> str:
+    """The answer as the app and the slides show it: 87, 6.8x, 36,864 bytes; a byte answer names the
+    `precision` its cache was measured in, when given (a record's `cache_precision`): 36,864 bytes in float32."""
     if question == "ratio_after_next":
         return f"{value:.1f}x"
+    stored = f" in {precision}" if precision else ""
     if question in ("cache_bytes_after_next", "cache_bytes_per_token"):
-        return f"{int(value):,} bytes"
+        return f"{int(value):,} bytes{stored}"
     if question == "cache_bytes_at_8k":
-        return f"{int(value):,} bytes ({format_bytes(value)})"
+        return f"{int(value):,} bytes ({format_bytes(value)}){stored}"
     if question == "blocks_at_end":
         return f"{int(value):,} blocks"
     return f"{int(value):,}"

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kvviz.core.errors import KvvizError
+from kvviz.core.errors import KvvizError, visible
 from kvviz.core.records import KV_DTYPES
 from kvviz.core.resources import resource_path
 
@@ -150,7 +150,7 @@ def find_architecture(name: str) -> Architecture:
         if arch.name.lower() == name.lower():
             return arch
     names = ", ".join(a.name for a in reference_architectures())
-    raise UnknownArchitecture(f"--arch {name}: not a reference architecture; choose from {names}")
+    raise UnknownArchitecture(f"--arch {visible(name)}: not a reference architecture; choose from {names}")
 
 
 def architecture_of(name: str, n_layer: int, n_head: int, n_kv_head: int, head_dim: int,
