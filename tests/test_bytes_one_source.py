@@ -170,3 +170,13 @@ def test_kvviz_memory_prints_a_folder_name_without_its_control_bytes(folders, kv
     result = kvviz_cli("memory", "--model", str(hostile))
     assert result.returncode == 0, result.stderr
     assert "\x1b" not in result.stdout and "\x07" not in result.stdout and "\\x1b" in result.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--model", "random:deepseek-v2-lite-attention", "--kv-dtype", "int8"), "caches latents (MLA)"),
+    (("--arch", "DeepSeek-V2", "--kv-dtype", "fp8"), "caches latents (MLA)"),
+])
+def test_kvviz_memory_refuses_a_cache_kvviz_cannot_store_as_generate_does(kvviz_cli, args, message):
+    result = kvviz_cli("memory", *args)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -45,6 +45,11 @@ def cmd_memory(args: argparse.Namespace) -> int:
         return 0
     arch = find_architecture(args.arch) if args.arch is not None else model_architecture(args.model)
     precision = getattr(args, "kv_dtype", None) or args.dtype  # a quantized cache's, or the number type's
+    if precision != args.dtype and arch.attention == "mla":
+        raise KvvizError(f"--kv-dtype {precision}: {arch.name} caches latents (MLA); kvviz quantizes per-head "
+                         "caches only")
+    if precision == "int4" and arch.head_dim % 2:
+        raise KvvizError(f"--kv-dtype int4 packs two numbers a byte; {arch.name}'s head size {arch.head_dim} is odd")
     per_token = arch.bytes_per_token(precision, args.batch)
     total = arch.cache_bytes(args.context, precision, args.batch)
     held = arch.layer_tokens_held(args.context)
