@@ -180,3 +180,10 @@ def test_kvviz_memory_refuses_a_cache_kvviz_cannot_store_as_generate_does(kvviz_
     result = kvviz_cli("memory", *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "llama"])
+def test_a_plans_final_bytes_are_what_its_last_pass_measures(family, folders):
+    """The chart's memory axis is sized from it: a window's layers hold their window, not the run's width."""
+    plan, records = measured(folders[family])
+    assert plan.final_cache_bytes == records[-1].cache_bytes

@@ -267,7 +267,10 @@ class RunPlan:
 
     @property
     def final_cache_bytes(self) -> int:
-        """The KV cache's filled bytes once every position of the run is in it."""
+        """The KV cache's filled bytes once every position of the run has been fed: what each layer holds then
+        (a window's layers hold fewer) as the family states it."""
+        if self.cache_shape is not None and self.cache_precision:
+            return self.cache_shape.cache_bytes(self.width, self.cache_precision)
         return self.cache_bytes_per_position * self.width
 
     def pass_follows_in_step(self, record: StepRecord) -> bool:
