@@ -290,7 +290,7 @@ def test_every_line_is_drawn_in_one_precision_and_the_axis_names_it(qtbot):
         assert y[-1] == 131072 * 27 * 576 * size  # by hand
         ref_x, ref_y = view.reference_line("DeepSeek-V2-Lite")
         assert np.interp(x, ref_x, ref_y) == pytest.approx(y)
-        assert f"every line in {precision}" in view.plot_item.getAxis("left").labelText
+        assert view.plot_item.getAxis("left").labelText == f"KV-cache bytes, {precision}"
         assert f"in {precision}: {27 * 576 * size:,} bytes per token" in view.formula.text()
     assert view.points()[0].size == 0 and "choose float32 to see the points" in view.formula.text()
     view.dtype_box.setCurrentText("float32")
@@ -319,4 +319,8 @@ def test_on_a_slide_the_gb_labels_stand_apart_and_axis_titles_and_controls_read_
     tick = view.plot_item.getAxis("left").style["tickFont"].pointSizeF()
     for name in ("left", "bottom"):
         assert view.plot_item.getAxis(name).label.font().pointSizeF() >= tick
+    view.batch_spin.setValue(16)
+    axis = view.plot_item.getAxis("left")
+    title, room = axis.label.sceneBoundingRect(), axis.sceneBoundingRect()
+    assert title.left() >= 0 and title.top() >= room.top() and title.bottom() <= room.bottom(), (title, room)
     assert all(widget.font().pointSizeF() >= tick for widget in view.controls)

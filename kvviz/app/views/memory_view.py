@@ -184,6 +184,8 @@ class MemoryView(QWidget):
         self.line_names.set_font(label_font)
         for line in self.budget_lines:
             line.label.setFont(font)
+        margins = self.plot_item.getContentsMargins()  # room left of the axis title, which pyqtgraph puts 5 px out
+        self.plot_item.setContentsMargins(round(6 * scale), margins[1], margins[2], margins[3])
         self._framed = None
         self._frame()
 
@@ -252,9 +254,10 @@ class MemoryView(QWidget):
         self.refresh()
 
     def _label_axes(self) -> None:
+        """The left axis names the precision (and a batch) every line is drawn in: short, to fit a slide's axis."""
         batch = self.batch_spin.value()
-        sequences = f", batch {batch}" if batch != 1 else ""
-        self.plot_item.setLabel("left", f"KV-cache bytes (every line in {self.precision()}{sequences})")
+        sequences = f" \u00d7 {batch}" if batch != 1 else ""
+        self.plot_item.setLabel("left", f"KV-cache bytes, {self.precision()}{sequences}")
 
     def _draw_references(self) -> None:
         for name, curve in self.reference_curves.items():
