@@ -224,7 +224,7 @@ def test_linear_axes_show_the_growth_as_straight_lines_from_zero(qtbot, shown, e
     (x_low, x_high), (y_low, y_high) = vb.viewRange()
     assert x_low == 0 and x_high >= 131072 and y_low == 0
     llama = shown.reference_curves["Llama-3-70B"].getData()[1][-1]
-    assert llama == 2 * 80 * 8 * 128 * 2 * 131072 and y_high >= llama  # bf16, batch 1: every line's end is in
+    assert llama == 2 * 80 * 8 * 128 * 4 * 131072 and y_high >= llama  # in the run's float32: every end is in
     pixels = [vb.mapViewToScene(QPointF(float(a), float(b))) for a, b in zip(x[::20], y[::20], strict=True)]
     slopes = {round((p.y() - pixels[0].y()) / (p.x() - pixels[0].x()), 3) for p in pixels[1:]}
     assert len(slopes) == 1, "a straight line on the screen"
@@ -259,3 +259,68 @@ def test_at_1280x720_the_memory_column_shows_the_whole_plot(qtbot, app_model):
     foot = memory.plot_widget.mapTo(memory, memory.plot_widget.mapFromScene(axis.sceneBoundingRect().bottomLeft()))
     assert foot.y() <= memory.height()
     window.close()
+
+
+# ----- like with like: every line in one precision, named on the axis -----
+
+def test_every_line_is_drawn_in_one_precision_and_the_axis_names_it(qtbot):
+    """A model with DeepSeek-V2-Lite's cache (27 layers x (512 + 64) numbers, on a narrow residual stream) lies on
+    DeepSeek-V2-Lite's reference line in the run's float32 and in bfloat16; its measured points show only in the
+    precision they were measured in."""
+    import torch
+
+    from kvviz.core.engine import Engine
+    from kvviz.models.deepseek import Deepseek, DeepseekConfig
+
+    model = Deepseek(DeepseekConfig(vocab_size=1000, n_ctx=64, n_layer=27, n_head=2, n_embd=32, intermediate_size=32,
+                                    kv_lora_rank=512, qk_nope_head_dim=8, qk_rope_head_dim=64, v_head_dim=8))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.ones_like(p) if "norm" in name else 0.02 * torch.randn_like(p))
+    engine = Engine(model.eval())
+    plan = engine.plan([464, 290, 17], 1, True)
+    view = MemoryView()
+    qtbot.addWidget(view)
+    view.reset(plan)
+    view.apply(list(engine.run(plan)))
+    view.refresh()
+    for precision, size in (("float32", 4), ("bfloat16", 2)):
+        view.dtype_box.setCurrentText(precision)
+        x, y = view.model_line()
+        assert y[-1] == 131072 * 27 * 576 * size  # by hand
+        ref_x, ref_y = view.reference_line("DeepSeek-V2-Lite")
+        assert np.interp(x, ref_x, ref_y) == pytest.approx(y)
+        assert view.plot_item.getAxis("left").labelText == f"KV-cache bytes, {precision}"
+        assert f"in {precision}: {27 * 576 * size:,} bytes per token" in view.formula.text()
+    assert view.points()[0].size == 0 and "choose float32 to see the points" in view.formula.text()
+    view.dtype_box.setCurrentText("float32")
+    assert view.points()[1].tolist() == [3 * 27 * 576 * 4, 4 * 27 * 576 * 4]  # measured, at 3 and 4 positions
+
+
+def test_on_a_slide_the_gb_labels_stand_apart_and_axis_titles_and_controls_read_as_the_ticks(qtbot, engine):
+    view = MemoryView()
+    qtbot.addWidget(view)
+    view.resize(1100, 700)
+    view.set_font_scale(1.9)  # a slide's
+    view.show()
+    qtbot.waitExposed(view)
+    plan = engine.plan(engine.encode_prompt(PROMPT), 2, True)
+    view.reset(plan)
+    view.refresh()
+
+    def boxes():
+        return [line.label.sceneBoundingRect() for line in view.budget_lines]
+
+    for scale in ("log", "linear"):
+        view.set_scale(scale)
+        qtbot.waitUntil(lambda: all(not b.isEmpty() for b in boxes()))
+        for a, b in itertools.combinations(boxes(), 2):
+            assert not a.intersects(b), (scale, a, b)
+    tick = view.plot_item.getAxis("left").style["tickFont"].pointSizeF()
+    for name in ("left", "bottom"):
+        assert view.plot_item.getAxis(name).label.font().pointSizeF() >= tick
+    view.batch_spin.setValue(16)
+    axis = view.plot_item.getAxis("left")
+    title, room = axis.label.sceneBoundingRect(), axis.sceneBoundingRect()
+    assert title.left() >= 0 and title.top() >= room.top() and title.bottom() <= room.bottom(), (title, room)
+    assert all(widget.font().pointSizeF() >= tick for widget in view.controls)

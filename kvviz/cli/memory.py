@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 
 from kvviz.cli import json_output as cli_json
-from kvviz.core.errors import KvvizError, ModelLoadError
+from kvviz.core.errors import KvvizError, ModelLoadError, visible
 from kvviz.core.files import user_path
-from kvviz.core.memory import Architecture, architecture_of, find_architecture, format_bytes, reference_architectures
+from kvviz.core.memory import Architecture, find_architecture, format_bytes, reference_architectures
 
 
 def model_architecture(source: str | None) -> Architecture:
-    """The KV-cache shape of a `--model` value, read from its config: no weights are loaded and nothing
-    is downloaded (the GPT-2 names and random:<preset> use their published configs)."""
+    """The KV-cache shape of a `--model` value, read from its config as its family states it
+    (kvviz.models.cache_shape: a latent for MLA, the model's own sliding window): no weights are loaded and
+    nothing is downloaded (the GPT-2 names and random:<preset> use their published configs)."""
     from kvviz.core.resources import DEFAULT_MODEL_NAME, EMBEDDED_MODELS, embedded_model_dir
+    from kvviz.models.cache_shape import cache_shape
     from kvviz.models.families import PRESETS, read_family_config
     from kvviz.sources.weights import load_model
 
@@ -31,7 +33,7 @@ def model_architecture(source: str | None) -> Architecture:
             config = read_family_config(path / "config.json")[1]
         else:  # a .safetensors file, or a folder without config.json: the shapes come from its tensors
             config = load_model(name).config
-    return architecture_of(name, config.n_layer, config.n_head, config.n_kv_head, config.head_dim, config.n_ctx)
+    return cache_shape(config, visible(name), "the model's config")  # a folder's name may hold control bytes
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
@@ -42,8 +44,15 @@ def cmd_memory(args: argparse.Namespace) -> int:
             print(arch.name)
         return 0
     arch = find_architecture(args.arch) if args.arch is not None else model_architecture(args.model)
-    per_token = arch.bytes_per_token(args.dtype, args.batch)
-    total = arch.cache_bytes(args.context, args.dtype, args.batch)
+    precision = getattr(args, "kv_dtype", None) or args.dtype  # a quantized cache's, or the number type's
+    if precision != args.dtype and arch.attention == "mla":
+        raise KvvizError(f"--kv-dtype {precision}: {arch.name} caches latents (MLA); kvviz quantizes per-head "
+                         "caches only")
+    if precision == "int4" and arch.head_dim % 2:
+        raise KvvizError(f"--kv-dtype int4 packs two numbers a byte; {arch.name}'s head size {arch.head_dim} is odd")
+    per_token = arch.bytes_per_token(precision, args.batch)
+    total = arch.cache_bytes(args.context, precision, args.batch)
+    held = arch.layer_tokens_held(args.context)
     if args.json:
         print(cli_json.dumps({
             "name": arch.name,
@@ -54,21 +63,28 @@ def cmd_memory(args: argparse.Namespace) -> int:
             "latent_dim": arch.latent_dim if arch.attention == "mla" else None,
             "rope_dim": arch.rope_dim if arch.attention == "mla" else None,
             "sliding_window": arch.sliding_window,
+            "window_first_layer": arch.window_first_layer if arch.sliding_window else None,
             "dtype": args.dtype,
+            "kv_dtype": getattr(args, "kv_dtype", None),
+            "precision": precision,
             "batch": args.batch,
             "context": args.context,
-            "tokens_held": arch.tokens_held(args.context),
+            "tokens_held": arch.tokens_held(args.context),  # a windowed layer's
+            "tokens_held_per_layer": list(held),
             "model_context": arch.context,
             "bytes_per_token": per_token,
             "bytes": total,
-            "formula": arch.formula(args.dtype, args.batch),
+            "formula": arch.formula(precision, args.batch),
             "source": arch.source,
         }, indent=2))
         return 0
     print(arch.describe())
-    print(f"  bytes per token  {arch.formula(args.dtype, args.batch)}")
-    held = arch.tokens_held(args.context)
-    window = f" (the window holds {held:,} of them)" if held != args.context else ""
+    print(f"  bytes per token  {arch.formula(precision, args.batch)}")
+    window = ""
+    if arch.tokens_held(args.context) != args.context:
+        windowed = arch.windowed_layers
+        layers = "each layer" if windowed == arch.layers else f"{windowed} of {arch.layers} layers"
+        window = f" ({layers} holds {arch.tokens_held(args.context):,} of them)"
     print(f"  at {args.context:,} tokens{window}: {total:,} bytes = {format_bytes(total)}")
     if arch.context is not None and args.context > arch.context:
         print(f"  (a what-if: the model itself takes at most {arch.context:,} tokens)")

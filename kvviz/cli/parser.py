@@ -222,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="the cache's number type (default: float32)")
     p.add_argument("--batch", type=whole_number(1, MAX_BATCH), default=1, metavar="B",
                    help="sequences cached side by side (default: 1)")
+    _add_kv_dtype(p)  # the bytes of a quantized cache, as generate --kv-dtype stores it
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = commands.add_parser("bench", help="time generation with and without the cache",

@@ -22,6 +22,7 @@ from kvviz.core.records import (
 )
 from kvviz.core.sampling import SamplingSettings, choose, sampling_generator
 from kvviz.core.tokenizer import Tokenizer, get_tokenizer
+from kvviz.models.cache_shape import run_cache_shape
 from kvviz.models.families import family_of
 from kvviz.models.probe import PassProbe
 
@@ -166,6 +167,8 @@ class Engine:
             final_with_cache=kv_with_cache(P, budget),
             final_without_cache=kv_without_cache(P, budget),
             cache_bytes_per_position=self._bytes_per_position(policy) if use_cache else 0,
+            cache_shape=run_cache_shape(cfg, policy, model_name or cfg.name) if use_cache else None,
+            cache_precision=self.cache_precision(policy) if use_cache else "",
             stop_reason="max_new_tokens" if budget == max_new_tokens else "context_full",
             sampling=describe_sampling(sampling.temperature, sampling.top_k, sampling.seed),
             run_id=run_id,
@@ -182,13 +185,13 @@ class Engine:
         )
 
     def _bytes_per_position(self, policy: CachePolicy) -> int:
-        """Bytes the cache of a run under `policy` takes a position, over all layers."""
-        cfg = self.model.config
-        if self.caches_latents:
-            return LatentCache.bytes_per_position_of(cfg.n_layer, cfg.latent_dim, self.dtype)
-        if policy.quantized:
-            return QuantizedCache.bytes_per_position_in(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, policy.kv_dtype)
-        return KVCache.bytes_per_position(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, self.dtype)
+        """Bytes the cache of a run under `policy` takes a position, over all layers: what the family states
+        (kvviz.models.cache_shape), in the cache's precision."""
+        return run_cache_shape(self.model.config, policy).bytes_per_token(self.cache_precision(policy))
+
+    def cache_precision(self, policy: CachePolicy) -> str:
+        """What a cache under `policy` stores its numbers in: a quantized type, or the weights' ("float32")."""
+        return policy.kv_dtype or str(self.dtype).removeprefix("torch.")
 
     def policy(self, window: int = 0, sinks: int = 0, kv_dtype: str = "") -> CachePolicy:
         """The cache policy of a run: `window` (or the model's own sliding window), `sinks` and `kv_dtype`
@@ -336,6 +339,10 @@ class Engine:
                 attention=attention,
                 kv_evicted=cache.evicted if cache is not None else (0, 0),
                 positions_held=cache.positions_held if cache is not None else 0,
+                layer_positions_held=cache.layer_positions_held if cache is not None else (),
+                layer_capacity=tuple(plan.policy.capacity if plan.policy.windows(layer) else 0
+                                     for layer in range(n_layer)) if cache is not None else (),
+                cache_precision=plan.cache_precision,
                 windowed=use_cache and plan.policy.evicts,
                 lossy=use_cache and plan.policy.lossy,
             )

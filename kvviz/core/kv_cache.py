@@ -94,6 +94,11 @@ class KVCache:
         return self.length
 
     @property
+    def layer_positions_held(self) -> tuple[int, ...]:
+        """Positions each layer holds, from the bottom layer."""
+        return tuple(self._layer_lengths)
+
+    @property
     def bytes_used(self) -> int:
         """Bytes of the K and V rows actually filled, over all layers."""
         per_position = 2 * self.keys[:, :, :, 0].numel() * self.keys.element_size()
@@ -219,6 +224,10 @@ class WindowCache(KVCache):
     @property
     def positions_held(self) -> int:
         return len(self.held[-1])
+
+    @property
+    def layer_positions_held(self) -> tuple[int, ...]:
+        return tuple(len(held) for held in self.held)
 
     @property
     def bytes_used(self) -> int:

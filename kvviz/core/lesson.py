@@ -323,22 +323,27 @@ def measured_answer(question: str, previous: StepRecord | None, record: StepReco
         return record.without_cache_total / record.with_cache_total if record.with_cache_total else 0.0
     if question == "cache_bytes_after_next":
         return record.cache_bytes
-    per_token = record.cache_bytes // record.positions_held if record.positions_held else 0
+    # bytes a layer caches a position, from what each layer holds (a window's layers hold fewer than the others)
+    held = record.layer_positions_held or (record.positions_held,) * record.n_layer
+    per_layer_position = record.cache_bytes // sum(held) if sum(held) else 0
     if question == "cache_bytes_per_token":
-        return per_token
+        return per_layer_position * len(held)
     if question == "cache_bytes_at_8k":
-        return per_token * LONG_CONTEXT
+        capacity = record.layer_capacity or (0,) * len(held)
+        return per_layer_position * sum(min(LONG_CONTEXT, cap) if cap else LONG_CONTEXT for cap in capacity)
     raise ValueError(f"unknown question {question!r}")
 
 
-def format_answer(question: str, value: float) -> str:
-    """The answer as the app and the slides show it: 87, 6.8x, 36,864 bytes."""
+def format_answer(question: str, value: float, precision: str = "") -> str:
+    """The answer as the app and the slides show it: 87, 6.8x, 36,864 bytes; a byte answer names the
+    `precision` its cache was measured in, when given (a record's `cache_precision`): 36,864 bytes in float32."""
     if question == "ratio_after_next":
         return f"{value:.1f}x"
+    stored = f" in {precision}" if precision else ""
     if question in ("cache_bytes_after_next", "cache_bytes_per_token"):
-        return f"{int(value):,} bytes"
+        return f"{int(value):,} bytes{stored}"
     if question == "cache_bytes_at_8k":
-        return f"{int(value):,} bytes ({format_bytes(value)})"
+        return f"{int(value):,} bytes ({format_bytes(value)}){stored}"
     if question == "blocks_at_end":
         return f"{int(value):,} blocks"
     return f"{int(value):,}"

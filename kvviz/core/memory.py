@@ -3,8 +3,11 @@ reference architectures from their published configs (resources/architectures/re
 
 Bytes per token (one sequence; times the batch):
 - multi-head, grouped-query and multi-query attention: 2 (K and V) x layers x KV heads x head dim x bytes;
-- multi-head latent attention (DeepSeek-V2): layers x (latent dim + RoPE key dim) x bytes.
-A sliding window caps the tokens held. No torch, no Qt: the CLI and the memory view both read it.
+- multi-head latent attention (DeepSeek-V2): layers x (latent dim + RoPE key dim) x bytes;
+- a quantized cache (int8, int4, fp8): each key and value vector's numbers at their bits, and a 4-byte scale.
+A sliding window caps the tokens a windowed layer holds (every layer's, or Qwen2's from `window_first_layer` up).
+No torch, no Qt: the engine plans its runs with it, and the CLI and the memory view read the same figures
+(kvviz.models.cache_shape states each family's `Architecture`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kvviz.core.errors import KvvizError
+from kvviz.core.errors import KvvizError, visible
+from kvviz.core.records import KV_DTYPES
 from kvviz.core.resources import resource_path
 
 if sys.version_info >= (3, 11):
@@ -22,6 +26,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PRECISIONS = (*DTYPE_BYTES, *KV_DTYPES)  # what a cache's numbers can be stored in: a float type, or quantized
+SCALE_BYTES = 4  # a quantized cache's float32 scale, one per key or value vector
 ATTENTION_KINDS = {"mha": "multi-head", "gqa": "grouped-query", "mqa": "multi-query", "mla": "multi-head latent"}
 GIB = 1024**3
 MEMORY_BUDGETS_GB = (8, 24, 80)  # common accelerator memories, drawn as lines in the memory view
@@ -53,39 +59,83 @@ class Architecture:
     context: int | None = None  # the longest context the published model takes
     source: str = ""
 
+    window_first_layer: int = 0  # layers below it hold every position (Qwen2's max_window_layers)
+    sinks: int = 0  # positions a windowed layer keeps from the start, beside its window (attention sinks)
+
     def elements_per_token(self) -> int:
         """Numbers cached per token over all layers, one sequence."""
+        return self.layers * self.elements_per_layer()
+
+    def elements_per_layer(self) -> int:
+        """Numbers one layer caches a position: its KV heads' keys and values, or the latent and RoPE key."""
         if self.attention == "mla":
-            return self.layers * (self.latent_dim + self.rope_dim)
-        return 2 * self.layers * self.kv_heads * self.head_dim
+            return self.latent_dim + self.rope_dim
+        return 2 * self.kv_heads * self.head_dim
+
+    def bytes_per_layer_position(self, dtype: str = "float32", batch: int = 1) -> int:
+        """Bytes one layer caches a position in `dtype` (a key of PRECISIONS). A quantized cache stores each
+        vector (a head's key or value; a latent's parts) at its bits, two int4 numbers a byte, with a 4-byte
+        scale."""
+        if dtype in KV_DTYPES:
+            bits = KV_DTYPES[dtype][0]
+            vectors = ((self.latent_dim, self.rope_dim) if self.attention == "mla"
+                       else (self.head_dim,) * (2 * self.kv_heads))
+            return sum(n * bits // 8 + SCALE_BYTES for n in vectors) * batch
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"no cache precision {dtype!r}; known: {', '.join(PRECISIONS)}")
+        return self.elements_per_layer() * DTYPE_BYTES[dtype] * batch
 
     def bytes_per_token(self, dtype: str = "float32", batch: int = 1) -> int:
-        if self.attention == "mla":
-            return self.elements_per_token() * DTYPE_BYTES[dtype] * batch
-        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, DTYPE_BYTES[dtype], batch)
+        """Bytes one position takes over all layers (while every layer still holds it)."""
+        return self.layers * self.bytes_per_layer_position(dtype, batch)
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers whose cache a window caps (0 without a window)."""
+        return self.layers - min(self.window_first_layer, self.layers) if self.sliding_window else 0
 
     def tokens_held(self, context: int) -> int:
-        """Tokens the cache holds after `context` tokens: all of them, or the sliding window's."""
-        return context if self.sliding_window is None else min(context, self.sliding_window)
+        """Tokens a windowed layer holds after `context` tokens (the top layer's): all of them, or the window's
+        and the sinks'. Layers below `window_first_layer` hold all: `layer_tokens_held`."""
+        return context if not self.sliding_window else min(
+            context, self.sliding_window + self.sinks)
+
+    def layer_tokens_held(self, context: int) -> tuple[int, ...]:
+        """Tokens each layer holds after `context` tokens, from the bottom layer."""
+        full = self.layers - self.windowed_layers
+        return (context,) * full + (self.tokens_held(context),) * self.windowed_layers
 
     def cache_bytes(self, context: int, dtype: str = "float32", batch: int = 1) -> int:
-        return self.tokens_held(context) * self.bytes_per_token(dtype, batch)
+        """Bytes the cache holds after `context` tokens: each layer's positions held times its bytes a position."""
+        return sum(self.layer_tokens_held(context)) * self.bytes_per_layer_position(dtype, batch)
 
     def formula(self, dtype: str = "float32", batch: int = 1) -> str:
         """The bytes-per-token formula with this architecture's numbers in it."""
-        size, tail = DTYPE_BYTES[dtype], f" \u00d7 {batch} (batch)" if batch != 1 else ""
+        tail = f" \u00d7 {batch} (batch)" if batch != 1 else ""
         total = f"{self.bytes_per_token(dtype, batch):,} bytes per token"
+        if dtype in KV_DTYPES:
+            bits = KV_DTYPES[dtype][0]
+            if self.attention == "mla":
+                return (f"{self.layers} layers \u00d7 ({self.latent_dim} latent + {self.rope_dim} RoPE key numbers "
+                        f"\u00d7 {bits} bits + 2 scales \u00d7 {SCALE_BYTES} bytes){tail} = {total}")
+            return (f"2 \u00d7 {self.layers} layers \u00d7 {self.kv_heads} KV heads \u00d7 ({self.head_dim} numbers "
+                    f"\u00d7 {bits} bits ({dtype}) + a {SCALE_BYTES}-byte scale){tail} = {total}")
+        size = DTYPE_BYTES[dtype]
         if self.attention == "mla":
             return (f"{self.layers} layers \u00d7 ({self.latent_dim} latent + {self.rope_dim} RoPE key) "
-                    f"\u00d7 {size} bytes{tail} = {total}")
+                    f"\u00d7 {size} bytes ({dtype}){tail} = {total}")
         return (f"2 \u00d7 {self.layers} layers \u00d7 {self.kv_heads} KV heads \u00d7 {self.head_dim} head dim "
-                f"\u00d7 {size} bytes{tail} = {total}")
+                f"\u00d7 {size} bytes ({dtype}){tail} = {total}")
 
     def describe(self) -> str:
         kind = ATTENTION_KINDS[self.attention]
-        window = f", sliding window {self.sliding_window:,}" if self.sliding_window else ""
+        window = ""
+        if self.sliding_window:
+            sinks = f" + {self.sinks} sinks" if self.sinks else ""
+            layers = (f" on layers {self.window_first_layer}-{self.layers - 1} (layers below hold every token)"
+                      if self.window_first_layer else "")
+            window = f", sliding window {self.sliding_window:,}{sinks}{layers}"
         return f"{self.name}: {kind} attention{window}"
-
 
 @lru_cache(maxsize=1)
 def reference_architectures() -> tuple[Architecture, ...]:
@@ -100,7 +150,7 @@ def find_architecture(name: str) -> Architecture:
         if arch.name.lower() == name.lower():
             return arch
     names = ", ".join(a.name for a in reference_architectures())
-    raise UnknownArchitecture(f"--arch {name}: not a reference architecture; choose from {names}")
+    raise UnknownArchitecture(f"--arch {visible(name)}: not a reference architecture; choose from {names}")
 
 
 def architecture_of(name: str, n_layer: int, n_head: int, n_kv_head: int, head_dim: int,

@@ -9,6 +9,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a plan carries one; records import no formulas at run time
+    from kvviz.core.memory import Architecture
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,9 @@ class RunPlan:
     policy: CachePolicy = EXACT  # which positions the cache keeps (and every pass attends to)
     cache_parts: tuple[tuple[str, int], ...] = ()  # latent attention's: what a layer caches instead of heads,
     # (name, numbers) each, e.g. (("latent c_kv", 512), ("RoPE key k_pe", 64)); () for a cache of heads
+    cache_shape: Architecture | None = None  # what the cache holds per layer (kvviz.models.cache_shape); None:
+    # no cache
+    cache_precision: str = ""  # what its numbers are stored in: the weights' type ("float32") or a KV_DTYPES key
     head_key_value: tuple[int, int] = ()  # latent attention's: the numbers of each head's key and value that every
     # pass rebuilds from the latent (qk_head_dim, v_head_dim), e.g. (192, 128); () for a cache of heads
 
@@ -260,7 +267,10 @@ class RunPlan:
 
     @property
     def final_cache_bytes(self) -> int:
-        """The KV cache's filled bytes once every position of the run is in it."""
+        """The KV cache's filled bytes once every position of the run has been fed: what each layer holds then
+        (a window's layers hold fewer) as the family states it."""
+        if self.cache_shape is not None and self.cache_precision:
+            return self.cache_shape.cache_bytes(self.width, self.cache_precision)
         return self.cache_bytes_per_position * self.width
 
     def pass_follows_in_step(self, record: StepRecord) -> bool:
@@ -330,6 +340,9 @@ class StepRecord:
     positions_held: int = 0  # positions the cache holds after this pass (0 without a cache)
     windowed: bool = False  # the pass ran on a cache that evicts (a window)
     lossy: bool = False  # the pass ran on a cache that evicts or rounds (a window, or quantized)
+    layer_positions_held: tuple[int, ...] = ()  # positions each layer's cache holds after this pass (() no cache)
+    layer_capacity: tuple[int, ...] = ()  # the most positions each layer's cache ever holds (0: every one)
+    cache_precision: str = ""  # what the cache's numbers are stored in: "float32", "bfloat16", "int8", ...
 
     @property
     def twin_token_id(self) -> int | None:

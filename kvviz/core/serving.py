@@ -11,10 +11,10 @@ import torch
 from kvviz.core.batch_records import BatchPlan, BatchRecord, BatchRequestPlan, BatchSpeed, BlockState
 from kvviz.core.counting import plural
 from kvviz.core.engine import Engine, GenerationError, SamplingSettings
-from kvviz.core.kv_cache import KVCache
 from kvviz.core.paged import PagedCache
-from kvviz.core.records import describe_sampling
+from kvviz.core.records import EXACT, describe_sampling
 from kvviz.core.sampling import sampling_generator
+from kvviz.models.cache_shape import cache_shape
 from kvviz.models.probe import PassProbe
 
 __all__ = ["measure_speed", "plan_batch", "run_batch", "run_one_at_a_time"]
@@ -47,7 +47,7 @@ def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | l
         text = texts[i] if texts is not None else plan.prompt
         requests.append(BatchRequestPlan(i, text, plan.prompt_ids, plan.prompt_labels, budget))
     cfg = engine.model.config
-    bytes_per_position = KVCache.bytes_per_position(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, engine.dtype)
+    bytes_per_position = cache_shape(cfg).bytes_per_token(engine.cache_precision(EXACT))  # as the family states it
     num_blocks = sum(-(-r.final_length // block_size) for r in requests)
     return BatchPlan(tuple(requests), model_name or cfg.name, cfg.n_layer, engine.n_ctx, block_size, num_blocks,
                      share_prefixes, bytes_per_position,

@@ -35,14 +35,27 @@ class MemoryState:
                 measured = True
         return measured
 
-    def model_line(self) -> tuple[np.ndarray, np.ndarray]:
-        """The loaded model's line: positions, and the plan's bytes per cached position times the positions held
-        (all of them, or a window's: the line flattens where the window is full)."""
+    @property
+    def precision(self) -> str:
+        """What the run's cache stores its numbers in ("float32", "int8", ...; "" without a cache)."""
+        if self.plan is None or self.plan.cache_bytes_per_position == 0:
+            return ""
+        return self.plan.cache_precision or {4: "float32", 2: "bfloat16"}.get(self.plan.dtype_bytes, "")
+
+    def model_line(self, precision: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The loaded model's line in `precision` (default: the run's own): positions, and the bytes its cache
+        holds there as the family states it (kvviz.models.cache_shape, the same figures `kvviz memory` prints):
+        each layer's positions held (all of them, or a window's: the line flattens where the window is full)
+        times its bytes a position."""
         if self.plan is None or self.plan.cache_bytes_per_position == 0:
             return np.zeros(0), np.zeros(0)
         capacity = self.plan.policy.capacity
         x = contexts([*sorted(self.points), *([capacity] if capacity else [])])
-        held = np.minimum(x, capacity) if capacity else x
+        shape = self.plan.cache_shape
+        if shape is not None:
+            precision = precision or self.precision
+            return x, np.array([shape.cache_bytes(int(c), precision) for c in x], dtype=np.float64)
+        held = np.minimum(x, capacity) if capacity else x  # a plan without a shape: its bytes a position
         first = min(self.plan.policy.first_layer, self.plan.n_layer)  # layers below it hold every position
         held = (first * x + (self.plan.n_layer - first) * held) / self.plan.n_layer
         return x, held * self.plan.cache_bytes_per_position
@@ -53,8 +66,9 @@ class MemoryState:
         return (np.array(positions, dtype=np.float64),
                 np.array([self.points[p] for p in positions], dtype=np.float64))
 
-    def formula_text(self, scale: str, theme: Theme) -> str:
-        """The formula of a cache's bytes per token and this run's (rich text), and how `scale`'s axes show it."""
+    def formula_text(self, scale: str, theme: Theme, precision: str | None = None) -> str:
+        """The formula of a cache's bytes per token and this run's (rich text) in `precision` (default: the
+        run's own), and how `scale`'s axes show it."""
         plan, muted = self.plan, theme.muted
         general = ("bytes per token = 2 \u00d7 layers \u00d7 KV heads \u00d7 head dim \u00d7 bytes per element "
                    "(\u00d7 batch)")
@@ -64,16 +78,26 @@ class MemoryState:
                        "latent and one RoPE key per layer, shared by every head (MLA)")
         if plan is None or plan.cache_bytes_per_position == 0:
             return f"{general}<br><span style='color:{muted}'>no cache in this run: no measured points</span>"
+        own = self.precision
+        precision = precision or own
+        per_token = (plan.cache_shape.bytes_per_token(precision) if plan.cache_shape is not None
+                     else plan.cache_bytes_per_position)
         last = max(self.points) if self.points else 0
-        measured = (f"; measured {format_bytes(self.points[last])} at {last} positions" if last else "")
+        if last and precision == own:
+            measured = f"; measured {format_bytes(self.points[last])} at {last} positions"
+        elif last:
+            measured = f"; the run measured its {own} cache: choose {own} to see the points"
+        else:
+            measured = ""
         axes = ("log axes: every line rises 10\u00d7 per 10\u00d7 tokens (linear growth), the gaps between them are "
                 "ratios" if scale == "log" else
                 "linear axes: each token adds the same bytes, so every line is straight")
         window = (f", at most {plan.policy.capacity} positions held ({plan.policy.describe()})"
                   if plan.policy.evicts else "")
-        return (f"{general}<br><span style='color:{theme.teal}'>{plan.model_name}: "
-                f"{plan.cache_bytes_per_position:,} bytes per token{window}{measured}</span> "
-                f"<span style='color:{muted}'>(lines for other models: their published configs; {axes})</span>")
+        return (f"{general}<br><span style='color:{theme.teal}'>{plan.model_name} in {precision}: "
+                f"{per_token:,} bytes per token{window}{measured}</span> "
+                f"<span style='color:{muted}'>(every line in {precision}; lines for other models: their published "
+                f"configs; {axes})</span>")
 
 
 def contexts(extra: Sequence[int] = ()) -> np.ndarray:

@@ -17,7 +17,7 @@ from kvviz.app.theme import Theme
 from kvviz.app.views.base import nice_ceiling, style_plot
 from kvviz.app.views.line_names import LineNames, line_end, line_pen
 from kvviz.app.views.memory_state import MAX_CONTEXT, MemoryState, byte_ticks, reference_bytes
-from kvviz.core.memory import DTYPE_BYTES, MEMORY_BUDGETS_GB
+from kvviz.core.memory import MEMORY_BUDGETS_GB, PRECISIONS
 from kvviz.core.records import RunPlan, StepRecord
 
 # the log axes in the plot's log10 coordinates, labelled in tokens and in decimal bytes (as the GB lines)
@@ -47,13 +47,14 @@ class MemoryPlot(pg.PlotWidget):
 class MemoryView(QWidget):
     """KV-cache bytes against context length (to 128k tokens), on log-log axes or linear ones (`set_scale`).
 
-    The loaded model's line is the run plan's bytes per cached position times the positions (the
-    engine planned it from the model's shape and dtype); the run's measured points are its records'
-    `cache_bytes`, read from the cache's tensors, at the positions filled. Reference architectures from
-    their published configs (kvviz.core.memory) are drawn for the chosen dtype and batch, each in its colour and
-    dash, and horizontal lines mark 8, 24 and 80 GB. Every line is named at its right end (`end_labels()`),
-    the names stacked where the lines meet. A view (views.base.RunViewProtocol); `points()`, `model_line()`
-    and `reference_line(name)` return what is drawn.
+    Every line is drawn in one precision and batch, the chosen ones (a run starts the view at its own
+    precision), and the left axis names them: like is compared with like. The loaded model's line is its cache
+    as its family states it (the run plan's `cache_shape`, the figures `kvviz memory` prints); the run's measured
+    points are its records' `cache_bytes`, read from the cache's tensors, at the positions filled, drawn when the
+    chosen precision and batch are the run's. Reference architectures from their published configs
+    (kvviz.core.memory) are drawn each in its colour and dash, and horizontal lines mark 8, 24 and 80 GB. Every
+    line is named at its right end (`end_labels()`), the names stacked where the lines meet. A view
+    (views.base.RunViewProtocol); `points()`, `model_line()` and `reference_line(name)` return what is drawn.
     """
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -69,12 +70,14 @@ class MemoryView(QWidget):
         self.formula = QLabel("")
         self.formula.setWordWrap(True)
         self.dtype_box = QComboBox()
-        self.dtype_box.addItems(list(DTYPE_BYTES))
+        self.dtype_box.addItems(list(PRECISIONS))
         self.dtype_box.setCurrentText("bfloat16")
-        self.dtype_box.setToolTip("The number type of the reference architectures' caches")
+        self.dtype_box.setToolTip("The number type every line's cache is stored in, this model's included (a run "
+                                  "starts at its own); int8, int4 and fp8 with a 4-byte scale per vector")
         self.batch_spin = QSpinBox()
         self.batch_spin.setRange(1, 4096)
-        self.batch_spin.setToolTip("Sequences cached side by side (the reference architectures)")
+        self.batch_spin.setToolTip("Sequences cached side by side, on every line (the run's measured points are "
+                                   "one sequence's)")
         self.scale_box = QComboBox()
         self.scale_box.addItems(list(SCALES))
         self.scale_box.setToolTip("log axes: every model from 1 token to 128k; linear axes: the cache grows by "
@@ -83,12 +86,10 @@ class MemoryView(QWidget):
         self.batch_spin.valueChanged.connect(self._references_changed)
         self.scale_box.currentTextChanged.connect(self._scale_changed)
         controls = QHBoxLayout()
-        controls.addWidget(QLabel("references in"))
-        controls.addWidget(self.dtype_box)
-        controls.addWidget(QLabel("batch"))
-        controls.addWidget(self.batch_spin)
-        controls.addWidget(QLabel("axes"))
-        controls.addWidget(self.scale_box)
+        self.controls = [QLabel("every line in"), self.dtype_box, QLabel("batch"), self.batch_spin, QLabel("axes"),
+                         self.scale_box]  # sized with the texts (set_font_scale): readable on a slide too
+        for widget in self.controls:
+            controls.addWidget(widget)
         controls.addStretch(1)
 
         self.plot_widget = MemoryPlot()
@@ -98,7 +99,7 @@ class MemoryView(QWidget):
         vb = self.plot_item.getViewBox()
         vb.setMouseEnabled(x=False, y=False)
         self.plot_item.setLabel("bottom", "context length (tokens)")
-        self.plot_item.setLabel("left", "KV-cache bytes")
+        self._label_axes()
         self.plot_item.getAxis("left").enableAutoSIPrefix(False)  # the tick labels carry the units
         self.plot_item.getAxis("bottom").enableAutoSIPrefix(False)
         self.reference_curves: dict[str, pg.PlotDataItem] = {}
@@ -140,6 +141,8 @@ class MemoryView(QWidget):
     def reset(self, plan: RunPlan) -> None:
         self._state = MemoryState(plan)
         self._dirty = True
+        if self._state.precision:  # the run's own precision: its measured points on its line, every line alike
+            self.dtype_box.setCurrentText(self._state.precision)
         self.refresh()
 
     def apply(self, records: Sequence[StepRecord]) -> None:
@@ -159,9 +162,9 @@ class MemoryView(QWidget):
         else:
             x, y = self.model_line()
             self.model_curve.setData(x, y)
-            px, py = self.points()
-            self.points_curve.setData(px, py)
-        self.formula.setText(self._state.formula_text(self.scale(), self._theme))
+            self.points_curve.setData(*self.points())
+        self.formula.setText(self._state.formula_text(self.scale(), self._theme, self.precision()))
+        self._label_axes()
         self._frame()
 
     def set_font_scale(self, scale: float) -> None:
@@ -170,13 +173,20 @@ class MemoryView(QWidget):
         font.setPointSizeF(9.0 * scale)
         for widget in (self.heading, self.formula):
             widget.setFont(font)
-        for name in ("left", "bottom"):
-            self.plot_item.getAxis(name).setStyle(tickFont=font)
         label_font = QFont(self.font())
-        label_font.setPointSizeF(10.0 * scale)  # the lines' names: a little larger than the ticks
+        label_font.setPointSizeF(10.0 * scale)  # the lines' names and the axis titles: a little larger than ticks
+        for name in ("left", "bottom"):
+            axis = self.plot_item.getAxis(name)
+            axis.setStyle(tickFont=font)
+            axis.label.setFont(label_font)
+        for widget in self.controls:
+            widget.setFont(font)
         self.line_names.set_font(label_font)
         for line in self.budget_lines:
             line.label.setFont(font)
+        margins = self.plot_item.getContentsMargins()  # room left of the axis title, which pyqtgraph puts 5 px out
+        self.plot_item.setContentsMargins(round(6 * scale), margins[1], margins[2], margins[3])
+        self._framed = None
         self._frame()
 
     def set_theme(self, theme: Theme) -> None:
@@ -210,12 +220,20 @@ class MemoryView(QWidget):
         self._frame()
 
     # ----- what is drawn -----
+    def precision(self) -> str:
+        """The precision every line is drawn in."""
+        return self.dtype_box.currentText()
+
     def model_line(self) -> tuple[np.ndarray, np.ndarray]:
-        """The loaded model's line: positions, and the plan's bytes per cached position times them."""
-        return self._state.model_line()
+        """The loaded model's line in the chosen precision and batch: positions, and its cache's bytes there."""
+        x, y = self._state.model_line(self.precision())
+        return x, y * self.batch_spin.value()
 
     def points(self) -> tuple[np.ndarray, np.ndarray]:
-        """The run's measured points: positions filled, bytes read from the cache's tensors."""
+        """The run's measured points (positions filled, bytes read from the cache's tensors), where the chosen
+        precision and batch are the run's (else none: they would not lie on a line of another precision)."""
+        if self.precision() != self._state.precision or self.batch_spin.value() != 1:
+            return np.zeros(0), np.zeros(0)
         return self._state.measured()
 
     def reference_line(self, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -232,6 +250,14 @@ class MemoryView(QWidget):
 
     def _references_changed(self) -> None:
         self._draw_references()
+        self._dirty = True  # this model's line and points follow the precision and batch
+        self.refresh()
+
+    def _label_axes(self) -> None:
+        """The left axis names the precision (and a batch) every line is drawn in: short, to fit a slide's axis."""
+        batch = self.batch_spin.value()
+        sequences = f" \u00d7 {batch}" if batch != 1 else ""
+        self.plot_item.setLabel("left", f"KV-cache bytes, {self.precision()}{sequences}")
 
     def _draw_references(self) -> None:
         for name, curve in self.reference_curves.items():
@@ -265,8 +291,15 @@ class MemoryView(QWidget):
         self._place_labels()
 
     def _place_labels(self, *_args: object) -> None:
-        """Each line's name at its end, and "measured" by the last point on log axes."""
+        """Each line's name at its end, and "measured" by the last point on log axes; the GB lines' labels one
+        after the other from the left, so that none prints over another where the lines are close."""
         self.line_names.place(self.curves(), self.points_curve, self.scale() == "log")
+        width = self.plot_item.getViewBox().width()
+        left = 6.0  # pixels from the plot's left edge
+        for line in self.budget_lines:
+            if width > 0:
+                line.label.setPosition(min(left / width, 0.95))
+            left += line.label.boundingRect().width() + 12.0
 
     def _apply_theme(self) -> None:
         theme = self._theme
