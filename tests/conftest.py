@@ -63,6 +63,35 @@ def kvviz_cli(capfd, monkeypatch):
 
     return run
 
+# ----- one loaded copy of each model that cannot change -----
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _built_in_models_loaded_once():
+    """The embedded models (files shipped read-only with kvviz) and the seeded random presets are the same weights
+    every time they load: the test process loads each once, in each precision, and every window, engine and
+    command of the tests shares that copy (the app loads on its worker thread 300-500 ms a window otherwise).
+    Folders and hub models still load from disk each time: their tests change the files."""
+    import kvviz.sources.weights as weights
+
+    original, loaded = weights.load_model, {}
+
+    def load_model(source=None, device="cpu", dtype=None, progress=None):
+        import torch
+
+        dtype = torch.float32 if dtype is None else dtype
+        key = (source or weights.DEFAULT_MODEL_NAME, device, dtype)
+        if key[0] not in weights.EMBEDDED_MODELS and not key[0].startswith("random:"):
+            return original(source, device=device, dtype=dtype, progress=progress)
+        if key not in loaded:
+            loaded[key] = original(source, device=device, dtype=dtype, progress=progress)
+        return loaded[key]
+
+    weights.load_model = load_model
+    yield
+    weights.load_model = original
+
+
 # ----- app (GUI) tests -----
 
 
@@ -73,7 +102,11 @@ def _isolated_qt_settings(request, tmp_path, monkeypatch):
         yield
         return
     from kvviz.app import settings
+    from kvviz.app.window import main_window
 
+    # the window waits 100 ms after it is shown so that it paints before torch is imported; the tests' process
+    # has torch imported already
+    monkeypatch.setattr(main_window, "INITIAL_LOAD_DELAY_MS", 0)
     folder = tmp_path / "settings"
     folder.mkdir()
     monkeypatch.setattr(settings, "settings_path", lambda: folder / settings.SETTINGS_FILE)
