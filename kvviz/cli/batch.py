@@ -13,7 +13,7 @@ from kvviz.core.errors import KvvizError, visible
 
 def batch_prompts(args: argparse.Namespace) -> list[str]:
     """The prompts of `--prompt` and `--prompts-file`, in that order (UsageError when there are none)."""
-    from kvviz.core.files import read_prompts
+    from kvviz.core.files import MAX_PROMPTS, read_prompts
 
     prompts = list(args.prompt or [])
     if args.prompts_file is not None:
@@ -23,6 +23,9 @@ def batch_prompts(args: argparse.Namespace) -> list[str]:
             raise UsageError(str(exc)) from None
     if not prompts:
         raise UsageError("no prompt: give --prompt TEXT (once per request) or --prompts-file FILE")
+    if len(prompts) > MAX_PROMPTS:
+        raise UsageError(f"{len(prompts)} prompts (--prompt and --prompts-file together); a batch takes at most "
+                         f"{MAX_PROMPTS}")
     empty = [i for i, p in enumerate(prompts, 1) if not p.strip()]
     if empty:
         raise UsageError(f"prompt {empty[0]} is empty; every request of a batch needs text to continue")
@@ -95,6 +98,8 @@ def run_batch_command(args: argparse.Namespace, load: Callable, say: Callable[[s
         "tokens_per_second": round(tps, 3) if tps else None,
         "sequential_tokens_per_second": round(sequential_tps, 3) if sequential_tps else None,
         "speedup": round(tps / sequential_tps, 3) if tps and sequential_tps else None,
+        "speedup_turns": [round(ratio, 3) for ratio in speed.turn_speedups],
+        "speedup_clear": speed.speedup_clear,
         "dtype": args.dtype,
         "device": args.device,
     }
@@ -111,5 +116,6 @@ def run_batch_command(args: argparse.Namespace, load: Callable, say: Callable[[s
     print(f"memory: paged {report['paged_bytes'] / mib:.3f} MiB, contiguous reserved "
           f"{report['contiguous_reserved_bytes'] / mib:.3f} MiB, used {report['used_bytes'] / mib:.3f} MiB")
     if tps and sequential_tps:
-        print(f"speed: {tps:.1f} tok/s batched, {sequential_tps:.1f} tok/s one at a time ({tps / sequential_tps:.2f}x)")
+        print(f"speed: {tps:.1f} tok/s batched, {sequential_tps:.1f} tok/s one at a time, best of {speed.turns} "
+              f"turns each: {speed.describe_speedup()}")
     return 0

@@ -10,6 +10,7 @@ import sys
 from kvviz.cli import json_output
 from kvviz.cli.output import print_result
 from kvviz.cli.parser import GUI_BENCH_REPEAT, UsageError
+from kvviz.core.errors import visible
 from kvviz.measure import bench, speed
 
 
@@ -53,7 +54,7 @@ def cmd_bench(args: argparse.Namespace, launched_at: float) -> int:
                                    compare=args.compare, attention=args.attention)
         except GuiBenchError as exc:
             raise UsageError(str(exc)) from exc
-        print(json_output.dumps(result) if args.json else format_report(result))
+        print(json_output.dumps(result) if args.json else visible(format_report(result), keep="\n"))
         return 0
     check_device(args.device)
     from kvviz.cli.compare import dtype_honoured
@@ -91,7 +92,7 @@ def _bench_sweep(args: argparse.Namespace) -> int:
     if args.json:
         print(json_output.dumps(result.as_dict()))
         return 0
-    print(f"kvviz bench --sweep: {result.model}, {result.dtype}, median of {result.repeat} turns per length")
+    print(f"kvviz bench --sweep: {visible(result.model)}, {result.dtype}, median of {result.repeat} turns per length")
     print(f"{'length':>6}  {'cached ms':>10}  {'uncached ms':>11}  {'uncached/cached':>15}")
     for length, cached, uncached, ratio in zip(result.lengths, result.cached_ms, result.uncached_ms,
                                                result.ratios, strict=True):

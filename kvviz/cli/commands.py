@@ -79,7 +79,7 @@ from kvviz.cli.parser import (  # noqa: E402
     UsageError,
     build_parser,
 )
-from kvviz.core.errors import KvvizError, first_line, is_out_of_memory  # noqa: E402
+from kvviz.core.errors import KvvizError, first_line, is_out_of_memory, visible  # noqa: E402
 from kvviz.core.files import StopRequested  # noqa: E402
 
 PROCESS_STARTED = time.perf_counter()  # `kvviz` launch time, for the window-shown measurement
@@ -241,6 +241,7 @@ def _say(message: str) -> None:
         return
     if message.endswith("..") and not message.endswith("..."):
         message = message[:-1]
+    message = visible(message)  # a name holding ESC or a newline is shown, never obeyed, and the message stays one line
     try:
         stream.write(f"kvviz: {message}\n")
         stream.flush()
@@ -322,6 +323,9 @@ def _run(argv: list[str] | None, real_stdout) -> int:
         return cmd_gui(args)
     if real_stdout is None:
         raise OutputError("standard output is closed; nothing could be printed")
+    from kvviz.cli.options import check_options
+
+    check_options(args)  # before anything heavy imports or any model loads
     _preload(args)
     _give_back_interrupts()
     give_back = _stop_cleanly_on_signals()

@@ -174,7 +174,7 @@ def _compare_window(args: argparse.Namespace, load: Callable, say: Callable[[str
             first = (number, label(step.full.token_id), label(step.windowed.token_id))
         if not args.json:
             if number == 1:
-                print(f"kvviz compare: {loaded.name}, {plural(len(prompt_ids), 'prompt token')}, "
+                print(f"kvviz compare: {visible(loaded.name)}, {plural(len(prompt_ids), 'prompt token')}, "
                       f"{plural(full.budget, 'new token')}: the {exact_name} against one that keeps "
                       f"{policy.describe()}")
                 print(f"{'step':>5}  {exact_name:<16}  {short:<16}  same  {'max |Δlogit|':>12}  held")
@@ -239,7 +239,7 @@ def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None
             continue
         if len(steps) == 1:  # after the first pass: a model that cannot run prints nothing
             shown = run.sampling
-            print(f"kvviz compare: {loaded.name}, {plural(len(prompt_ids), 'prompt token')}, "
+            print(f"kvviz compare: {visible(loaded.name)}, {plural(len(prompt_ids), 'prompt token')}, "
                   f"{plural(plan.budget, 'new token')}, "
                   f"{describe_sampling(shown.temperature, shown.top_k, shown.seed)}, {args.dtype}")
             if fault:

@@ -69,19 +69,9 @@ def run_lesson(args: argparse.Namespace, exporter: Callable[[], Callable[..., li
         raise UsageError("--json goes with --list, not with --export")
     if args.sinks and not args.window:
         raise UsageError("--sinks goes with --window")
-    if args.window:  # every step that names no window of its own gets this one
-        from dataclasses import replace
-
-        lesson = replace(lesson, steps=tuple(step if step.window else replace(step, window=args.window,
-                                                                              sinks=args.sinks)
-                                             for step in lesson.steps))
     if args.window and args.kv_dtype:
         raise UsageError("--kv-dtype keeps every position: leave out --window (one trade-off at a time)")
-    if args.kv_dtype:  # every step that keeps every position in full precision gets this cache
-        from dataclasses import replace
-
-        lesson = replace(lesson, steps=tuple(step if step.kv_dtype or step.window or step.serving
-                                             else replace(step, kv_dtype=args.kv_dtype) for step in lesson.steps))
+    lesson = _with_cache_options(lesson, args.window, args.sinks, args.kv_dtype or "")
     export = exporter()
 
     def progress(line: str) -> None:
@@ -95,3 +85,33 @@ def run_lesson(args: argparse.Namespace, exporter: Callable[[], Callable[..., li
         export(lesson, args.export, args.format or "png,pdf", width=args.width, model=args.model, progress=progress,
                theme=args.theme or "dark", dtype=dtype)
     return 0
+
+
+def _takes_window(step) -> bool:
+    """A step --window and --sinks change: one whose runs keep every position (cached or not), not a serving batch
+    and not a step with a window or a quantized cache of its own."""
+    return not (step.serving or step.window or step.kv_dtype)
+
+
+def _takes_kv_dtype(step) -> bool:
+    """A step --kv-dtype changes: as for a window, and it runs with a cache (a step without one has none to
+    quantize)."""
+    return _takes_window(step) and step.use_cache
+
+
+def _with_cache_options(lesson, window: int, sinks: int, kv_dtype: str):
+    """`lesson` with every step that can take them given `window` and `sinks`, or `kv_dtype` (UsageError when no
+    step can: an option is never silently ignored)."""
+    from dataclasses import replace
+
+    for flag, value, takes in (("--window", window, _takes_window), ("--kv-dtype", kv_dtype, _takes_kv_dtype)):
+        if value and not any(takes(step) for step in lesson.steps):
+            raise UsageError(f"{flag}: no step of the lesson {lesson.title!r} could take it (each has its own "
+                             "cache settings, runs a serving batch or runs without a cache)")
+    if window:
+        lesson = replace(lesson, steps=tuple(replace(step, window=window, sinks=sinks) if _takes_window(step)
+                                             else step for step in lesson.steps))
+    if kv_dtype:
+        lesson = replace(lesson, steps=tuple(replace(step, kv_dtype=kv_dtype) if _takes_kv_dtype(step) else step
+                                             for step in lesson.steps))
+    return lesson

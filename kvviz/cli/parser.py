@@ -35,13 +35,18 @@ MAX_BATCH = 1_000_000
 MAX_TOKENS = 1_000_000  # new tokens (and top-k): far past any context; generation stops at the model's anyway
 MAX_SEED = 2**63 - 1
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports `yes | head -1`
+HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "smollm2-135m", "smollm2-360m", "qwen2.5-0.5b")
+# kvviz.sources.hub.HUB_MODELS and kvviz.models.families.PRESETS, named here so that --help imports no torch (a test
+# checks that the help names every one)
+PRESET_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "kvviz-shakespeare", "kvviz-shakespeare-gqa",
+                "kvviz-shakespeare-mqa", "smollm2-135m", "smollm2-135m-mha", "smollm2-360m", "qwen2.5-0.5b",
+                "deepseek-v2-lite-attention")
 MODEL_HELP = (
     "model to run: a checkpoint folder (config.json + model.safetensors) or a .safetensors file; "
-    "gpt2, gpt2-medium, gpt2-large, gpt2-xl, smollm2-135m, smollm2-360m or qwen2.5-0.5b (downloaded once from the "
-    "Hugging Face hub, then used offline); kvviz-shakespeare-gqa (embedded, grouped-query attention); "
-    "random:<preset> for untrained weights from a fixed seed (presets: gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
-    "kvviz-shakespeare, kvviz-shakespeare-gqa, smollm2-135m, smollm2-360m, qwen2.5-0.5b); default: the small "
-    "Shakespeare GPT-2 embedded in kvviz"
+    f"{', '.join(HUB_NAMES)} (downloaded once from the Hugging Face hub, then used offline); "
+    "kvviz-shakespeare-gqa (embedded, grouped-query attention); "
+    f"random:<preset> for untrained weights from a fixed seed (presets: {', '.join(PRESET_NAMES)}); default: the "
+    "small Shakespeare GPT-2 embedded in kvviz"
 )
 PROMPT_HELP = "text to continue; an empty prompt starts from <|endoftext|>"
 BREAK_CACHE_HELP = ("break the KV cache on purpose, to see what a cache bug does: " + CACHE_FAULTS[BROKEN_CACHE_FAULT]
@@ -85,6 +90,7 @@ def _add_window(parser: argparse.ArgumentParser) -> None:
                              "a RoPE model then generates past its context length")
 
 
+MAX_BLOCK_SIZE = 256  # positions a block of the paged cache holds at most, as a lesson's block_size
 KV_DTYPE_NAMES = ("int8", "int4", "fp8")  # kvviz.core.records.KV_DTYPES (a test checks they agree)
 
 
@@ -112,6 +118,7 @@ def _add_sampling(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from kvviz.core.counting import MAX_COUNT
+    from kvviz.core.lesson import BUILTIN_LESSONS
 
     parser = OneLineParser(
         prog="kvviz",
@@ -125,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="app: the prompt to start with (default: the last one used)")
     parser.add_argument("--lesson", dest="gui_lesson", nargs="?", const="", default=None, type=_no_nul,
                         metavar="FILE", help="app: start in lesson mode with this lesson file (TOML) or built-in "
-                                             "lesson (kv-cache, kv-sharing, kv-window, kv-paging), or with "
-                                             "kv-cache when no FILE is given")
+                                             f"lesson ({', '.join(BUILTIN_LESSONS)}), or with "
+                                             f"{next(iter(BUILTIN_LESSONS))} when no FILE is given")
     parser.add_argument("--theme", dest="gui_theme", choices=THEMES, default=None,
                         help="app: the colours, " + THEME_HELP.replace("(the default)", "(at first)") +
                              " (default: the last one used; also View > Theme)")
@@ -187,8 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=whole_number(1, MAX_TOKENS), default=16, metavar="N",
                    help="tokens each request generates (default: 16); the longest prompt and N must fit the "
                         "model's context")
-    p.add_argument("--block-size", type=whole_number(1, MAX_TOKENS), default=16, metavar="B",
-                   help="positions per block of the paged cache (default: 16)")
+    p.add_argument("--block-size", type=whole_number(1, MAX_BLOCK_SIZE), default=16, metavar="B",
+                   help=f"positions per block of the paged cache, 1 to {MAX_BLOCK_SIZE} (default: 16; vLLM uses 16)")
     p.add_argument("--no-prefix-sharing", action="store_true",
                    help="give every request blocks of its own, even for a prefix another request holds")
     p.add_argument("--repeat", type=whole_number(1, bench.MAX_REPEAT), default=3, metavar="R",
@@ -307,9 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "question makes two: the question, then its measured answer) and one PDF "
                                         "deck with a page per slide.")
     p.add_argument("--file", type=path_text, default=None, metavar="FILE",
-                   help="the lesson file, or a built-in lesson: kv-cache (the default, the KV cache in six steps), "
-                        "kv-sharing (MHA, GQA, MQA), kv-window (sliding windows and sinks) or kv-paging (serving "
-                        "many requests from a paged cache)")
+                   help="the lesson file, or a built-in lesson: " + "; ".join(
+                       f"{name} ({what}{', the default' if i == 0 else ''})"
+                       for i, (name, what) in enumerate(BUILTIN_LESSONS.items())))
     action = p.add_mutually_exclusive_group(required=True)
     action.add_argument("--list", action="store_true", help="print the lesson's steps; loads no model")
     action.add_argument("--export", type=path_text, default=None, metavar="DIR",

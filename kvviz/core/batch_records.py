@@ -155,7 +155,20 @@ class BatchSpeed:
     tokens_per_second: float
     sequential_tokens_per_second: float
     turns: int
+    turn_speedups: tuple[float, ...] = ()  # each turn's one-at-a-time seconds over its batched seconds
 
     @property
     def speedup(self) -> float:
         return self.tokens_per_second / self.sequential_tokens_per_second
+
+    @property
+    def speedup_clear(self) -> bool:
+        """Every turn found the batch faster, or every turn slower: a ratio whose turns straddle 1 (a run of a
+        few milliseconds on a busy machine) says nothing."""
+        return bool(self.turn_speedups) and (min(self.turn_speedups) > 1 or max(self.turn_speedups) < 1)
+
+    def describe_speedup(self) -> str:
+        """"1.93x (turns 1.71-2.10x)", or "not clear (turns 0.92-1.40x)" when the turns disagree."""
+        spread = (f" (turns {min(self.turn_speedups):.2f}-{max(self.turn_speedups):.2f}x)"
+                  if len(self.turn_speedups) > 1 else "")
+        return f"{self.speedup:.2f}x{spread}" if self.speedup_clear else f"not clear{spread}"

@@ -281,7 +281,10 @@ def read_prompts(path: Path | str) -> list[str]:
 
     path = user_path(path)
     text = read_text_file(path, MAX_PROMPTS_BYTES, "16 MB", "prompts file", encoding="utf-8-sig")
-    prompts = [line for line in text.splitlines() if line.strip()]
+    # one prompt a line: "\n" ends a line (and a "\r" before it goes), never the other breaks str.splitlines knows
+    # (U+2028, a form feed, U+0085), which a prompt may hold
+    prompts = [line.removesuffix("\r") for line in text.split("\n")]
+    prompts = [line for line in prompts if line.strip()]
     if not prompts:
         raise KvvizError(f"{path}: holds no prompt (one prompt per line)")
     if len(prompts) > MAX_PROMPTS:

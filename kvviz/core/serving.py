@@ -158,9 +158,11 @@ def measure_speed(engine: Engine, plan: BatchPlan, turns: int = 2, sampling: Sam
                   first: tuple[float, float] | None = None) -> BatchSpeed:
     """The batch against the same requests one at a time, taking `turns` turns and keeping the fastest of each (a
     busy machine slows either). `first`, given, is a turn already timed: (batched, one-at-a-time seconds)."""
-    batched, sequential = first if first is not None else (float("inf"), float("inf"))
-    for _ in range(turns - (first is not None)):
-        sequential = min(sequential, run_one_at_a_time(engine, plan, sampling)[1])
-        batched = min(batched, sum(r.seconds for r in run_batch(engine, plan, sampling)))
+    timed = [first] if first is not None else []
+    for _ in range(turns - (first is not None)):  # in turns: a busy moment slows one turn of each, not one side
+        sequential = run_one_at_a_time(engine, plan, sampling)[1]
+        timed.append((sum(r.seconds for r in run_batch(engine, plan, sampling)), sequential))
+    batched, sequential = min(b for b, _ in timed), min(s for _, s in timed)
     tokens = sum(r.budget for r in plan.requests)
-    return BatchSpeed(len(plan.requests), tokens / batched, tokens / sequential, turns)
+    return BatchSpeed(len(plan.requests), tokens / batched, tokens / sequential, turns,
+                      tuple(s / b for b, s in timed if b > 0))

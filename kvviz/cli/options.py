@@ -1,0 +1,44 @@
+"""Options that cannot go together, refused in one line as soon as the command line is read, before any model
+loads: one table for every command, so that no option is ever silently ignored by one command and refused by
+another."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvviz.cli.parser import UsageError
+
+
+def _given(args: argparse.Namespace, name: str) -> bool:
+    value = getattr(args, name, None)
+    return value not in (None, False, 0, "")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """`when(args)` on one of `commands` ("*": any) is refused with `message`."""
+
+    commands: tuple[str, ...]
+    when: Callable[[argparse.Namespace], bool]
+    message: str
+
+
+REFUSALS = (
+    Refusal(("generate", "export"), lambda a: _given(a, "kv_dtype") and _given(a, "no_cache"),
+            "--kv-dtype stores the KV cache quantized, and --no-cache runs without one: leave one out"),
+    Refusal(("*",), lambda a: _given(a, "sinks") and not _given(a, "window"),
+            "attention sinks go with a window: give --window too"),
+    Refusal(("*",), lambda a: _given(a, "kv_dtype") and _given(a, "window"),
+            "a quantized cache keeps every position: leave out the window (one trade-off at a time)"),
+    Refusal(("bench",), lambda a: _given(a, "kv_dtype") and (_given(a, "sweep") or _given(a, "gui")),
+            "--kv-dtype times a quantized cache headless: leave out --gui and --sweep"),
+)
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """UsageError (one line, status 2) for the first refused combination of options on `args.command`."""
+    for refusal in REFUSALS:
+        if ("*" in refusal.commands or args.command in refusal.commands) and refusal.when(args):
+            raise UsageError(refusal.message)
