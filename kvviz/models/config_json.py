@@ -4,6 +4,7 @@ object)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from kvviz.core.errors import ModelLoadError
@@ -25,3 +26,26 @@ def shown(value: object) -> str:
     text = json.dumps(value) if isinstance(value, (int, float, str, bool, dict, list)) or value is None \
         else type(value).__name__
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+MAX_SIZE = 10**9  # no size in a config kvviz runs comes near it (layers, heads, widths, positions, vocabulary)
+
+
+def whole(raw: dict, path: Path, key: str, default: int, low: int = 0, high: int = MAX_SIZE) -> int:
+    """`raw[key]` (or `default`) as a whole number from `low` to `high`, else a ModelLoadError naming the key: a
+    null, a string, a fraction, a boolean or a size no machine holds (10**20, which would overflow inside torch)."""
+    value = raw.get(key, default)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ModelLoadError(f"{path}: {key}={shown(value)} is not a whole number from {low:,} to {high:,}")
+    return value
+
+
+def positive(raw: dict, path: Path, key: str, default: float) -> float:
+    """`raw[key]` (or `default`) as a finite number above 0, else a ModelLoadError naming the key (a negative
+    rope_theta or rms_norm_eps would turn every logit into NaN)."""
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ModelLoadError(f"{path}: {key}={shown(value)} is not a positive number")
+    return float(value)

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from kvviz.core.errors import ModelLoadError
-from kvviz.models.config_json import read_config, shown
+from kvviz.models.config_json import positive as _positive
+from kvviz.models.config_json import read_config, shown, whole
 from kvviz.models.deepseek import DeepseekConfig
 
 MODEL_TYPES = ("deepseek_v2",)
@@ -53,19 +54,19 @@ def config_from_json(path: Path) -> DeepseekConfig:
             qk_nope_head_dim=_whole(raw, path, "qk_nope_head_dim", 128),
             qk_rope_head_dim=_whole(raw, path, "qk_rope_head_dim", 64),
             v_head_dim=_whole(raw, path, "v_head_dim", 128),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
+            rms_norm_eps=_positive(raw, path, "rms_norm_eps", 1e-6),
+            rope_theta=_positive(rope if "rope_theta" in rope else raw, path, "rope_theta", 10000.0),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         )
+    except ModelLoadError:
+        raise  # it names the file already
     except (ValueError, TypeError) as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
 
 
 def _whole(raw: dict, path: Path, key: str, default: int) -> int:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelLoadError(f"{path}: {key} must be a positive whole number, got {shown(value)}")
-    return value
+    """A size of DeepSeek's config: a whole number, at least 1 (config_json.whole)."""
+    return whole(raw, path, key, default, low=1)
 
 
 def config_to_json(config: DeepseekConfig) -> dict:

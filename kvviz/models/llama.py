@@ -50,6 +50,8 @@ class LlamaConfig:
             raise ValueError(f"config n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
         if not self.head_size and self.n_embd % self.n_head:
             raise ValueError(f"config n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.head_dim % 2:
+            raise ValueError(f"a head of {self.head_dim} numbers is odd: RoPE turns a head's numbers in pairs")
 
     @property
     def head_dim(self) -> int:

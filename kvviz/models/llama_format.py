@@ -3,13 +3,14 @@ the state dict's keys (the same names as kvviz.models.llama's modules)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
 
 from kvviz.core.errors import ModelLoadError
+from kvviz.models.config_json import positive as _positive
 from kvviz.models.config_json import read_config, shown
+from kvviz.models.config_json import whole as _whole
 from kvviz.models.llama import LlamaConfig
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -37,13 +38,13 @@ def config_from_json(path: Path) -> LlamaConfig:
     window = 0  # Mistral's sliding window, where it is shorter than the context
     if model_type == "mistral" and raw.get("sliding_window") is not None:
         window = _whole(raw, path, "sliding_window", 0)
-        window = window if 0 < window < raw.get("max_position_embeddings", 2048) else 0
+        window = window if 0 < window < _whole(raw, path, "max_position_embeddings", 2048) else 0
     first_layer = 0  # Qwen2 windows the layers from max_window_layers on; the ones below keep every position
     if model_type == "qwen2" and raw.get("use_sliding_window"):
         layers, first = _whole(raw, path, "num_hidden_layers", 32), _whole(raw, path, "max_window_layers", 28)
         if first < layers:
             window = _whole(raw, path, "sliding_window", 4096)
-            window = window if 0 < window < raw.get("max_position_embeddings", 32768) else 0
+            window = window if 0 < window < _whole(raw, path, "max_position_embeddings", 32768) else 0
             first_layer = first if window else 0
     heads = _whole(raw, path, "num_attention_heads", 32)
     try:
@@ -65,24 +66,10 @@ def config_from_json(path: Path) -> LlamaConfig:
             window_first_layer=first_layer,
             name=path.parent.name,
         )
+    except ModelLoadError:
+        raise  # it names the file already
     except ValueError as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
-
-
-def _whole(raw: dict, path: Path, key: str, default: int) -> int:
-    value = raw.get(key, default)
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 10**9:
-        raise ModelLoadError(f"{path}: {key}={shown(value)} is not a whole number kvviz can run")
-    return value
-
-
-def _positive(raw: dict, path: Path, key: str, default: float) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ModelLoadError(f"{path}: {key}={shown(value)} is not a positive number")
-    return float(value)
 
 
 def config_to_json(config: LlamaConfig, model_type: str = "llama") -> dict:

@@ -87,9 +87,15 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
 def _check_finite(state: dict[str, torch.Tensor], origin: str, where: str) -> None:
     """ModelLoadError naming the first tensor that holds NaN or an infinity (`where`: after a conversion)."""
     for key, tensor in state.items():
+        if tensor.is_floating_point() and tensor.dtype not in WEIGHT_DTYPES:
+            raise ModelLoadError(f"{origin}: tensor {key} is {str(tensor.dtype).removeprefix('torch.')}; kvviz reads "
+                                 "float32, float16 and bfloat16 weights (dequantize the checkpoint first)")
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             problem = "NaN" if bool(torch.isnan(tensor).any()) else "infinite values"
             raise ModelLoadError(f"{origin}: tensor {key} holds {problem}{where}; these weights cannot be run "
@@ -134,6 +140,11 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32):
         weights, config_path = path, path.parent / "config.json"
         name = path.parent.name if path.stem == "model" else path.stem
         state = _read_state_dict(weights)
+    if config_path.exists() and not config_path.is_file():
+        raise ModelLoadError(f"{config_path}: not a regular file (a config.json is a JSON file)")
+    if not config_path.exists() and not any(key.startswith(("transformer.", "wte.", "h.")) for key in state):
+        raise ModelLoadError(f"{config_path}: missing; kvviz reads a checkpoint without one as GPT-2 only, and "
+                             f"{Path(str(weights)).name}'s tensors are not GPT-2's")
     family = family_of_config(config_path) if config_path.is_file() else DEFAULT_FAMILY
     checkpoint = family.checkpoint
     state = checkpoint.normalize_keys(state)
