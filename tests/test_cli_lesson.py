@@ -163,7 +163,9 @@ def test_every_slide_shows_its_focus_in_the_grid_colours(builtin_export):
         amber, teal = count_near(image, theme.DARK.amber), count_near(image, theme.DARK.teal)
         area = image.shape[0] * image.shape[1]
         if step.focus in ("chart", "counter", "speed"):  # curves (the speed sweep's two, in the same colours)
-            assert amber > 0.001 * area and teal > 0.001 * area, (number, amber, teal)
+            # a curve 2 px wide across the chart holds some 300-500 px of an 800x450 slide (343 amber and 426
+            # teal measured on the counter slide of "Time flies")
+            assert amber > 0.0006 * area and teal > 0.0006 * area, (number, amber, teal)
         elif step.advance_to or revealed:
             assert amber + teal > 0.02 * area, (number, amber + teal)
         else:  # before the first step: no cell computed, only the legend's swatches
@@ -187,7 +189,7 @@ def test_slides_say_title_place_question_and_answer_and_never_the_notes(builtin_
     assert by_slide[1].answer == "Answer: 2 (measured)"  # the prefill computes both prompt tokens
     assert by_slide[3].answer == "Answer: 5 (measured)"  # without the cache, step 4 feeds 2 + 3 tokens
     assert by_slide[5].answer == "Answer: 1 (measured)"
-    assert by_slide[7].answer == "Answer: 87 (measured)"
+    assert by_slide[7].answer == "Answer: 76 (measured)"
     assert by_slide[8].question == "" and by_slide[8].title == "Memory for time"
     assert by_slide[9].title == "The output is unchanged"
     assert "with and without KV cache in lockstep" in by_slide[9].footer
@@ -400,7 +402,7 @@ def test_the_builtin_lesson_exports_on_the_embedded_model(builtin_deck):
     out, status, printed, said, _texts = builtin_deck
     assert status == 0 and said == "", said
     assert len(printed.splitlines()) == BUILTIN_SLIDES + 2
-    assert "answer: 87 (measured)" in printed  # P = 3, N = 12 on the embedded model
+    assert "answer: 76 (measured)" in printed  # P = 2, N = 12 on the embedded model: 12·2 + 66 − 14
     assert pdf_pages((out / "kvviz-lesson.pdf").read_bytes()) == BUILTIN_SLIDES
     assert QImage(str(out / "kvviz-lesson-01.png")).size().toTuple() == (1920, 1080)
 

@@ -263,6 +263,14 @@ class LessonMode(QObject):
         else:
             self._start_run()
 
+    def take_focus(self) -> bool:
+        """The keyboard to the guess field while the slide asks a question not yet answered (True), so that
+        typed digits go in however the slide was reached: a serving step, a compare step, a model load."""
+        if not (self.active and self.step is not None and self.step.question and not self.revealed):
+            return False
+        self.panel.focus_guess()
+        return self.panel.guess_edit.hasFocus() or not self._window.isActiveWindow()
+
     def _show_step_text(self) -> None:
         """The panel shows the current slide, its text saying what the speed sweep measured (or that it is
         still being measured)."""

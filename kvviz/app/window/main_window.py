@@ -83,6 +83,7 @@ class MainWindow(QMainWindow):
         self.presentation.add_view(self.workspace.serving)
         self.workspace.serving.on_built(lambda page: self.presentation.add_chrome(page.inputs))
         self.lesson = LessonMode(self, self.lesson_panel, lesson)
+        self.workspace.focus_elsewhere = self.lesson.take_focus
         self.copier = ImageCopier(self, self.workspace)  # Ctrl+Shift+C, and "Copy image" on the plots
         self.actions = build_actions(self, self._action_slots())
         self.session.dtype = self.settings.dtype
@@ -177,6 +178,7 @@ class MainWindow(QMainWindow):
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         QTimer.singleShot(250, self, lambda: fit_to_screen(self))  # once the window manager has framed it
+        QTimer.singleShot(0, self, self.focus_grid)  # a lesson that opens on a question: its guess takes the keys
         if self._initial_source is not None:
             QTimer.singleShot(INITIAL_LOAD_DELAY_MS, self, self._start_initial_load)
 

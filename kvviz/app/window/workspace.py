@@ -3,6 +3,8 @@ memory and lesson columns beside them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
 
@@ -38,6 +40,9 @@ class Workspace(QWidget):
         self.serving: OnDemandView[ServingPage] = OnDemandView(
             lambda: self._lay_out(ServingPage(), self._panels_layout, -1))
         self._serving_shown = False
+        # who takes the keyboard instead of the grid, when someone does (a lesson's unanswered question: its guess
+        # field); returns True when it took it
+        self.focus_elsewhere: Callable[[], bool] = lambda: False
         self._before_serving: QWidget | None = None  # the run's view or compare mode's, hidden while serving
         self._memory_scroll: QScrollArea | None = None
         self._lesson_panel = lesson_panel
@@ -146,7 +151,10 @@ class Workspace(QWidget):
             self.focus_grid()
 
     def focus_grid(self) -> None:
-        """Keyboard focus on the shown K/V grid (keys step the run, none of them types)."""
+        """Keyboard focus on the shown K/V grid (keys step the run, none of them types), unless a lesson's open
+        question takes it for its guess (`focus_elsewhere`): every path that puts the focus back goes here."""
+        if self.focus_elsewhere():
+            return
         if self._serving_shown:
             self.serving.get().view.pool.setFocus()
             return
