@@ -32,6 +32,7 @@ class RunSession(QObject):
     record_computed = Signal(object)  # StepRecord of the current run
     run_finished = Signal(object)  # the final StepRecord
     run_failed = Signal(str)  # one sentence
+    run_refused = Signal(str, object)  # one sentence, the request of the run that goes on (its settings to show)
     playing_changed = Signal(bool)
     state_changed = Signal()  # can_step, loading, playing or finished changed
 
@@ -52,6 +53,9 @@ class RunSession(QObject):
         self._replay_target = 0
         self._steps_requested = 0
         self._deferred_run: tuple[RunRequest, int] | None = None  # asked for while loading
+        self.request: RunRequest | None = None  # of the current run, as it was accepted
+        self._asked: RunRequest | None = None  # of the run asked for last, until it starts or is refused
+        self._before: tuple | None = None  # the current run's state while another is asked for (see _on_run_failed)
         self.resume_steps = 0  # the step the run that follows the current load starts at (see `load`)
         w = self.controller.worker
         w.model_loading.connect(self.model_loading)
@@ -170,6 +174,9 @@ class RunSession(QObject):
             return
         self._deferred_run = None
         self.pause()
+        if self.plan is not None:  # the run going on, kept until the next one is accepted
+            self._before = (self._run_id, self.plan, self.records, self._steps_requested, self.finished)
+        self._asked = request
         self._run_id += 1
         self._replay_target = replay_to
         self._steps_requested = 0
@@ -211,6 +218,7 @@ class RunSession(QObject):
         if plan.run_id != self._run_id:
             return
         self.plan = plan
+        self.request, self._asked, self._before = self._asked, None, None
         target, self._replay_target = min(self._replay_target, plan.budget), 0
         self.run_started.emit(plan)
         for _ in range(target):
@@ -219,7 +227,16 @@ class RunSession(QObject):
         self.state_changed.emit()
 
     def _on_run_failed(self, run_id: int, message: str) -> None:
+        """One rule for every refused setting (a menu's, a key's): the run that was going on goes on, exactly as it
+        was (its records, its step, its settings, which `run_refused` gives the window to show again). A run asked
+        for with other text or numbers typed in the controls fails instead, keeping what was typed."""
         if run_id != self._run_id:
+            return
+        (before, self._before), (asked, self._asked) = (self._before, None), (self._asked, None)
+        if before is not None and self.request is not None and asked is not None and _menu_change(self.request, asked):
+            self._run_id, self.plan, self.records, self._steps_requested, self.finished = before
+            self.run_refused.emit(message, self.request)
+            self.state_changed.emit()
             return
         self.plan = None
         self.run_failed.emit(message)
@@ -245,3 +262,13 @@ class RunSession(QObject):
         self.playing = playing
         self.playing_changed.emit(playing)
         self.state_changed.emit()
+
+
+MENU_SETTINGS = ("compare", "break_cache", "attention", "window", "sinks", "kv_dtype")  # set by menus and keys
+
+
+def _menu_change(accepted: RunRequest, asked: RunRequest) -> bool:
+    """`asked` differs from the `accepted` run's request in menu settings only (nothing typed has changed)."""
+    typed = [field.name for field in dataclasses.fields(RunRequest) if field.name not in (*MENU_SETTINGS, "run_id")]
+    return all(getattr(accepted, name) == getattr(asked, name) for name in typed)
+

@@ -149,9 +149,9 @@ class GenerationWorker(QObject):
     # ----- runs -----
     @Slot(object)
     def start_run(self, request: RunRequest) -> None:
-        """Prepare a fresh run; no forward pass happens until `step`."""
+        """Prepare a fresh run; no forward pass happens until `step`. A request the engine refuses leaves the
+        run that was going as it was (the session gives it back to the window)."""
         self._set_playing(False)
-        self._run = None
         if self._engine is None:
             self.run_failed.emit(request.run_id, "No model is loaded yet.")
             return

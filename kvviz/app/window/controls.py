@@ -163,6 +163,21 @@ class RunControls(QWidget):
             kv_dtype=self.kv_dtype,
         )
 
+    def show_request(self, request: RunRequest) -> None:
+        """Show the settings of `request` (the run going on, after another was refused) without starting a run."""
+        self.window, self.sinks, self.kv_dtype = request.window, request.sinks, request.kv_dtype
+        self.compare, self.break_cache, self.attention = request.compare, request.break_cache, request.attention
+        with contextlib.ExitStack() as blocked:
+            for widget in self._run_widgets():
+                blocked.enter_context(QSignalBlocker(widget))
+            self.prompt_edit.setText(request.prompt)
+            self.cache_check.setChecked(request.use_cache)
+            self.max_new_spin.setValue(request.max_new_tokens)
+            self.temperature_spin.setValue(request.temperature)
+            self.top_k_spin.setValue(request.top_k or 0)
+            if request.seed is not None:
+                self.seed_spin.setValue(request.seed)
+
     def set_window(self, window: int, sinks: int) -> None:
         """Run > Sliding window: the cache keeps the last `window` positions and `sinks` first ones; the run
         restarts."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import QSignalBlocker, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import QMainWindow, QWidget
 
@@ -110,6 +110,7 @@ class MainWindow(QMainWindow):
         s.record_computed.connect(self.scheduler.add)
         s.run_finished.connect(self._on_run_finished)
         s.run_failed.connect(lambda message: self.banner.say(message, alert=True))
+        s.run_refused.connect(self._on_run_refused)
         s.playing_changed.connect(self._on_playing_changed)
         s.state_changed.connect(self._show_run_state)
         c.step_clicked.connect(lambda: self.serving.step() if self.serving.active else s.step())
@@ -226,6 +227,21 @@ class MainWindow(QMainWindow):
         self.serving.set_active(on)
         if not on:
             self._show_run_state()
+
+    def _on_run_refused(self, message: str, request) -> None:
+        """A setting the model cannot take: said in the banner, and every control and checkmark shows the run that
+        goes on again (its views never left it)."""
+        self.banner.say(message, alert=True)
+        self.controls.show_request(request)
+        for name, on in (("break_cache", request.break_cache), ("compare", request.compare),
+                         ("attention", request.attention),
+                         *((f"kv_{kv or 'exact'}", kv == request.kv_dtype) for kv in ("", "int8", "int4", "fp8"))):
+            action = self.actions[name]
+            if action.isChecked() != on:
+                with QSignalBlocker(action):
+                    action.setChecked(on)
+        self.run_view.show_attention(request.attention)  # A opens the strip at once, before the run is asked for
+        self._show_run_state()
 
     def _show_run_state(self) -> None:
         """The run controls' Step, Play and Reset as the single run allows (serving mode shows the batch's)."""
