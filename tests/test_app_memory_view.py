@@ -290,7 +290,7 @@ def test_every_line_is_drawn_in_one_precision_and_the_axis_names_it(qtbot):
         assert y[-1] == 131072 * 27 * 576 * size  # by hand
         ref_x, ref_y = view.reference_line("DeepSeek-V2-Lite")
         assert np.interp(x, ref_x, ref_y) == pytest.approx(y)
-        assert view.plot_item.getAxis("left").labelText == f"KV-cache bytes, {precision}"
+        assert view.plot_item.getAxis("left").labelText == f"bytes, {precision}"
         assert f"in {precision}: {27 * 576 * size:,} bytes per token" in view.formula.text()
     assert view.points()[0].size == 0 and "choose float32 to see the points" in view.formula.text()
     view.dtype_box.setCurrentText("float32")

@@ -115,3 +115,29 @@ def test_a_llama_folder_without_a_readable_config_says_so_not_that_it_is_no_gpt2
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "GPT-2 checkpoint" not in done.stderr and str(folder / "config.json") in done.stderr
     assert ("missing" if what == "missing" else "not a regular file") in done.stderr
+
+
+def test_a_gpt2_checkpoint_with_a_head_of_its_own_is_refused_not_run_with_the_wrong_head(tmp_path, kvviz_cli):
+    """The book's GPTModel trains a separate out_head; transformers saves it as lm_head.weight with
+    tie_word_embeddings false. kvviz's GPT-2 ties its head, so it refuses the checkpoint."""
+    from helpers_checkpoints import gpt2_config, save_transformers_folder
+
+    config = gpt2_config()
+    config.tie_word_embeddings = False
+    save_transformers_folder(tmp_path / "untied", config)
+    done = kvviz_cli("generate", "--model", str(tmp_path / "untied"), "--prompt", "hi", "--max-new-tokens", "2")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith(f"kvviz: {tmp_path / 'untied' / 'model.safetensors'}: tensor lm_head.weight is an "
+                                  "output head of its own") and len(done.stderr.splitlines()) == 1
+
+
+def test_a_gpt2_checkpoint_that_saves_its_tied_head_still_loads(tmp_path, kvviz_cli):
+    from helpers_checkpoints import save_transformers_folder
+    from safetensors.torch import load_file, save_file
+
+    save_transformers_folder(tmp_path / "tied")
+    state = load_file(str(tmp_path / "tied" / "model.safetensors"))
+    state["lm_head.weight"] = state["transformer.wte.weight"].clone()  # the tied head's copy, as some files carry
+    save_file(state, str(tmp_path / "tied" / "model.safetensors"))
+    done = kvviz_cli("generate", "--model", str(tmp_path / "tied"), "--prompt", "hi", "--max-new-tokens", "2")
+    assert done.returncode == 0, done.stderr

@@ -90,7 +90,14 @@ def config_to_json(config: GPTConfig) -> dict:
 
 
 def normalize_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Keys as kvviz names them: `transformer.` prefix added (hub layout), masks and lm_head dropped."""
+    """Keys as kvviz names them: `transformer.` prefix added (hub layout), masks and lm_head dropped. kvviz's GPT-2
+    ties its output head to the token embedding, as GPT-2 does; a checkpoint with a head of its own (an untied
+    `lm_head.weight`, as the book's GPTModel trains its `out_head`) is refused rather than run with the wrong head."""
+    head = state.get("lm_head.weight")
+    embedding = state.get("transformer.wte.weight", state.get("wte.weight"))
+    if head is not None and (embedding is None or head.shape != embedding.shape or not torch.equal(head, embedding)):
+        raise ModelLoadError("tensor lm_head.weight is an output head of its own (tie_word_embeddings false); kvviz "
+                             "runs GPT-2 with its head tied to the token embedding, so these logits would be wrong")
     out: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
         if key.endswith(IGNORED_SUFFIXES) or key == "lm_head.weight":

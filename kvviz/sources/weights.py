@@ -147,7 +147,10 @@ def load_checkpoint(path: Path, dtype: torch.dtype = torch.float32):
                              f"{Path(str(weights)).name}'s tensors are not GPT-2's")
     family = family_of_config(config_path) if config_path.is_file() else DEFAULT_FAMILY
     checkpoint = family.checkpoint
-    state = checkpoint.normalize_keys(state)
+    try:
+        state = checkpoint.normalize_keys(state)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{weights}: {exc}") from exc
     if config_path.is_file():
         config = checkpoint.config_from_json(config_path)
         checkpoint.check_config_fits(config, state, str(weights), config_path)

@@ -263,6 +263,11 @@ class LessonMode(QObject):
         else:
             self._start_run()
 
+    @property
+    def step_number(self) -> int:
+        """The current slide's step, counted from 1 (as the panel shows it)."""
+        return self.lesson.slides()[self.slide][0] + 1 if self.lesson is not None else 0
+
     def take_focus(self) -> bool:
         """The keyboard to the guess field while the slide asks a question not yet answered (True), so that
         typed digits go in however the slide was reached: a serving step, a compare step, a model load."""

@@ -71,6 +71,11 @@ class RunSession(QObject):
 
     # ----- state -----
     @property
+    def asking(self) -> bool:
+        """A run has been asked for and not yet started or refused: the views still show the one before."""
+        return self._asked is not None
+
+    @property
     def loading(self) -> bool:
         return bool(self._pending_loads)
 

@@ -10,11 +10,12 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QFont
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import nice_ceiling, style_plot
+from kvviz.app.views.flow_layout import FlowLayout
 from kvviz.app.views.line_names import LineNames, line_end, line_pen
 from kvviz.app.views.memory_state import MAX_CONTEXT, MemoryState, byte_ticks, reference_bytes
 from kvviz.core.memory import MEMORY_BUDGETS_GB, PRECISIONS
@@ -85,12 +86,11 @@ class MemoryView(QWidget):
         self.dtype_box.currentTextChanged.connect(self._references_changed)
         self.batch_spin.valueChanged.connect(self._references_changed)
         self.scale_box.currentTextChanged.connect(self._scale_changed)
-        controls = QHBoxLayout()
-        self.controls = [QLabel("every line in"), self.dtype_box, QLabel("batch"), self.batch_spin, QLabel("axes"),
+        controls = FlowLayout(spacing=6)  # wraps onto a second line where a zoomed slide or a narrow column needs it
+        self.controls = [QLabel("precision"), self.dtype_box, QLabel("batch"), self.batch_spin, QLabel("axes"),
                          self.scale_box]  # sized with the texts (set_font_scale): readable on a slide too
         for widget in self.controls:
             controls.addWidget(widget)
-        controls.addStretch(1)
 
         self.plot_widget = MemoryPlot()
         self.plot_item = self.plot_widget.getPlotItem()
@@ -98,7 +98,7 @@ class MemoryView(QWidget):
         self.plot_item.hideButtons()
         vb = self.plot_item.getViewBox()
         vb.setMouseEnabled(x=False, y=False)
-        self.plot_item.setLabel("bottom", "context length (tokens)")
+        self.plot_item.setLabel("bottom", "tokens of context")
         self._label_axes()
         self.plot_item.getAxis("left").enableAutoSIPrefix(False)  # the tick labels carry the units
         self.plot_item.getAxis("bottom").enableAutoSIPrefix(False)
@@ -257,7 +257,7 @@ class MemoryView(QWidget):
         """The left axis names the precision (and a batch) every line is drawn in: short, to fit a slide's axis."""
         batch = self.batch_spin.value()
         sequences = f" \u00d7 {batch}" if batch != 1 else ""
-        self.plot_item.setLabel("left", f"KV-cache bytes, {self.precision()}{sequences}")
+        self.plot_item.setLabel("left", f"bytes, {self.precision()}{sequences}")  # short: whole at any zoom
 
     def _draw_references(self) -> None:
         for name, curve in self.reference_curves.items():

@@ -24,7 +24,7 @@ from kvviz.app.window.banner import Banner
 from kvviz.app.window.clipboard import ImageCopier
 from kvviz.app.window.controls import RunControls
 from kvviz.app.window.dialogs import AboutDialog, ShortcutsDialog, show_error
-from kvviz.app.window.model_picker import ModelPicker
+from kvviz.app.window.model_picker import ModelPicker, source_label
 from kvviz.app.window.presentation import Presentation, fit_to_screen
 from kvviz.app.window.serving_mode import ServingMode
 from kvviz.app.window.speed_panel import SpeedPanel
@@ -113,6 +113,7 @@ class MainWindow(QMainWindow):
         s.run_refused.connect(self._on_run_refused)
         s.playing_changed.connect(self._on_playing_changed)
         s.state_changed.connect(self._show_run_state)
+        s.state_changed.connect(self._show_staleness)
         c.step_clicked.connect(lambda: self.serving.step() if self.serving.active else s.step())
         c.play_clicked.connect(self.toggle_play)
         c.reset_clicked.connect(lambda: self.serving.run() if self.serving.active else self.reset_run())
@@ -242,6 +243,19 @@ class MainWindow(QMainWindow):
                     action.setChecked(on)
         self.run_view.show_attention(request.attention)  # A opens the strip at once, before the run is asked for
         self._show_run_state()
+
+    def _show_staleness(self) -> None:
+        """The veil over the run's views while they show what is being replaced: a model loading, a run asked
+        for and not yet started (a lesson's step, a setting changed)."""
+        s = self.session
+        if s.loading:
+            text = f"Loading {source_label(s.latest_source)}\u2026"
+        elif s.asking:
+            text = (f"Preparing step {self.lesson.step_number}\u2026" if self.lesson.active
+                    else "Preparing the run\u2026")
+        else:
+            text = None
+        self.workspace.stale_cover.say(text)
 
     def _show_run_state(self) -> None:
         """The run controls' Step, Play and Reset as the single run allows (serving mode shows the batch's)."""

@@ -17,6 +17,7 @@ from kvviz.app.views.run_view import RunView
 from kvviz.app.window.banner import Banner
 from kvviz.app.window.controls import RunControls
 from kvviz.app.window.serving_page import ServingPage
+from kvviz.app.window.stale_cover import StaleCover
 
 
 class Workspace(QWidget):
@@ -53,6 +54,7 @@ class Workspace(QWidget):
         self._panels_layout.setContentsMargins(0, 0, 0, 0)
         self._panels_layout.addWidget(self.run_view)  # compare_view goes below it, in its place when shown
         scroll = _scrolled(panels, "runScroll")
+        self.stale_cover = StaleCover(scroll)  # over the run's views while what they show is being replaced
         self._beside = QHBoxLayout()  # the lesson's column beside the views, so that they keep their height
         self._beside.setSpacing(8)
         self._beside.addWidget(scroll, 1)  # the memory view goes after it
