@@ -26,8 +26,11 @@ def panel(qtbot):
 
 
 def test_the_sweep_runs_in_the_background_and_the_view_draws_it(qtbot, panel, tiny):
-    progress = []
+    progress, parts, formats = [], [], []
     panel.sweeper.progressed.connect(lambda done, total: progress.append((done, total)))
+    panel.sweeper.progressed.connect(lambda *_: formats.append(panel.view.progress.format()))
+    panel.sweeper.measured_part.connect(
+        lambda part: parts.append((part.lengths, list(panel.view.cached_curve.getData()[0]))))
     with qtbot.waitSignal(panel.sweeper.finished, timeout=120_000) as finished:
         panel.show_for(tiny, "float32", "tiny")
         assert panel.view.measuring and panel.view.cancel_button.isVisibleTo(panel)
@@ -35,6 +38,10 @@ def test_the_sweep_runs_in_the_background_and_the_view_draws_it(qtbot, panel, ti
     # the context of 17 positions allows a longest cached step at 16: eight lengths, 2 modes x 11 turns each
     assert result.lengths == (2, 4, 6, 8, 10, 12, 14, 16) and result.repeat == 11
     assert progress[-1] == (176, 176) and [d for d, _ in progress] == sorted(d for d, _ in progress)
+    # the curve is drawn as the first turn fills it, a length at a time, and the time left is said
+    assert [lengths for lengths, _ in parts] == [result.lengths[:n] for n in range(1, 9)]
+    assert all(list(drawn) == list(lengths) for lengths, drawn in parts)
+    assert any(text.endswith(" left") and "of 176 steps timed, about " in text for text in formats)
     assert not panel.view.measuring and panel.result is result
     x, y = panel.view.uncached_curve.getData()
     assert list(x) == list(result.lengths) and list(y) == list(result.uncached_ms)
@@ -43,6 +50,38 @@ def test_the_sweep_runs_in_the_background_and_the_view_draws_it(qtbot, panel, ti
     # shown again for the same model and precision: no second sweep
     panel.show_for(tiny, "float32", "tiny")
     assert not panel.sweeper.running
+
+
+def test_the_sweep_stops_while_the_live_run_computes_and_goes_on_after(qtbot, panel, tiny):
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the process state is read from /proc")
+    with qtbot.waitSignal(panel.sweeper.progressed, timeout=60_000):
+        panel.show_for(tiny, "float32", "tiny")
+    pid = panel.sweeper._process.processId()
+
+    def state() -> str:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+
+    panel.sweeper.pause(True)
+    qtbot.waitUntil(lambda: state() == "T", timeout=5_000)  # stopped: it takes no CPU from the run
+    assert panel.view.progress.format().startswith("paused while the run steps")
+    with qtbot.waitSignal(panel.sweeper.finished, timeout=120_000):
+        panel.sweeper.pause(False)
+    assert not panel.sweeper.paused
+
+
+def test_the_window_pauses_the_sweep_while_its_run_plays(qtbot, window):
+    window.speed.prepare("", "float32", "kvviz-shakespeare")
+    qtbot.waitUntil(lambda: window.speed.sweeper.running, timeout=10_000)
+    window.controls.max_new_spin.setValue(200)
+    window.toggle_play()
+    qtbot.waitUntil(lambda: window.speed.sweeper.paused, timeout=10_000)
+    window.toggle_play()
+    qtbot.waitUntil(lambda: not window.session.playing and not window.speed.sweeper.paused, timeout=30_000)
+    window.speed.shut_down()
 
 
 def test_cancel_ends_the_sweep_and_says_so(qtbot, panel, tiny):

@@ -81,6 +81,9 @@ def _bench_sweep(args: argparse.Namespace) -> int:
     def progress(done: int, total: int) -> None:
         print(f"progress {done}/{total}", file=sys.stderr, flush=True)
 
+    def partial(result) -> None:  # the app draws the curve as it fills
+        print(f"partial {json_output.dumps(result.as_dict())}", file=sys.stderr, flush=True)
+
     if args.background:
         _run_in_the_background()
 
@@ -88,7 +91,8 @@ def _bench_sweep(args: argparse.Namespace) -> int:
         loaded = load_model(args.model, device=args.device, dtype=torch_dtype(args.dtype))
         result = run_sweep(Engine(loaded.model, loaded.tokenizer, device=args.device), args.max_length,
                                  repeat=args.repeat or speed.SWEEP_REPEAT, model_name=loaded.name,
-                                 progress=progress if args.background else None)
+                                 progress=progress if args.background else None,
+                                 partial=partial if args.background else None)
     if args.json:
         print(json_output.dumps(result.as_dict()))
         return 0

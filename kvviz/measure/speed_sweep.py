@@ -59,11 +59,13 @@ def run_sweep(
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
     points: int = SWEEP_POINTS,
+    partial: Callable[[SweepResult], None] | None = None,
 ) -> SweepResult:
     """Time a token step with and without the cache at `points` lengths up to `max_length` (default: the
     context, at most DEFAULT_MAX_LENGTH): after a warm-up, `repeat` turns, each going through every length
     and, at each, both modes in alternating order. `progress(done, total)` follows the measurements;
-    `cancelled()` True stops the sweep (SweepCancelled)."""
+    `cancelled()` True stops the sweep (SweepCancelled); `partial(result)`, after each length of the first turn,
+    gets the lengths measured so far (a curve drawn as it fills)."""
     if not 1 <= repeat <= MAX_SWEEP_REPEAT:
         raise KvvizError(f"repeat must be a whole number from 1 to {MAX_SWEEP_REPEAT}, got {repeat}")
     longest = engine.n_ctx - 1  # a cached step at length L plans L - 1 prompt tokens and 2 new ones
@@ -85,15 +87,23 @@ def run_sweep(
                 done += 1
                 if progress is not None:
                     progress(done, total)
+            if partial is not None and turn == 0:
+                partial(_result(engine, model_name, lengths[:index + 1], turns, turn + 1))
+    return _result(engine, model_name, lengths, turns, repeat)
+
+
+def _result(engine: Engine, model_name: str, lengths: tuple[int, ...], turns: dict, repeat: int) -> SweepResult:
+    """The medians of the turns measured at `lengths` (the first len(lengths) of the sweep's)."""
+    n = len(lengths)
     return SweepResult(
         model=model_name or engine.model.config.name,
         dtype=str(engine.dtype).removeprefix("torch."),
-        lengths=lengths,
-        cached_ms=tuple(statistics.median(t) for t in turns[True]),
-        uncached_ms=tuple(statistics.median(t) for t in turns[False]),
+        lengths=tuple(lengths),
+        cached_ms=tuple(statistics.median(t) for t in turns[True][:n]),
+        uncached_ms=tuple(statistics.median(t) for t in turns[False][:n]),
         repeat=repeat,
-        cached_turns_ms=tuple(tuple(t) for t in turns[True]),
-        uncached_turns_ms=tuple(tuple(t) for t in turns[False]),
+        cached_turns_ms=tuple(tuple(t) for t in turns[True][:n]),
+        uncached_turns_ms=tuple(tuple(t) for t in turns[False][:n]),
         weight_bytes=weight_bytes(engine.model),
     )
 

@@ -5,6 +5,8 @@ model nor takes the GUI thread's interpreter lock; cancelling ends it at once.""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
@@ -13,6 +15,7 @@ from kvviz.core.errors import KvvizError
 from kvviz.measure.speed import SweepResult
 
 PROGRESS_PREFIX = "progress "
+PARTIAL_PREFIX = "partial "
 
 
 def sweep_arguments(source: str, dtype: str, max_length: int | None = None) -> list[str]:
@@ -31,6 +34,8 @@ class SpeedSweeper(QObject):
 
     started = Signal(str, str)  # source, dtype
     progressed = Signal(int, int)  # measurements done, of total
+    measured_part = Signal(object)  # SweepResult of the lengths measured so far (its first turn)
+    paused_changed = Signal(bool)
     finished = Signal(object)  # SweepResult
     failed = Signal(str)  # one sentence
     cancelled = Signal()
@@ -43,6 +48,24 @@ class SpeedSweeper(QObject):
         self._process: QProcess | None = None
         self._stderr = b""
         self._errors: list[str] = []
+        self.paused = False
+
+    def pause(self, on: bool) -> None:
+        """Stop the sweep's process while the live run computes (`on`), and let it go on after: it never
+        competes with a step the lecturer is waiting for. A turn timed across a pause is one of several whose
+        median counts. Where processes cannot be stopped (Windows), it runs at the lowest priority only."""
+        process = self._process
+        if process is None or on == self.paused or not hasattr(signal, "SIGSTOP"):
+            return
+        pid = process.processId()
+        if pid <= 0:
+            return
+        try:
+            os.kill(pid, signal.SIGSTOP if on else signal.SIGCONT)
+        except OSError:
+            return
+        self.paused = on
+        self.paused_changed.emit(on)
 
     @property
     def running(self) -> bool:
@@ -71,6 +94,7 @@ class SpeedSweeper(QObject):
         process = self._process
         if process is None:
             return
+        self.pause(False)  # its process is killed whether stopped or not; `paused` goes back with it
         self._process = None
         process.blockSignals(True)
         process.kill()
@@ -90,6 +114,11 @@ class SpeedSweeper(QObject):
                 done, _, total = line[len(PROGRESS_PREFIX):].partition("/")
                 if done.isdigit() and total.isdigit():
                     self.progressed.emit(int(done), int(total))
+            elif line.startswith(PARTIAL_PREFIX):
+                try:
+                    self.measured_part.emit(SweepResult.from_dict(json.loads(line[len(PARTIAL_PREFIX):])))
+                except (ValueError, KvvizError):
+                    pass  # a curve drawn later, from the whole result
             elif line:
                 self._errors.append(line)
 
@@ -105,6 +134,7 @@ class SpeedSweeper(QObject):
             return
         self._on_stderr()
         self._process = None
+        self.paused = False
         output = bytes(process.readAllStandardOutput().data()).decode("utf-8", "replace")
         process.deleteLater()
         if exit_status != QProcess.ExitStatus.NormalExit or exit_code != 0:

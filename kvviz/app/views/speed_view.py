@@ -3,6 +3,8 @@ this machine by a speed sweep, with the ratio and why the curves look as they do
 
 from __future__ import annotations
 
+import time
+
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFont
@@ -35,6 +37,8 @@ class SpeedView(QWidget):
         self._font_scale = 1.0
         self._controls_shown = True
         self.result: SweepResult | None = None
+        self._pace: tuple[float, int, float] | None = None  # (when, steps timed then, seconds paused since)
+        self._paused_at: float | None = None
 
         self.heading = QLabel()
         self.headline = QLabel(WAITING)
@@ -87,6 +91,7 @@ class SpeedView(QWidget):
     # ----- what the sweep says -----
     def show_started(self, model: str) -> None:
         self.heading.setText(f"<b>Speed</b> of {model}, measured on this machine")
+        self._pace, self._paused_at = None, None
         self.progress.setRange(0, 0)
         self.progress.setFormat("loading the model\u2026")
         self.progress.setVisible(self._controls_shown)
@@ -96,9 +101,41 @@ class SpeedView(QWidget):
             self.headline.setText("Measuring: both modes take turns at every length.")
 
     def show_progress(self, done: int, total: int) -> None:
+        """`done` of `total` steps timed, and the time left at the pace so far (pauses for the live run not
+        counted)."""
+        now = time.monotonic()
+        if done <= 1 or self._pace is None:
+            self._pace = (now, done, 0.0)
+        started, first, paused = self._pace
+        left = ""
+        if done > first:
+            per_step = max(now - started - paused, 0.0) / (done - first)
+            left = f", about {_duration(per_step * (total - done))} left"
         self.progress.setRange(0, total)
         self.progress.setValue(done)
-        self.progress.setFormat(f"measuring: {done} of {total} steps timed")
+        self.progress.setFormat(f"measuring: {done} of {total} steps timed{left}")
+
+    def show_paused(self, on: bool) -> None:
+        """The sweep stops while the live run computes, and goes on after (its time left does not count it)."""
+        if self._pace is not None:
+            started, first, paused = self._pace
+            if on:
+                self._paused_at = time.monotonic()
+            elif self._paused_at is not None:
+                self._pace = (started, first, paused + time.monotonic() - self._paused_at)
+        if not on:
+            self._paused_at = None
+        if on:
+            self.progress.setFormat(f"paused while the run steps: {self.progress.value()} of "
+                                    f"{self.progress.maximum()} steps timed")
+
+    def show_partial(self, result: SweepResult) -> None:
+        """The curves as far as the first turn has measured them (the final result takes the median of every
+        turn)."""
+        if self.result is not None:
+            return
+        self.cached_curve.setData(list(result.lengths), list(result.cached_ms))
+        self.uncached_curve.setData(list(result.lengths), list(result.uncached_ms))
 
     def show_result(self, result: SweepResult) -> None:
         self.result = result
@@ -188,3 +225,9 @@ class SpeedView(QWidget):
         size = max(6, round(8 * scale))
         for curve in (self.cached_curve, self.uncached_curve):
             curve.setSymbolSize(size)
+
+
+def _duration(seconds: float) -> str:
+    """'40 s', '3 min'."""
+    return f"{max(1, round(seconds))} s" if seconds < 90 else f"{round(seconds / 60)} min"
+

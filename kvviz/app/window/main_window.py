@@ -114,6 +114,8 @@ class MainWindow(QMainWindow):
         s.playing_changed.connect(self._on_playing_changed)
         s.state_changed.connect(self._show_run_state)
         s.state_changed.connect(self._show_staleness)
+        s.state_changed.connect(self._pause_the_sweep_while_busy)
+        s.record_computed.connect(lambda _record: self._pause_the_sweep_while_busy())
         c.step_clicked.connect(lambda: self.serving.step() if self.serving.active else s.step())
         c.play_clicked.connect(self.toggle_play)
         c.reset_clicked.connect(lambda: self.serving.run() if self.serving.active else self.reset_run())
@@ -243,6 +245,12 @@ class MainWindow(QMainWindow):
                     action.setChecked(on)
         self.run_view.show_attention(request.attention)  # A opens the strip at once, before the run is asked for
         self._show_run_state()
+
+    def _pause_the_sweep_while_busy(self) -> None:
+        """The background speed sweep stops while the live run loads, plays or computes a step, and goes on
+        when it is idle: a step the lecturer waits for never shares the machine with it."""
+        s = self.session
+        self.speed.sweeper.pause(s.playing or s.loading or s.asking or s.steps_target > s.steps_done)
 
     def _show_staleness(self) -> None:
         """The veil over the run's views while they show what is being replaced: a model loading, a run asked

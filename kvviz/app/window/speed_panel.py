@@ -34,6 +34,8 @@ class SpeedPanel(QDialog):
         self.view.measure_requested.connect(lambda: self.measure(*self._target))
         self.view.cancel_requested.connect(self.sweeper.cancel)
         self.sweeper.progressed.connect(self.view.show_progress)
+        self.sweeper.measured_part.connect(self.view.show_partial)
+        self.sweeper.paused_changed.connect(self.view.show_paused)
         self.sweeper.finished.connect(self.view.show_result)
         self.sweeper.failed.connect(self.view.show_failure)
         self.sweeper.cancelled.connect(self.view.show_cancelled)
