@@ -85,3 +85,22 @@ def test_a_lesson_step_being_prepared_says_which(qtbot, held):
     qtbot.waitUntil(lambda: win.lesson.ready and not win.scheduler.pending, timeout=60_000)
     qtbot.waitUntil(lambda: win.workspace.stale_cover.text_shown == "", timeout=5_000)
     win.close()
+
+
+def test_page_down_while_an_answer_is_measured_waits_for_it_then_goes_on(qtbot, held):
+    """The lesson never passes a question whose answer is missing: Page Down during the measurement says
+    'measuring…' and goes on to the next step once the answer is in."""
+    import kvviz.core.run as run
+
+    win = _window(qtbot, lesson="kv-cache")
+    lesson = win.lesson
+    qtbot.waitUntil(lambda: lesson.ready and not win.scheduler.pending, timeout=60_000)
+    assert lesson.step.question and not lesson.revealed
+    release = held(run.Run, "next_token_step")
+    qtbot.keyClick(win, Qt.Key.Key_PageDown)  # the reveal: its step is held in the worker
+    assert lesson.revealed and lesson.measured is None
+    qtbot.keyClick(win, Qt.Key.Key_PageDown)  # too early: the lesson waits
+    assert lesson.slide == 1 and "measuring" in win.lesson_panel.hint.text()
+    release.set()
+    qtbot.waitUntil(lambda: lesson.slide == 2, timeout=30_000)  # once measured, it went on by itself
+    win.close()

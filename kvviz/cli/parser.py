@@ -242,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dtype(p)
     _add_device(p)
     p.add_argument("--peer", action="store_true",
-                   help="also time transformers' GPT2LMHeadModel.generate on the same weights (needs transformers)")
+                   help="also time transformers' own model of the family (a checkpoint folder loaded by its "
+                        "from_pretrained) and its generate on the same weights (needs transformers)")
     _add_kv_dtype(p)
     p.add_argument("--repeat", type=whole_number(1, bench.MAX_REPEAT), default=None, metavar="R",
                    help="time each configuration R times, taking turns (kvviz and the peer, or GUI and headless), "

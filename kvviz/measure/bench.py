@@ -44,6 +44,31 @@ def to_transformers(model):
     return peer
 
 
+def peer_of_source(source: str | None, model, dtype) -> tuple[object, str]:
+    """transformers' own model for `source`: a checkpoint folder (or a file with its config.json beside it) loaded
+    by `AutoModelForCausalLM.from_pretrained`, which reads the config itself (Mistral's and Qwen2's windows, a
+    Qwen2 `layer_types`), so the peer never inherits kvviz's reading of it; else (embedded models, random presets,
+    hub names) the model of `model`'s family built from its config, holding its weights. Returns the peer and
+    how it was made."""
+    from pathlib import Path
+
+    from kvviz.core.files import user_path
+
+    path = None
+    if source and not source.startswith("random:"):
+        candidate = user_path(source)
+        folder = candidate if candidate.is_dir() else candidate.parent
+        if (folder / "config.json").is_file() and (candidate.is_dir() or candidate.name == "model.safetensors"):
+            path = Path(folder)
+    if path is None:
+        return to_transformers(model), "built from kvviz's reading of the config, holding the same weights"
+    import transformers
+
+    peer = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    weights = next(model.parameters())
+    return peer.eval().to(device=weights.device), f"transformers' from_pretrained({path.name})"
+
+
 def _llama_peer(model):
     import transformers
 
@@ -197,10 +222,10 @@ def run_bench(
         generate_ids(engine, prompt_ids, WARMUP_TOKENS, use_cache)
     if kv_dtype:
         _timed(engine, prompt_ids, WARMUP_TOKENS, True, kv_dtype)
-    reference = None
+    reference, peer_source = None, ""
     if peer:
         try:
-            reference = to_transformers(loaded.model)
+            reference, peer_source = peer_of_source(model, loaded.model, getattr(torch, dtype))
         except ImportError as exc:
             raise KvvizError(f"--peer needs transformers: pip install transformers ({exc})") from exc
     float32_engine = None
@@ -265,5 +290,7 @@ def run_bench(
             "cached_vs_peer_cached": (n / cached.seconds) / peer_cached_rate,
             "uncached_vs_peer_uncached": (len(uncached.ids) / uncached.seconds) / peer_uncached_rate,
             "peer_identical": peer_cached.ids == cached.ids and peer_uncached.ids == cached.ids,
+            "peer_class": type(reference).__name__,
+            "peer_source": peer_source,
         })
     return result

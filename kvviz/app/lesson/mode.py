@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from PySide6.QtCore import QObject, QSignalBlocker
+from PySide6.QtCore import QObject, QSignalBlocker, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QWidget
 
@@ -98,6 +98,7 @@ class LessonMode(QObject):
         self.slide = 0
         self.measured: float | None = None  # the current slide's measured answer, once it is in
         self._guesses: dict[int, str] = {}  # step index -> the audience's guess
+        self._nexts_when_measured = 0  # Page Down presses while the revealed answer was being measured
         self._revealing = False  # waiting for the record that answers the question
         self._model_asked: str | None = None
         self._free: FreeApp | None = None  # the free app's state while a lesson is on
@@ -222,10 +223,28 @@ class LessonMode(QObject):
         return self.lesson is not None and self.lesson.slides()[self.slide][1]
 
     def next(self) -> None:
-        """Page Down, Right: the answer to the question, else the next step."""
-        if self.active and self.lesson is not None and self.slide + 1 < len(self.lesson.slides()):
-            self.slide += 1
-            self._show_slide(forward=True)
+        """Page Down, Right: the answer to the question, else the next step. On a revealed question whose answer
+        is still being measured the lesson waits, saying so, and goes on once it is measured: no step is passed
+        with its answer missing."""
+        if not (self.active and self.lesson is not None and self.slide + 1 < len(self.lesson.slides())):
+            return
+        if self.revealed and self.step.question and self.measured is None:
+            self._nexts_when_measured += 1  # each press counts: a clicker pressed twice goes on twice
+            self.panel.hint.setText("measuring\u2026 then the next step")
+            self.panel.hint.show()
+            return
+        self.slide += 1
+        queued = self._nexts_when_measured
+        self._show_slide(forward=True)  # (it forgets the presses queued on the slide before)
+        if queued > 0:  # more presses were waiting: they go on as they came
+            self._nexts_when_measured = queued - 1
+            QTimer.singleShot(0, self, self.next)
+
+    def _answer_measured(self) -> None:
+        """An answer is in: a Page Down pressed while it was measured goes on now."""
+        if self._nexts_when_measured:
+            self._nexts_when_measured -= 1
+            QTimer.singleShot(0, self, self.next)  # after the answer is drawn
 
     def back(self) -> None:
         """Page Up, Left: the slide before, as it was."""
@@ -234,6 +253,7 @@ class LessonMode(QObject):
             self._show_slide(forward=False)
 
     def _show_slide(self, forward: bool) -> None:
+        self._nexts_when_measured = 0
         step, revealed, w = self.step, self.revealed, self._window
         self._show_step_text()
         self.measured = None
@@ -314,6 +334,7 @@ class LessonMode(QObject):
             self._revealing = False
             self.measured = measured_batch_answer(step.question, record)
             self.panel.set_answer(format_answer(step.question, self.measured))
+            self._answer_measured()
 
     def _at_question(self, step: LessonStep) -> bool:
         """Whether the current run is the step's, at its `advance_to` (its records there in), and can step."""
@@ -367,6 +388,7 @@ class LessonMode(QObject):
         previous = self._window.session.record_at(step.advance_to)  # None at the first step
         self.measured = measured_answer(step.question, previous, record)
         self.panel.set_answer(format_answer(step.question, self.measured))
+        self._answer_measured()
 
     def _on_model_loaded(self, _info: ModelInfo) -> None:
         self._model_asked = None
