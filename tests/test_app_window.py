@@ -388,3 +388,19 @@ def test_grid_view_handles_gpt2_xl_size(qtbot):
     assert (states[:, 63] == PENDING).all() and (states[:, 64:] == EMPTY).all()
     grid.set_colour_blind(True)
     assert grid.cell_states().shape == (48, 1024)
+
+
+def test_the_first_launch_fills_the_screen(qtbot, app_model, monkeypatch):
+    """No geometry remembered: the window takes the whole available screen (it opened at 1600x1000 on a 1920x1080
+    screen, leaving a band)."""
+    from PySide6.QtCore import QRect
+    from PySide6.QtGui import QScreen
+
+    from kvviz.app.settings import app_settings as fresh_settings
+    from kvviz.app.window.main_window import MainWindow as Window
+
+    monkeypatch.setattr(QScreen, "availableGeometry", lambda _screen: QRect(0, 0, 1920, 1050))  # a taskbar below
+    win = Window(app_model, "Time flies", settings=fresh_settings())
+    qtbot.addWidget(win)
+    assert (win.width(), win.height()) == (1920, 1050)
+    win.close()

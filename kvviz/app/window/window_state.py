@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from kvviz.app.views.run_view import RunView
     from kvviz.app.window.controls import RunControls
 
-DEFAULT_SIZE = (1600, 1000)  # the first launch's window, or the screen if it is smaller
 
 
 def restore_window(window: QMainWindow, store: SettingsFile, settings: AppSettings, controls: RunControls,
@@ -32,9 +31,9 @@ def restore_window(window: QMainWindow, store: SettingsFile, settings: AppSettin
     run_view.main_splitter.setSizes([430, 0, 520])
     run_view.bottom_splitter.setSizes([1000, 360])
     geometry = load_geometry(store)
-    if geometry is None or not window.restoreGeometry(geometry):
-        screen = window.screen().availableGeometry()
-        window.resize(min(DEFAULT_SIZE[0], screen.width()), min(DEFAULT_SIZE[1], screen.height()))
+    if geometry is None or not window.restoreGeometry(geometry):  # the first launch fills the screen
+        screen = window.screen().availableGeometry()  # (fit_to_screen takes the window manager's frame off)
+        window.resize(screen.width(), screen.height())
         window.move(screen.topLeft())
     fit_to_screen(window)  # the geometry may come from a larger screen than this one
 
