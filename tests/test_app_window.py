@@ -404,3 +404,24 @@ def test_the_first_launch_fills_the_screen(qtbot, app_model, monkeypatch):
     qtbot.addWidget(win)
     assert (win.width(), win.height()) == (1920, 1050)
     win.close()
+
+
+def test_the_shortcuts_dialog_fits_a_720p_screen_with_its_close_button(qtbot, app_model, monkeypatch):
+    from PySide6.QtCore import QRect
+    from PySide6.QtGui import QScreen
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from kvviz.app.settings import app_settings as fresh_settings
+    from kvviz.app.window.dialogs import ShortcutsDialog
+    from kvviz.app.window.main_window import MainWindow as Window
+
+    monkeypatch.setattr(QScreen, "availableGeometry", lambda _screen: QRect(0, 0, 1280, 690))  # 720p less a bar
+    win = Window(app_model, "Time flies", settings=fresh_settings())
+    qtbot.addWidget(win)
+    dialog = ShortcutsDialog(win.actions.values(), win)
+    dialog.show()
+    close = dialog.findChild(QDialogButtonBox)
+    assert dialog.height() <= 690 - 30  # its title bar too
+    assert close.geometry().bottom() <= dialog.height() and close.isVisible()
+    dialog.close()
+    win.close()

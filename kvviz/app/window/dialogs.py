@@ -59,7 +59,10 @@ class ShortcutsDialog(QDialog):
         layout.addWidget(self.table)
         layout.addWidget(note)
         layout.addWidget(buttons)
-        self.resize(520, min(720, 90 + 30 * len(rows)))
+        # the table scrolls: the dialog, its Close button included, fits the screen (720 px on a projector, less
+        # its title bar and a taskbar)
+        screen = (parent.screen() if parent is not None else self.screen()).availableGeometry()
+        self.resize(520, min(screen.height() - 80, 90 + 30 * len(rows)))
 
     def rows(self) -> list[tuple[str, str]]:
         return [(self.table.item(r, 0).text(), self.table.item(r, 1).text()) for r in range(self.table.rowCount())]
