@@ -37,6 +37,20 @@ def least_row_height(font: QFont) -> int:
     return max(MIN_ROW_HEIGHT, QFontMetrics(font).lineSpacing())
 
 
+FULL_ROWS = 12  # rows that keep a labelled row's height at the least; a deeper model's rows share less room
+DEEP_ROOM_ROWS = 4  # ... the room of this many labelled rows (with the counter and chart beside, on a 720p screen)
+THIN_ROW_HEIGHT = 1  # pixels: the thinnest a row gets (48 layers): a line still seen, labelled every few layers
+
+
+def rows_least_height(rows: int, font: QFont) -> int:
+    """The least height of each of `rows` rows: a labelled row's (`least_row_height`) up to FULL_ROWS rows; past
+    that the rows share DEEP_ROOM_ROWS rows' room, down to THIN_ROW_HEIGHT, so that a 30- or 48-layer model's grid
+    leaves the counter, the chart and the attention strip on a 720p screen (its labels then go every few layers).
+    Where the screen has room, the rows take it: this is only how far they may be squeezed."""
+    full = least_row_height(font)
+    return full if rows <= FULL_ROWS else max(THIN_ROW_HEIGHT, DEEP_ROOM_ROWS * full // rows)
+
+
 def least_plot_height(plot_item: object, rows: int, row_height: int) -> int:
     """The least height of a cell plot (the grid, the attention strip): `rows` rows of `row_height` pixels,
     its bottom axis (tick labels and title) and the plot's margins."""
@@ -282,7 +296,7 @@ class KVGridView(QWidget):
         A screen too short for every panel then scrolls them instead of squeezing the rows."""
         rows = len(self._rows) if self._plan is not None else 0
         least = max(int(PLOT_MIN_HEIGHT * self._font_scale),
-                    least_plot_height(self.plot_item, rows, least_row_height(self._tick_font)))
+                    least_plot_height(self.plot_item, rows, rows_least_height(rows, self._tick_font)))
         if least != self.plot_widget.minimumHeight():
             self.plot_widget.setMinimumHeight(least)
             self.updateGeometry()
