@@ -230,12 +230,9 @@ def test_bench_keeps_the_fastest_run_of_each_configuration(tiny_checkpoint, caps
 
 
 def test_bench_peer_without_transformers_says_so_in_one_line(tiny_checkpoint, capsys, monkeypatch):
-    from kvviz.measure import bench
+    import sys
 
-    def no_transformers(model):
-        raise ImportError("No module named 'transformers'")
-
-    monkeypatch.setattr(bench, "to_transformers", no_transformers)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError, as uninstalled
     assert main(["bench", "--model", str(tiny_checkpoint), "--new-tokens", "2", "--peer"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvviz: --peer needs transformers") and len(err.strip().splitlines()) == 1
