@@ -171,7 +171,7 @@ def test_the_sharing_lesson_starts_from_the_help_menu_and_runs_by_clicker(qtbot,
             press(qtbot, win, Qt.Key.Key_PageDown)  # a presenter's clicker sends Page Down
             seen.append((win.session.source, panel.answer_text()))
         assert [answer for _, answer in seen if answer.startswith("measured")] == [
-            "measured 9,216 bytes", "measured 3,072 bytes", "measured 1,536 bytes"]
+            "measured 9,216 bytes in float32", "measured 3,072 bytes in float32", "measured 1,536 bytes in float32"]
         assert (win.session.plan.n_head, win.session.plan.cache_heads) == (6, 1)  # MQA: one KV head
         assert [source for source, _ in seen] == [
             "kvviz-shakespeare", *["kvviz-shakespeare-gqa"] * 2, *["random:kvviz-shakespeare-mqa"] * 2]
@@ -288,7 +288,7 @@ max_new_tokens = 4
         info = win.session.model_info
         per_position = 2 * info.n_layer * info.n_embd * 4  # a key and a value, float32, every layer
         assert lesson.measured == 3 * per_position  # the prefill fills the prompt's 3 positions
-        assert panel.answer_text() == f"measured {3 * per_position:,} bytes"
+        assert panel.answer_text() == f"measured {3 * per_position:,} bytes in float32"
         win.redraw()
         positions, measured = win.workspace.memory_view.points()
         assert positions.tolist() == [3] and measured[0] == 3 * per_position  # the answer, on the view

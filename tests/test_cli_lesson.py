@@ -496,7 +496,7 @@ def test_lesson_export_takes_a_dtype(tiny, tmp_path, monkeypatch, capsys):
     assert len(footers) == 2 and all("\u2014 tiny (bfloat16), " in footer for footer in footers)  # the precision
     out = capsys.readouterr().out
     per_position = 2 * 2 * 32 * 2  # K and V, 2 layers, 32 wide, 2 bytes
-    assert f"answer: {3 * per_position:,} bytes (measured)" in out  # after the 2nd token: 3 positions cached
+    assert f"answer: {3 * per_position:,} bytes in bfloat16 (measured)" in out  # after the 2nd token: 3 positions
     assert main(["lesson", "--file", str(path), "--list", "--dtype", "float16"]) == 2
     assert "--dtype goes with --export" in capsys.readouterr().err
 
@@ -513,7 +513,7 @@ def test_the_sharing_lesson_exports_with_each_models_bytes_measured(tmp_path):
     printed = stdout.getvalue()
     assert status == 0
     answers = re.findall(r"answer: (.*) \(measured\)", printed)
-    assert answers == ["9,216 bytes", "3,072 bytes", "1,536 bytes", "377,487,360 bytes (360 MiB)",
-                       "1,132,462,080 bytes (1.05 GiB)"], printed
+    assert answers == ["9,216 bytes in float32", "3,072 bytes in float32", "1,536 bytes in float32",
+                       "377,487,360 bytes (360 MiB) in float32", "1,132,462,080 bytes (1.05 GiB) in float32"], printed
     assert "MHA, GQA, MQA" in load_lesson("kv-sharing").title
     assert pdf_pages((out / "kvviz-lesson.pdf").read_bytes()) == 11 == len(list(out.glob("*.png")))

@@ -230,7 +230,8 @@ def test_the_window_lesson_exports_the_bytes_its_windows_hold(tmp_path):
         status = main(["lesson", "--file", "kv-window", "--export", str(tmp_path / "slides"), "--format", "png",
                        "--width", "640"])
     assert status == 0
-    assert re.findall(r"answer: (.*) \(measured\)", stdout.getvalue()) == ["24,576 bytes", "36,864 bytes"]
+    assert re.findall(r"answer: (.*) \(measured\)", stdout.getvalue()) == ["24,576 bytes in float32",
+                                                                         "36,864 bytes in float32"]
     steps = load_lesson("kv-window").steps
     assert [(s.window, s.sinks) for s in steps] == [(8, 0), (8, 0), (8, 4), (8, 0)]
     bad = 'title = "x"\n[[step]]\ntitle = "s"\ntext = "t"\nprompt = "p"\ncache = true\nadvance_to = 0\n' \
@@ -277,7 +278,7 @@ def test_gpt2_says_where_sinks_cannot_take_it_and_a_lesson_export_takes_a_window
     done = kvviz_cli("lesson", "--file", str(lesson), "--export", str(tmp_path / "s"), "--format", "png",
                      "--width", "640", "--model", "random:kvviz-shakespeare-gqa", "--window", "4")
     assert done.returncode == 0, done.stderr
-    assert "answer: 12,288 bytes (measured)" in done.stdout  # 4 positions of 3,072 bytes, not the 8 fed
+    assert "answer: 12,288 bytes in float32 (measured)" in done.stdout  # 4 positions of 3,072 bytes, not the 8 fed
 
 
 def test_compare_mode_puts_the_full_cache_beside_the_window_and_words_the_parting_as_a_trade_off(qtbot, window):

@@ -387,7 +387,7 @@ class LessonMode(QObject):
         self._revealing = False
         previous = self._window.session.record_at(step.advance_to)  # None at the first step
         self.measured = measured_answer(step.question, previous, record)
-        self.panel.set_answer(format_answer(step.question, self.measured))
+        self.panel.set_answer(format_answer(step.question, self.measured, record.cache_precision))
         self._answer_measured()
 
     def _on_model_loaded(self, _info: ModelInfo) -> None:
