@@ -84,7 +84,7 @@ def test_the_quantized_lesson_measures_the_bytes_of_int8_and_names_its_kv_dtypes
     done = kvviz_cli("lesson", "--file", "kv-quantized", "--export", str(tmp_path), "--format", "png",
                      "--width", "640")
     assert done.returncode == 0, done.stderr
-    assert re.findall(r"answer: (.*) \(measured\)", done.stdout) == ["2,592 bytes"]  # 6 x 2 x 6 x (32 + 4)
+    assert re.findall(r"answer: (.*) \(measured\)", done.stdout) == ["2,592 bytes in int8"]  # 6 x 2 x 6 x (32 + 4)
 
 
 def test_the_app_compares_the_exact_cache_with_an_int8_one_from_the_run_menu(qtbot, window):
