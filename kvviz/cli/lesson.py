@@ -67,10 +67,6 @@ def run_lesson(args: argparse.Namespace, exporter: Callable[[], Callable[..., li
         return 0
     if args.json:
         raise UsageError("--json goes with --list, not with --export")
-    if args.sinks and not args.window:
-        raise UsageError("--sinks goes with --window")
-    if args.window and args.kv_dtype:
-        raise UsageError("--kv-dtype keeps every position: leave out --window (one trade-off at a time)")
     lesson = _with_cache_options(lesson, args.window, args.sinks, args.kv_dtype or "")
     export = exporter()
 

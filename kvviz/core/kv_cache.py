@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from kvviz.core.memory import kv_bytes_per_token
 from kvviz.core.records import EXACT, CachePolicy
 
 
@@ -83,11 +82,6 @@ class KVCache:
         self.last_written = (position, end)
         self.reused[layer] = end - 1
         return cached
-
-    @staticmethod
-    def bytes_per_position(n_layer: int, n_head: int, head_dim: int, dtype: torch.dtype, batch_size: int = 1) -> int:
-        """Bytes one position's keys and values take over all layers: 2 * L * nh * hs * element size * B."""
-        return kv_bytes_per_token(n_layer, n_head, head_dim, torch.empty((), dtype=dtype).element_size(), batch_size)
 
     @property
     def positions_held(self) -> int:
@@ -304,15 +298,6 @@ class QuantizedCache(KVCache):
     def append(self, layer: int, position: int, kv: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("a QuantizedCache runs the teaching forward's update, not a fast path's append")
 
-    @staticmethod
-    def bytes_per_position_in(n_layer: int, n_head: int, head_dim: int, kv_dtype: str, batch_size: int = 1) -> int:
-        """Stored bytes of one position over all layers: 2 (K and V) x L x heads x (hd x bits / 8 + a 4-byte
-        scale) x B."""
-        from kvviz.core.records import KV_DTYPES
-
-        bits = KV_DTYPES[kv_dtype][0]
-        return 2 * n_layer * n_head * (head_dim * bits // 8 + 4) * batch_size
-
     @property
     def bytes_used(self) -> int:
         per_position = (self.codes[:, :, :, :, 0].numel() * self.codes.element_size()  # (L, 2, B, nh, hd) codes
@@ -354,11 +339,6 @@ class LatentCache(KVCache):
 
     def append(self, layer: int, position: int, kv: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("a LatentCache runs the teaching forward's update")
-
-    @staticmethod
-    def bytes_per_position_of(n_layer: int, latent_dim: int, dtype: torch.dtype, batch_size: int = 1) -> int:
-        """Bytes one position's latents take over all layers: L x (rank + rope_dim) x bytes per number x B."""
-        return n_layer * latent_dim * torch.empty((), dtype=dtype).element_size() * batch_size
 
     @property
     def bytes_used(self) -> int:
