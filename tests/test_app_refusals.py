@@ -75,3 +75,21 @@ def test_every_refused_setting_leaves_the_run_going_as_it_was(qtbot, models, fam
             _refuse(qtbot, win, refusal)
     finally:
         win.close()
+
+
+def test_leaving_a_quantized_lesson_leaves_one_precision_checked(qtbot, app_model):
+    """The lesson's int8 step checks Run > KV cache precision > int8; Esc gives the free app its exact cache back,
+    and the menu shows that one precision only (an exclusive group unchecks the others only through signals)."""
+    win = MainWindow(app_model, "Time flies", settings=app_settings(), lesson="kv-quantized")
+    qtbot.addWidget(win)
+    win.show()
+    try:
+        qtbot.waitUntil(lambda: win.lesson.ready and not win.scheduler.pending, timeout=60_000)
+        assert win.actions["kv_int8"].isChecked() and not win.actions["kv_exact"].isChecked()
+        qtbot.keyClick(win, Qt.Key.Key_Escape)
+        qtbot.waitUntil(lambda: not win.lesson.active and win.session.plan is not None
+                        and win.session.plan.policy.kv_dtype == "", timeout=30_000)
+        checked = [name for name in ("kv_exact", "kv_int8", "kv_int4", "kv_fp8") if win.actions[name].isChecked()]
+        assert checked == ["kv_exact"]
+    finally:
+        win.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import QObject, QSignalBlocker, QTimer
@@ -10,9 +10,10 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QWidget
 
 from kvviz.app.lesson.focus import LessonFocus
+from kvviz.app.lesson.free_app import FreeApp, give_back, keep_free_app
 from kvviz.app.lesson.panel import LessonPanel
 from kvviz.app.theme import Theme
-from kvviz.app.window.actions import set_lesson_keys
+from kvviz.app.window.actions import check_run_actions, set_lesson_keys
 from kvviz.app.window.dialogs import show_error
 from kvviz.core.lesson import (
     Lesson,
@@ -59,18 +60,6 @@ BUILTIN = ("", "builtin")  # lesson sources that mean the built-in lesson
 def lesson_path(source: str) -> str | None:
     """The path load_lesson takes for a --lesson value: None for the built-in lesson."""
     return None if source in BUILTIN else source
-
-
-@dataclass(frozen=True)
-class FreeApp:
-    """What the free app had when a lesson began, besides the run settings kept in the window's settings:
-    leaving the lesson gives it back."""
-
-    source: str  # the model (a --model value; "" = the embedded default)
-    steps: int  # the token its run was at, or on its way to
-    break_cache: bool
-    window: tuple[int, int] = (0, 0)  # Run > Sliding window: positions and sinks
-    kv_dtype: str = ""  # Run > KV cache precision
 
 
 class LessonMode(QObject):
@@ -145,9 +134,7 @@ class LessonMode(QObject):
         if self.lesson is None or self.active:
             return
         w = self._window
-        w.controls.store(w.settings)  # what is remembered: the free app's settings, never a lesson's
-        self._free = FreeApp(w.session.latest_source, w.session.steps_target, w.controls.break_cache,
-                             (w.controls.window, w.controls.sinks), w.controls.kv_dtype)
+        self._free = keep_free_app(w)
         self.active = True
         set_lesson_keys(w.actions, True)
         self.panel.set_notes_action(w.actions["lesson_notes"])
@@ -174,24 +161,9 @@ class LessonMode(QObject):
         self._restore_free_app()
 
     def _restore_free_app(self) -> None:
-        w, free = self._window, self._free
-        if free is None:
-            return
-        self._free = None
-        c, actions = w.controls, w.actions
-        c.restore(w.settings)  # the prompt and the run settings the lesson began with, compare mode too
-        c.break_cache = free.break_cache
-        c.window, c.sinks = free.window
-        c.kv_dtype = free.kv_dtype
-        with QSignalBlocker(actions[f"kv_{free.kv_dtype or 'exact'}"]):
-            actions[f"kv_{free.kv_dtype or 'exact'}"].setChecked(True)
-        for name, on in (("compare", c.compare), ("break_cache", free.break_cache)):
-            with QSignalBlocker(actions[name]):
-                actions[name].setChecked(on)
-        if free.source != w.session.latest_source:
-            w.load_model(free.source)  # its run starts once it is loaded
-        else:
-            w.session.start_run(c.request(), free.steps)
+        free, self._free = self._free, None
+        if free is not None:
+            give_back(self._window, free)
 
     def escape(self) -> bool:
         """Esc: out of the lesson (a question's guess field too); False when there was nothing to leave."""
@@ -357,13 +329,9 @@ class LessonMode(QObject):
         c.break_cache = False  # the teaching switch is the lecturer's to turn on, never a step's
         c.window, c.sinks = step.window, step.sinks
         c.kv_dtype = step.kv_dtype
-        with QSignalBlocker(actions[f"kv_{step.kv_dtype or 'exact'}"]):
-            actions[f"kv_{step.kv_dtype or 'exact'}"].setChecked(True)
         c.set_run_settings(use_cache=step.use_cache, max_new_tokens=step.max_new_tokens, temperature=0.0,
                            compare=step.compare)
-        for name, on in (("compare", step.compare), ("break_cache", False)):
-            with QSignalBlocker(actions[name]):
-                actions[name].setChecked(on)
+        check_run_actions(actions, False, step.compare, actions["attention"].isChecked(), step.kv_dtype)
 
     def _on_speed_measured(self, _result: object) -> None:
         if self.active and self.step is not None and self.step.needs_speed:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSignalBlocker, Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QMainWindow
 
@@ -135,3 +135,18 @@ def set_lesson_keys(actions: Mapping[str, QAction], on: bool) -> None:
 
 def _set_keys(action: QAction, keys: tuple[str, ...]) -> None:
     action.setShortcuts([QKeySequence(k) for k in keys])
+
+
+KV_ACTIONS = {"": "kv_exact", "int8": "kv_int8", "int4": "kv_int4", "fp8": "kv_fp8"}  # Run > KV cache precision
+
+
+def check_run_actions(actions: Mapping[str, QAction], break_cache: bool, compare: bool, attention: bool,
+                      kv_dtype: str) -> None:
+    """The Run and View menus' checkmarks as a run's settings are, without triggering them (a refused setting
+    taken back, the free app given back after a lesson). Each precision is set on its own: an exclusive group
+    unchecks the others only through the signals blocked here."""
+    for name, on in (("break_cache", break_cache), ("compare", compare), ("attention", attention),
+                     *((action, dtype == kv_dtype) for dtype, action in KV_ACTIONS.items())):
+        if actions[name].isChecked() != on:
+            with QSignalBlocker(actions[name]):
+                actions[name].setChecked(on)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import QSignalBlocker, QTimer, Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import QMainWindow, QWidget
 
@@ -19,7 +19,7 @@ from kvviz.app.run.session import RunSession
 from kvviz.app.settings import AppSettings, SettingsFile, app_settings
 from kvviz.app.views.grid.kv_grid import KVGridView
 from kvviz.app.views.status import StatusLine
-from kvviz.app.window.actions import build_actions
+from kvviz.app.window.actions import build_actions, check_run_actions
 from kvviz.app.window.banner import Banner
 from kvviz.app.window.clipboard import ImageCopier
 from kvviz.app.window.controls import RunControls
@@ -236,13 +236,7 @@ class MainWindow(QMainWindow):
         goes on again (its views never left it)."""
         self.banner.say(message, alert=True)
         self.controls.show_request(request)
-        for name, on in (("break_cache", request.break_cache), ("compare", request.compare),
-                         ("attention", request.attention),
-                         *((f"kv_{kv or 'exact'}", kv == request.kv_dtype) for kv in ("", "int8", "int4", "fp8"))):
-            action = self.actions[name]
-            if action.isChecked() != on:
-                with QSignalBlocker(action):
-                    action.setChecked(on)
+        check_run_actions(self.actions, request.break_cache, request.compare, request.attention, request.kv_dtype)
         self.run_view.show_attention(request.attention)  # A opens the strip at once, before the run is asked for
         self._show_run_state()
 
