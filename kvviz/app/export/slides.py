@@ -77,7 +77,7 @@ def slide_text(lesson: Lesson, index: int, revealed: bool, run: StepRun, dtype: 
     records = run.advanced if revealed else run.shown
     answer = ""
     if revealed and step.question and run.answer is not None:
-        precision = getattr(records[-1], "cache_precision", "") if records else ""  # a serving step counts blocks
+        precision = "" if step.serving or not records else records[-1].cache_precision  # a batch's answer: blocks
         answer = f"Answer: {format_answer(step.question, run.answer, precision)} (measured)"
     measured = run.speed.headline() if run.speed is not None else None
     return SlideText(title=step.title, text=step.text_with(measured), place=f"step {index + 1} of {len(lesson.steps)}",
