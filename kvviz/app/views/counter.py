@@ -114,11 +114,13 @@ class CounterPanel(CountPanel):
         self.latent_note.setText(self.latent_text(plan))
         measured = "with_cache" if plan.use_cache else "without_cache"
         counted = "without_cache" if measured == "with_cache" else "with_cache"
-        self.measured_note.setText(f"measured in this run: {ROW_TITLES[measured]}; "
-                                   f"{ROW_TITLES[counted]} is counted for the same text")
+        # short, so that the counter leaves a 720p screen room for a 48-layer grid and the attention strip
+        self.measured_note.setText(f"measured: {ROW_TITLES[measured]}; counted: {ROW_TITLES[counted]}")
+        self.measured_note.setToolTip(f"Measured in this run: {ROW_TITLES[measured]}; {ROW_TITLES[counted]} is "
+                                      f"counted for the same text")
         if rec is None:
             self.table.clear()
-            self.progress.setText(f"P = {plan.prompt_tokens} prompt tokens, N = 0 of {plan.budget} new tokens")
+            self.progress.setText(f"P = {plan.prompt_tokens} prompt, N = 0 of {plan.budget} new tokens")
             return
         self.table.show_values(self.values())
         stop_reason = rec.stop_reason if rec.final else None
@@ -165,7 +167,7 @@ class CounterPanel(CountPanel):
                        stop_reason: str | None = None) -> str:
         """The run's progress; at its end (`stop_reason` given), why it stopped."""
         fill = " + cache fill" if cache_fill else ""
-        text = (f"P = {plan.prompt_tokens} prompt tokens, N = {new_tokens} of {plan.budget} new tokens; "
+        text = (f"P = {plan.prompt_tokens} prompt, N = {new_tokens} of {plan.budget} new tokens; "
                 f"step {step}{fill}")
         if stop_reason is None:
             return text

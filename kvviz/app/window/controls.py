@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from PySide6.QtCore import QObject, QSignalBlocker, Qt, Signal
+from PySide6.QtCore import QObject, QSignalBlocker, QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QDoubleSpinBox,
@@ -23,6 +23,28 @@ from kvviz.app.views.flow_layout import FlowLayout
 from kvviz.core.records import MAX_PROMPT_CHARACTERS, RunRequest
 
 SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 0.0)  # tokens per second for autoplay; 0 = as fast as possible
+SPIN_CHROME = 34  # pixels of a spin box beside its text: the sheet's padding (5 + 18), borders, the caret's room
+
+
+class _NarrowWidth:
+    """A spin box as wide as the widest text it can show (its least, its most, its special text), at its font:
+    Qt's own hint left the settings so wide that at 1280 pixels the seed took a second line of the window."""
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt's name)
+        metrics = self.fontMetrics()
+        texts = (self.textFromValue(self.minimum()), self.textFromValue(self.maximum()), self.specialValueText())
+        return QSize(max(map(metrics.horizontalAdvance, texts)) + SPIN_CHROME, super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        return self.sizeHint()
+
+
+class NarrowSpin(_NarrowWidth, QSpinBox):
+    pass
+
+
+class NarrowDoubleSpin(_NarrowWidth, QDoubleSpinBox):
+    pass
 
 
 class RunControls(QWidget):
@@ -65,7 +87,7 @@ class RunControls(QWidget):
         self.reset_button = self._button("Reset", "Start the run again from the prompt (R)", self.reset_clicked)
         self.speed_slider = QSlider(Qt.Orientation.Horizontal)
         self.speed_slider.setRange(0, len(SPEEDS) - 1)
-        self.speed_slider.setFixedWidth(110)
+        self.speed_slider.setFixedWidth(96)
         self.speed_slider.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         self.speed_slider.valueChanged.connect(self._on_speed_changed)
         self.speed_label = QLabel()
@@ -79,13 +101,13 @@ class RunControls(QWidget):
         self.cache_check = QCheckBox("KV cache")
         self.cache_check.setChecked(True)
         self.cache_check.setToolTip("Use the KV cache (C); turning it off recomputes every K/V at every step")
-        self.max_new_spin = self._spin(QSpinBox(), 1, 4096)
-        self.temperature_spin = self._spin(QDoubleSpinBox(), 0.0, 5.0, "greedy")
+        self.max_new_spin = self._spin(NarrowSpin(), 1, 4096)
+        self.temperature_spin = self._spin(NarrowDoubleSpin(), 0.0, 5.0, "greedy")
         self.temperature_spin.setSingleStep(0.1)
         self.temperature_spin.setDecimals(2)
         self.temperature_spin.setToolTip("Temperature; 0 means greedy decoding")
-        self.top_k_spin = self._spin(QSpinBox(), 0, 50257, "off")
-        self.seed_spin = self._spin(QSpinBox(), 0, 2**31 - 1)
+        self.top_k_spin = self._spin(NarrowSpin(), 0, 50257, "off")
+        self.seed_spin = self._spin(NarrowSpin(), 0, 2**31 - 1)
         self.cache_check.toggled.connect(self.request_changed)
 
         buttons = QWidget()  # Step, Play, speed and Reset stay together on one line
@@ -103,7 +125,7 @@ class RunControls(QWidget):
                              ("top-k", self.top_k_spin), ("seed", self.seed_spin)):
             settings.append(self._pair(text, widget))
         self.settings_widgets = tuple(settings)  # hidden in presenter mode
-        flow = FlowLayout(spacing=14)  # on a narrow screen the settings wrap onto a second line
+        flow = FlowLayout(spacing=10)  # on a narrow screen the settings wrap onto a second line
         for widget in (buttons, self.precision_pair, *settings):
             flow.addWidget(widget)
         layout = QVBoxLayout(self)

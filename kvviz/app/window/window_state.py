@@ -29,7 +29,7 @@ def restore_window(window: QMainWindow, store: SettingsFile, settings: AppSettin
     actions[f"theme_{theme.current().name}"].setChecked(True)
     presentation.set_zoom(settings.zoom)
     run_view.main_splitter.setSizes([430, 0, 520])
-    run_view.bottom_splitter.setSizes([1000, 360])
+    run_view.bottom_splitter.setSizes([1000, 460])  # the counter's notes a line each at 1280 pixels
     geometry = load_geometry(store)
     if geometry is None or not window.restoreGeometry(geometry):  # the first launch fills the screen
         screen = window.screen().availableGeometry()  # (fit_to_screen takes the window manager's frame off)
