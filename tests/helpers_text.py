@@ -17,6 +17,8 @@ class DrawnText:
     text: str
     pixels: float  # the font's em height on the device
     box: QRectF
+    clip: QRectF | None = None  # the painter's clip where it was drawn, in device pixels (None: no clip)
+    ink: QRectF | None = None  # where its glyphs' ink lies (the box less the font's empty room), in device pixels
 
 
 class _TextEngine(QPaintEngine):
@@ -56,7 +58,13 @@ class _TextEngine(QPaintEngine):
         em = font.pixelSize() if font.pixelSize() > 0 else font.pointSizeF() * 96 / 72
         scale = (abs(self._transform.m22()) ** 2 + abs(self._transform.m21()) ** 2) ** 0.5
         local = QRectF(point.x(), point.y() - metrics.ascent(), metrics.horizontalAdvance(text), metrics.height())
-        self.texts.append(DrawnText(text, em * scale, self._transform.mapRect(local)))
+        painter = self.painter()
+        clip = None
+        if painter is not None and painter.hasClipping():
+            clip = painter.deviceTransform().mapRect(painter.clipBoundingRect())
+        ink = metrics.tightBoundingRect(text).translated(point)
+        self.texts.append(DrawnText(text, em * scale, self._transform.mapRect(local), clip,
+                                    self._transform.mapRect(ink)))
 
     def type(self) -> QPaintEngine.Type:
         return QPaintEngine.Type.User

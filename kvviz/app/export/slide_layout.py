@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMarginsF, QPoint, QRectF, QSizeF, Qt
@@ -104,7 +105,8 @@ def paint_slide(painter: QPainter, text: SlideText, view: QWidget) -> None:
     _draw_text(painter, TEXT_BOX, text.text, _fitting_font(text.text, TEXT_BOX, 26, SMALLEST_TEXT), colours.foreground)
     if text.question:
         _paint_question(painter, text)
-    _draw_text(painter, FOOTER_BOX, text.footer, _fitting_font(text.footer, FOOTER_BOX, 24, SMALLEST_TEXT),
+    footer_font = _fitting_font(text.footer, FOOTER_BOX, 24, SMALLEST_TEXT)
+    _draw_text(painter, FOOTER_BOX, _one_line(text.footer, footer_font, FOOTER_BOX.width()), footer_font,
                colours.muted, WRAP_MIDDLE)
     region = view_rect(text)
     painter.save()
@@ -114,6 +116,22 @@ def paint_slide(painter: QPainter, text: SlideText, view: QWidget) -> None:
         flags |= QWidget.RenderFlag.DrawWindowBackground
     view.render(painter, QPoint(0, 0), QRegion(), flags)
     painter.restore()
+
+
+def _one_line(footer: str, font: QFont, width: float) -> str:
+    """`footer` on one line of `width` at `font`: its quoted prompt elided as far as it needs (the footer box holds
+    one line; a second was drawn below the slide's edge), then its end."""
+    metrics = QFontMetricsF(font)
+    if metrics.horizontalAdvance(footer) <= width:
+        return footer
+    match = re.match(r"^\u201c(.*)\u201d(.*)$", footer, re.DOTALL)
+    if match:
+        prompt, rest = match.groups()
+        for keep in range(len(prompt) - 1, 0, -1):
+            shorter = f"\u201c{prompt[:keep].rstrip()}\u2026\u201d{rest}"
+            if metrics.horizontalAdvance(shorter) <= width:
+                return shorter
+    return metrics.elidedText(footer, Qt.TextElideMode.ElideRight, width)
 
 
 def _paint_question(painter: QPainter, text: SlideText) -> None:

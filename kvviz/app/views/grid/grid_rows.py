@@ -146,6 +146,9 @@ def fitting_font(font: QFont, pitch: float) -> QFont | None:
         fitted.setPointSizeF(size)
 
 
+LABEL_OVERHANG = 120  # pixels a bottom label may reach past the axis's ends (half of a long label, zoomed in)
+
+
 def position_ticks(cells: GridState, column: float, metrics: QFontMetrics) -> tuple[list[tuple[float, str]], str]:
     """The bottom axis's ticks and title: each column labelled with its token when there are few enough and
     `column` (pixels a column) fits a label, else round positions. Columns narrower than a short word's label
@@ -184,6 +187,9 @@ class GridAxes:
         self._left_title = "layer"
         self._tick_width: int | None = None  # pixels reserved for the left labels, None: as wide as they are
         self._shown: tuple[GridState, GridRows] | None = None  # what `update` labelled last
+        # the first column's label, centred under a narrow column, reaches left of the axis: pyqtgraph hid it
+        # ("Time" was missing under compare mode's grids); position_ticks already keeps the labels apart
+        plot_item.getAxis("bottom").setStyle(hideOverlappingLabels=LABEL_OVERHANG)
         plot_item.getViewBox().sigResized.connect(self._on_resized)
 
     def set_font(self, font: QFont, plan: RunPlan | None) -> None:

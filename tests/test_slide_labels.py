@@ -1,0 +1,83 @@
+"""Every slide of the five built-in decks, read as a 1920x1080 slide receives it (issue #36, section 7): each label
+lies inside the slide and inside the part of the view that draws it (nothing clipped), no two labels' ink overlaps,
+no scroll bar is printed, and no text is smaller than 2.5 % of the slide's height (27 pixels).
+
+The decks are exported as the command line exports them (`kvviz lesson --export`, PDF only: the slides are painted
+once more into a device that keeps their texts, as `slide_png` paints them)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers_text import DrawnText, TextRecorder
+from PySide6.QtWidgets import QScrollBar
+
+from kvviz.app.export import slide_layout
+from kvviz.app.export.slides import export_lesson
+from kvviz.core.lesson import BUILTIN_LESSONS, load_lesson
+
+WIDTH, HEIGHT = 1920, 1080
+SMALLEST = 0.025 * HEIGHT
+OVERLAP = 4  # pixels of ink two labels may share each way (a comma's tail under an axis title's ascenders)
+
+OPEN = {  # deck -> (slides still failing, why): kept open in issue #36
+    "kv-window": ({6}, "compare mode with a window: the identity strip of 24 steps scrolls and its text shrinks to "
+                       "23.7 px to fit"),
+    "kv-paging": ({1, 2, 3, 4, 5}, "the serving view needs more height than a slide has: its text shrinks to "
+                                   "15-26 px"),
+    "kv-quantized": ({3}, "compare mode's grids, banner and identity strip shrink the text to 25.2 px"),
+}
+
+
+@pytest.fixture(scope="module", params=list(BUILTIN_LESSONS))
+def deck(request, tmp_path_factory, monkeypatch_module):
+    """(name, [(slide number, texts, scroll bars shown)]) of built-in lesson `request.param`."""
+    slides = []
+    painted = slide_layout.Deck.add
+
+    def recording(self, text, view):
+        recorder = TextRecorder(WIDTH, HEIGHT)
+        slide_layout.paint_slide_scaled(recorder, text, view, WIDTH / slide_layout.SLIDE_SIZE[0])
+        bars = [bar for bar in view.findChildren(QScrollBar) if bar.isVisibleTo(view) and bar.maximum() > 0]
+        slides.append((len(slides) + 1, recorder.texts, len(bars)))
+        return painted(self, text, view)
+
+    monkeypatch_module.setattr(slide_layout.Deck, "add", recording)
+    export_lesson(load_lesson(request.param), tmp_path_factory.mktemp(request.param), "pdf")
+    return request.param, slides
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def problems(texts: list[DrawnText], bars: int) -> list[str]:
+    found = [f"{bars} scroll bar(s)"] if bars else []
+    for t in texts:
+        ink = t.ink
+        if ink.left() < -1 or ink.top() < -1 or ink.right() > WIDTH + 1 or ink.bottom() > HEIGHT + 1:
+            found.append(f"off the slide: {t.text!r} at {ink.getCoords()}")
+        if t.clip is not None and not t.clip.adjusted(-2, -2, 2, 2).contains(ink):
+            found.append(f"clipped: {t.text!r} at {ink.getCoords()} in {t.clip.getCoords()}")
+        if t.pixels < SMALLEST:
+            found.append(f"small: {t.text!r} {t.pixels:.1f} px")
+    for i, a in enumerate(texts):
+        for b in texts[i + 1:]:
+            shared = a.ink.intersected(b.ink)
+            if shared.width() > OVERLAP and shared.height() > OVERLAP and (a.text, a.box) != (b.text, b.box):
+                found.append(f"overlap: {a.text!r} and {b.text!r}")
+    return found
+
+
+def test_every_slide_of_every_built_in_deck_is_readable_and_whole(deck):
+    name, slides = deck
+    assert slides, name
+    still_open, why = OPEN.get(name, (set(), ""))
+    for number, texts, bars in slides:
+        assert len(texts) > 20, (name, number)  # the views were drawn
+        found = problems(texts, bars)
+        if number in still_open:
+            assert found, f"{name} slide {number} is whole now: take it out of OPEN ({why})"
+        else:
+            assert not found, (name, number, found[:8])
