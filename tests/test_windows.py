@@ -320,6 +320,34 @@ def test_compare_mode_puts_the_full_cache_beside_the_window_and_words_the_partin
     assert "a trade-off, not a bug" in view.banner.label.text()
 
 
+def test_a_qwen2_layer_types_list_is_honoured_or_refused_in_one_line(tmp_path, kvviz_cli):
+    """transformers windows the layers `layer_types` names, whatever max_window_layers says: the top layer here
+    (max_window_layers 0 would window both), so kvviz gives transformers' tokens; a window under a full layer,
+    a cache kvviz does not keep, is refused in one line with status 2 instead of run otherwise."""
+    def qwen2(folder: str, kinds: list[str]):
+        config = transformers.Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=112,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                          max_position_embeddings=128, use_sliding_window=True, sliding_window=4,
+                                          max_window_layers=0, layer_types=kinds, attn_implementation="eager")
+        peer = spread_peer(transformers.Qwen2ForCausalLM, config, 6)
+        peer.save_pretrained(tmp_path / folder)
+        return peer
+
+    peer = qwen2("top", ["full_attention", "sliding_attention"])
+    model = load_checkpoint(tmp_path / "top")
+    assert (model.config.sliding_window, model.config.window_first_layer) == (4, 1)
+    engine = Engine(model)
+    reference = peer_greedy(peer, PROMPT_IDS, 20)
+    assert tokens(engine.run(engine.plan(PROMPT_IDS, 20))) == reference
+    both = spread_peer(transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**{
+        **peer.config.to_dict(), "layer_types": None, "max_window_layers": 0}), 6)
+    assert peer_greedy(both, PROMPT_IDS, 20) != reference  # max_window_layers alone would give other tokens
+    qwen2("bottom", ["sliding_attention", "full_attention"])
+    done = kvviz_cli("generate", "--model", str(tmp_path / "bottom"), "--prompt", "x", "--max-new-tokens", "2")
+    assert done.returncode == 2 and done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "layer_types windows layers [0] under full ones" in done.stderr
+
+
 @pytest.mark.parametrize("max_window_layers", [0, 1])
 def test_a_qwen2_window_on_every_layer_or_on_the_upper_ones_matches_transformers(tmp_path, max_window_layers):
     """use_sliding_window with max_window_layers k: layers k and above keep the last 6 positions, those below

@@ -18,6 +18,23 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mist
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # a buffer older checkpoints carry, recomputed from rope_theta
 
 
+LAYER_KINDS = ("full_attention", "sliding_attention")
+
+
+def _first_windowed_layer(kinds: object, layers: int, path: Path) -> int:
+    """Qwen2's `layer_types`: the first windowed layer, where the windowed layers are the top ones (the shape
+    kvviz's cache keeps: max_window_layers); any other order is refused in one line rather than run otherwise."""
+    if not isinstance(kinds, list) or len(kinds) != layers or any(kind not in LAYER_KINDS for kind in kinds):
+        raise ModelLoadError(f"{path}: layer_types must list {layers} layers, each {' or '.join(LAYER_KINDS)}; "
+                             f"got {shown(kinds)}")
+    first = next((i for i, kind in enumerate(kinds) if kind == "sliding_attention"), layers)
+    if any(kind != "sliding_attention" for kind in kinds[first:]):
+        windowed = [i for i, kind in enumerate(kinds) if kind == "sliding_attention"]
+        raise ModelLoadError(f"{path}: layer_types windows layers {shown(windowed)} under full ones; kvviz windows "
+                             "the top layers only (a window from one layer up)")
+    return first
+
+
 def config_from_json(path: Path) -> LlamaConfig:
     """A LlamaConfig from a transformers `config.json` (ModelLoadError naming what kvviz cannot run)."""
     raw = read_config(path)
@@ -42,6 +59,8 @@ def config_from_json(path: Path) -> LlamaConfig:
     first_layer = 0  # Qwen2 windows the layers from max_window_layers on; the ones below keep every position
     if model_type == "qwen2" and raw.get("use_sliding_window"):
         layers, first = _whole(raw, path, "num_hidden_layers", 32), _whole(raw, path, "max_window_layers", 28)
+        if raw.get("layer_types") is not None:  # transformers windows the layers it names, max_window_layers aside
+            first = _first_windowed_layer(raw["layer_types"], layers, path)
         if first < layers:
             window = _whole(raw, path, "sliding_window", 4096)
             window = window if 0 < window < _whole(raw, path, "max_position_embeddings", 32768) else 0
