@@ -141,3 +141,47 @@ def test_a_gpt2_checkpoint_that_saves_its_tied_head_still_loads(tmp_path, kvviz_
     save_file(state, str(tmp_path / "tied" / "model.safetensors"))
     done = kvviz_cli("generate", "--model", str(tmp_path / "tied"), "--prompt", "hi", "--max-new-tokens", "2")
     assert done.returncode == 0, done.stderr
+
+
+def _word_level_folder(folder: Path) -> Path:
+    """A Llama folder whose tokenizer.json is a word-level vocabulary without an [UNK] token: a word outside it
+    cannot be encoded at all (the tokenizers library raises)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL)).save_pretrained(folder)
+    tokenizer = Tokenizer(models.WordLevel({"Time": 0, "flies": 1, "fast": 2, "</s>": 3}, unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_a_prompt_a_word_level_tokenizer_cannot_encode_is_one_line(tmp_path, kvviz_cli):
+    folder = _word_level_folder(tmp_path / "words")
+    done = kvviz_cli("generate", "--model", str(folder), "--prompt", "Time flies", "--max-new-tokens", "2")
+    assert done.returncode == 0, done.stderr  # words it holds
+    done = kvviz_cli("generate", "--model", str(folder), "--prompt", "Time crawls", "--max-new-tokens", "2")
+    assert done.returncode == 2 and done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "tokenizer.json cannot encode this prompt" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_app_says_a_prompt_its_tokenizer_cannot_encode_and_runs_the_next(qtbot, tmp_path):
+    """The app: the failing prompt is said (the run fails, nothing raised on the GUI thread), and a prompt of
+    words the vocabulary holds then runs and steps."""
+    from kvviz.app.settings import app_settings
+    from kvviz.app.window.main_window import MainWindow
+
+    window = MainWindow(str(_word_level_folder(tmp_path / "words")), "Time crawls", settings=app_settings())
+    qtbot.addWidget(window)
+    failures = []
+    window.session.run_failed.connect(lambda *args: failures.append(args))
+    window.show()
+    try:
+        qtbot.waitUntil(lambda: bool(failures), timeout=60_000)
+        assert "cannot encode this prompt" in str(failures[0])
+        window.controls.prompt_edit.setText("Time flies")
+        window.reset_run()
+        qtbot.waitUntil(lambda: window.session.plan is not None, timeout=60_000)
+        window.session.step()
+        qtbot.waitUntil(lambda: window.session.last_record is not None, timeout=60_000)
+    finally:
+        window.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-from kvviz.core.errors import KvvizError
+from kvviz.core.errors import GenerationError, KvvizError
 
 # The hashes tiktoken's own "gpt2" definition expects for these two files.
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -126,7 +126,12 @@ class JsonTokenizer:
         self.eot_id = next((i for i in ends if i is not None), 0)
 
     def encode(self, text: str) -> list[int]:
-        return self._backend.encode(text).ids
+        try:
+            return self._backend.encode(text).ids
+        except Exception as exc:  # tokenizers raises its own Exception: a word-level vocabulary without [UNK]
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise GenerationError(f"the model's tokenizer.json cannot encode this prompt ({reason}); use words "
+                                  "its vocabulary holds") from exc
 
     def decode(self, ids: list[int]) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=False)
