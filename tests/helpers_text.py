@@ -92,3 +92,28 @@ class TextRecorder(QPaintDevice):
                 m.PdmDpiX: 96, m.PdmDpiY: 96, m.PdmPhysicalDpiX: 96, m.PdmPhysicalDpiY: 96,
                 m.PdmWidthMM: round(width * 25.4 / 96), m.PdmHeightMM: round(height * 25.4 / 96),
                 m.PdmDevicePixelRatio: 1, m.PdmDevicePixelRatioScaled: 65536}.get(metric, 0)
+
+
+SLIDE_OVERLAP = 4  # pixels of ink two labels may share each way (a comma's tail under an axis title's ascenders)
+
+
+def slide_problems(texts: list[DrawnText], bars: int, width: int, height: int) -> list[str]:
+    """What is wrong with a slide's texts as a `width` x `height` slide receives them: a label off the slide or
+    cut by the part of the view that draws it, two labels' ink overlapping, text under 2.5 % of the height, and
+    `bars` scroll bars printed."""
+    found = [f"{bars} scroll bar(s)"] if bars else []
+    for t in texts:
+        ink = t.ink
+        if ink.left() < -1 or ink.top() < -1 or ink.right() > width + 1 or ink.bottom() > height + 1:
+            found.append(f"off the slide: {t.text!r} at {ink.getCoords()}")
+        if t.clip is not None and not t.clip.adjusted(-2, -2, 2, 2).contains(ink):
+            found.append(f"clipped: {t.text!r} at {ink.getCoords()} in {t.clip.getCoords()}")
+        if t.pixels < 0.025 * height:
+            found.append(f"small: {t.text!r} {t.pixels:.1f} px")
+    for i, a in enumerate(texts):
+        for b in texts[i + 1:]:
+            shared = a.ink.intersected(b.ink)
+            apart = (a.text, a.box) != (b.text, b.box)  # a text drawn twice in one place is one label
+            if shared.width() > SLIDE_OVERLAP and shared.height() > SLIDE_OVERLAP and apart:
+                found.append(f"overlap: {a.text!r} and {b.text!r}")
+    return found

@@ -3,12 +3,13 @@ lies inside the slide and inside the part of the view that draws it (nothing cli
 no scroll bar is printed, and no text is smaller than 2.5 % of the slide's height (27 pixels).
 
 The decks are exported as the command line exports them (`kvviz lesson --export`, PDF only: the slides are painted
-once more into a device that keeps their texts, as `slide_png` paints them)."""
+once more into a device that keeps their texts, as `slide_png` paints them). kv-cache's deck is read in
+test_cli_lesson.py, from the export of the README's command."""
 
 from __future__ import annotations
 
 import pytest
-from helpers_text import DrawnText, TextRecorder
+from helpers_text import TextRecorder, slide_problems
 from PySide6.QtWidgets import QScrollBar
 
 from kvviz.app.export import slide_layout
@@ -16,8 +17,6 @@ from kvviz.app.export.slides import export_lesson
 from kvviz.core.lesson import BUILTIN_LESSONS, load_lesson
 
 WIDTH, HEIGHT = 1920, 1080
-SMALLEST = 0.025 * HEIGHT
-OVERLAP = 4  # pixels of ink two labels may share each way (a comma's tail under an axis title's ascenders)
 
 OPEN = {  # deck -> (slides still failing, why): kept open in issue #36
     "kv-window": ({6}, "compare mode with a window: the identity strip of 24 steps scrolls and its text shrinks to "
@@ -28,7 +27,8 @@ OPEN = {  # deck -> (slides still failing, why): kept open in issue #36
 }
 
 
-@pytest.fixture(scope="module", params=list(BUILTIN_LESSONS))
+# the first, kv-cache, is read in test_cli_lesson.py from the README's own export of it (one export, not two)
+@pytest.fixture(scope="module", params=list(BUILTIN_LESSONS)[1:])
 def deck(request, tmp_path_factory, monkeypatch_module):
     """(name, [(slide number, texts, scroll bars shown)]) of built-in lesson `request.param`."""
     slides = []
@@ -52,31 +52,13 @@ def monkeypatch_module():
         yield patch
 
 
-def problems(texts: list[DrawnText], bars: int) -> list[str]:
-    found = [f"{bars} scroll bar(s)"] if bars else []
-    for t in texts:
-        ink = t.ink
-        if ink.left() < -1 or ink.top() < -1 or ink.right() > WIDTH + 1 or ink.bottom() > HEIGHT + 1:
-            found.append(f"off the slide: {t.text!r} at {ink.getCoords()}")
-        if t.clip is not None and not t.clip.adjusted(-2, -2, 2, 2).contains(ink):
-            found.append(f"clipped: {t.text!r} at {ink.getCoords()} in {t.clip.getCoords()}")
-        if t.pixels < SMALLEST:
-            found.append(f"small: {t.text!r} {t.pixels:.1f} px")
-    for i, a in enumerate(texts):
-        for b in texts[i + 1:]:
-            shared = a.ink.intersected(b.ink)
-            if shared.width() > OVERLAP and shared.height() > OVERLAP and (a.text, a.box) != (b.text, b.box):
-                found.append(f"overlap: {a.text!r} and {b.text!r}")
-    return found
-
-
 def test_every_slide_of_every_built_in_deck_is_readable_and_whole(deck):
     name, slides = deck
     assert slides, name
     still_open, why = OPEN.get(name, (set(), ""))
     for number, texts, bars in slides:
         assert len(texts) > 20, (name, number)  # the views were drawn
-        found = problems(texts, bars)
+        found = slide_problems(texts, bars, WIDTH, HEIGHT)
         if number in still_open:
             assert found, f"{name} slide {number} is whole now: take it out of OPEN ({why})"
         else:
