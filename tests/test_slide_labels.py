@@ -19,11 +19,8 @@ from kvviz.core.lesson import BUILTIN_LESSONS, load_lesson
 WIDTH, HEIGHT = 1920, 1080
 
 OPEN = {  # deck -> (slides still failing, why): kept open in issue #36
-    "kv-window": ({6}, "compare mode with a window: the identity strip of 24 steps scrolls and its text shrinks to "
-                       "23.7 px to fit"),
     "kv-paging": ({1, 2, 3, 4, 5}, "the serving view needs more height than a slide has: its text shrinks to "
                                    "15-26 px"),
-    "kv-quantized": ({3}, "compare mode's grids, banner and identity strip shrink the text to 25.2 px"),
 }
 
 

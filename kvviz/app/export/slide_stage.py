@@ -25,10 +25,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtWidgets import QBoxLayout, QHBoxLayout, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QBoxLayout, QHBoxLayout, QLabel, QLayout, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.views.base import ViewGroup
+from kvviz.app.views.flow_layout import FlowLayout
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication
@@ -126,6 +127,7 @@ def _compare_work() -> Arrangement:
 
 def _compare_all() -> Arrangement:
     banner, cached, uncached, identity = views = _compare_grids()
+    identity.set_scroll_bar_shown(False)  # a slide shows what fits; a printed scroll bar would say nothing
 
     def build(box: QBoxLayout) -> None:
         grids = QHBoxLayout()
@@ -134,6 +136,7 @@ def _compare_all() -> Arrangement:
         grids.addWidget(uncached, 1)
         box.addWidget(banner)
         box.addLayout(grids, 1)
+        box.addLayout(uncached.take_legend_out())  # under both grids, on one line: it wrapped under the one
         box.addWidget(identity)
 
     return Arrangement(views, build, horizontal=False)
@@ -167,6 +170,31 @@ ARRANGEMENTS: dict[tuple[bool, str], Callable[[], QWidget]] = {
     (True, "all"): _compare_all, (True, "memory"): _memory,
     (False, "speed"): _speed, (True, "speed"): _speed,
 }
+
+
+def _squeezed(layout: QLayout) -> bool:
+    """Whether a part of `layout`, as laid out, got less height than it needs at the width it got: a widget its
+    least height (the grids' follows their width), a wrapping label or legend its height for that width."""
+    for index in range(layout.count()):
+        item = layout.itemAt(index)
+        box = item.geometry()
+        widget, inner = item.widget(), item.layout()
+        if widget is not None:
+            if widget.isHidden():
+                continue
+            need = widget.heightForWidth(box.width()) if isinstance(widget, QLabel) and widget.wordWrap() \
+                else widget.minimumSizeHint().height()
+        elif isinstance(inner, FlowLayout):
+            need = inner.heightForWidth(box.width())
+        elif inner is not None:
+            if _squeezed(inner):
+                return True
+            continue
+        else:
+            continue
+        if box.height() < need - 1:
+            return True
+    return False
 
 
 class SlideStage:
@@ -215,7 +243,12 @@ class SlideStage:
             needed = view.minimumSizeHint().height()
             if step.serving:  # its wrapped labels need their height at this width, more than their minimum
                 needed = max(needed, view.layout().totalHeightForWidth(width))
-            if needed <= height or scale <= SMALLEST_FONT_SCALE:
+            fits = needed <= height
+            if fits and isinstance(view, Arrangement):  # laid out at the slide's size: nothing squeezed below
+                view.resize(width, height)  # what its wrapped titles and legends need at the width they got
+                self.app.processEvents()
+                fits = not _squeezed(view.layout())
+            if fits or scale <= SMALLEST_FONT_SCALE:
                 break
             scale = max(SMALLEST_FONT_SCALE, scale * 0.92)
         self.font_scale = scale

@@ -226,8 +226,15 @@ class IdentityStrip(QWidget):
         return QSize(200, self._strip_height())
 
     # ----- layout -----
+    def set_scroll_bar_shown(self, shown: bool) -> None:
+        """Without its scroll bar (a slide), the strip is as tall as its rows and shows the newest steps."""
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded if shown
+                                                 else Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.updateGeometry()
+
     def _strip_height(self) -> int:
-        return self._rows.height + self.scroll.horizontalScrollBar().sizeHint().height()
+        bar = self.scroll.horizontalScrollBarPolicy() != Qt.ScrollBarPolicy.ScrollBarAlwaysOff
+        return self._rows.height + (self.scroll.horizontalScrollBar().sizeHint().height() if bar else 0)
 
     def _text_width(self, text: str) -> float:
         width = self._width_of.get(text)

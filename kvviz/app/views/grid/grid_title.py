@@ -22,7 +22,8 @@ def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, t
     if plan.cache_fault:
         mode = f"<span style='color:{theme.alert}'>{mode} \u2014 {BROKEN_NOTE}</span>"
     size = f"{plan.n_layer} layers \u00d7 {plan.width} positions"
-    if plan.policy.evicts and plan.use_cache:  # what the cache keeps, the sinks by position
+    # what the cache keeps, the sinks by position (compare mode against a window names it: "window of 8 + 1 sinks")
+    if plan.policy.evicts and plan.use_cache and not (lockstep is not None and plan.against_lossy):
         sinks = plan.policy.sinks
         kept = f", the sinks {0}\u2013{sinks - 1}" if sinks > 1 else ", the sink 0" if sinks else ""
         size += f", keeping the last {plan.policy.window}{kept}"
@@ -32,7 +33,8 @@ def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, t
         head = f"<b>{kept} per layer and position</b> &nbsp; {size}, {mode}"
     else:
         colour = theme.teal if lockstep == "cached" else theme.amber
-        head = f"<b><span style='color:{colour}'>{mode}</span></b> &nbsp; {kept} per layer and position, {size}"
+        # two grids side by side: the short form, so that each title keeps to a line at half the width
+        head = f"<b><span style='color:{colour}'>{mode}</span></b> &nbsp; {kept}: {size}"
 
     def caption(detail: str) -> str:
         return f"{head}<br><span style='color:{theme.muted}'>{detail}</span>"

@@ -58,12 +58,13 @@ def least_plot_height(plot_item: object, rows: int, row_height: int) -> int:
 
 
 def least_column_height(layout: QLayout, width: int, title: LiveLabel, plot_widget: QWidget,
-                        legend: GridLegend) -> int:
+                        legend: GridLegend | None) -> int:
     """The least height of a grid's column at `width`: its title and legend as they wrap there, its plot's least
     height, and the layout's margins and spacing."""
     margins = layout.contentsMargins()
     inner = max(1, width - margins.left() - margins.right())
-    parts = [title.heightForWidth(inner), plot_widget.minimumHeight(), legend.heightForWidth(inner)]
+    parts = [title.heightForWidth(inner), plot_widget.minimumHeight(),
+             legend.heightForWidth(inner) if legend is not None else 0]
     parts = [part for part in parts if part > 0]
     return margins.top() + margins.bottom() + sum(parts) + layout.spacing() * (len(parts) - 1)
 
@@ -309,7 +310,16 @@ class KVGridView(QWidget):
         return QSize(hint.width(), max(hint.height(), self._least_height))
 
     def _height_at(self, width: int) -> int:
-        return least_column_height(self.layout(), width, self.title, self.plot_widget, self.legend_row)
+        legend = self.legend_row if self.legend_row.parent() is self.layout() else None  # see take_legend_out
+        return least_column_height(self.layout(), width, self.title, self.plot_widget, legend)
+
+    def take_legend_out(self) -> GridLegend:
+        """The legend, out of this grid's column, for a layout that puts it under two grids side by side at
+        their whole width (a slide's compare mode); the grid still keeps it up to date."""
+        self.layout().removeItem(self.legend_row)
+        self.legend_row.setParent(None)
+        self.updateGeometry()
+        return self.legend_row
 
     def _update_outline(self) -> None:
         layer = self._selected
