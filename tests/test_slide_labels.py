@@ -18,10 +18,6 @@ from kvviz.core.lesson import BUILTIN_LESSONS, load_lesson
 
 WIDTH, HEIGHT = 1920, 1080
 
-OPEN = {  # deck -> (slides still failing, why): kept open in issue #36
-    "kv-paging": ({1, 2, 3, 4, 5}, "the serving view needs more height than a slide has: its text shrinks to "
-                                   "15-26 px"),
-}
 
 
 # the first, kv-cache, is read in test_cli_lesson.py from the README's own export of it (one export, not two)
@@ -52,11 +48,7 @@ def monkeypatch_module():
 def test_every_slide_of_every_built_in_deck_is_readable_and_whole(deck):
     name, slides = deck
     assert slides, name
-    still_open, why = OPEN.get(name, (set(), ""))
     for number, texts, bars in slides:
         assert len(texts) > 20, (name, number)  # the views were drawn
         found = slide_problems(texts, bars, WIDTH, HEIGHT)
-        if number in still_open:
-            assert found, f"{name} slide {number} is whole now: take it out of OPEN ({why})"
-        else:
-            assert not found, (name, number, found[:8])
+        assert not found, (name, number, found[:8])

@@ -37,6 +37,9 @@ QUESTIONS = {
 BATCH_QUESTIONS = ("blocks_at_end",)  # asked of a serving step (a batch of `prompts`), answered by its last pass
 LONG_CONTEXT = 8192  # the tokens of cache_bytes_at_8k
 FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all", "serving")
+# a serving step's: the whole serving view, its block pool and tables, or its memory chart and speed (a slide
+# shows that part, large enough to read; the app shows the whole view)
+SERVING_FOCUSES = ("serving", "blocks", "chart")
 MAX_LESSON_PROMPTS = 16  # requests of a serving step
 MEASURED_SPEED = "{measured_speed}"  # in a step's text: what the speed sweep measured on this machine, in words
 SPEED_PENDING = "(being measured on this machine\u2026)"  # what the placeholder says until the sweep is done
@@ -291,8 +294,9 @@ def _parse_serving_step(item: dict, source: str, where: str) -> LessonStep:
     if question is not None and advance >= passes:
         raise LessonError(f"{source}: {where}question: the batch has no pass left to reveal it")
     focus = item.get("focus", "serving")
-    if focus != "serving":
-        raise LessonError(f"{source}: {where}focus: a serving step shows \"serving\", not {focus!r}"[:300])
+    if focus not in SERVING_FOCUSES:
+        raise LessonError(f"{source}: {where}focus: a serving step shows {', '.join(map(repr, SERVING_FOCUSES))}, "
+                          f"not {focus!r}"[:300])
     for key in ("title", "text"):
         if not item[key].strip():
             raise LessonError(f"{source}: {where}{key}: is empty")

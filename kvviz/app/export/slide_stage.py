@@ -12,7 +12,8 @@ its step's `focus` names, as the app frames it:
   identity strip);
 - "memory": the memory view;
 - "speed": the speed view, showing the sweep measured for the slide (not the run);
-- "serving": the serving view of a batch (a serving step's), its speed measured once the batch is done.
+- a serving step's "serving": the serving view of its batch, its speed measured once the batch is done; "blocks":
+  the view's block pool and block tables; "chart": its memory chart and that speed.
 
 Each arrangement is built once, from the app's own views, and fed the step's plan and records as the window
 feeds them. An arrangement that still needs more height than the slide has (a long prompt's tokens, many
@@ -156,14 +157,22 @@ def _speed() -> QWidget:
     return view
 
 
-def _serving() -> QWidget:
-    from kvviz.app.views.serving.serving_view import ServingView
+def _serving(part: str) -> Callable[[], QWidget]:
+    def make() -> QWidget:
+        from kvviz.app.views.serving.serving_view import ServingView
 
-    return ServingView()
+        view = ServingView()
+        view.show_part(part)
+        return view
+
+    make.__name__ = f"_serving_{part}"
+    return make
+
+
+SERVING = {part: _serving(part) for part in ("serving", "blocks", "chart")}  # a serving step's focus
 
 
 ARRANGEMENTS: dict[tuple[bool, str], Callable[[], QWidget]] = {
-    (False, "serving"): _serving,
     (False, "grid"): _run_grid, (False, "chart"): _run_work, (False, "counter"): _run_work,
     (False, "all"): _run_all, (False, "memory"): _memory,
     (True, "grid"): _compare_grid, (True, "chart"): _compare_work, (True, "counter"): _compare_work,
@@ -173,17 +182,21 @@ ARRANGEMENTS: dict[tuple[bool, str], Callable[[], QWidget]] = {
 
 
 def _squeezed(layout: QLayout) -> bool:
-    """Whether a part of `layout`, as laid out, got less height than it needs at the width it got: a widget its
-    least height (the grids' follows their width), a wrapping label or legend its height for that width."""
+    """Whether a part of `layout`, as laid out, got less height than it needs at the width it got (a widget its
+    least height, the grids' following their width; a wrapping label or legend its height for that width), or lies
+    below the layout's bottom (their least heights add up to more than it has)."""
+    outer = layout.geometry()
     for index in range(layout.count()):
         item = layout.itemAt(index)
         box = item.geometry()
         widget, inner = item.widget(), item.layout()
+        if widget is not None and widget.isHidden():
+            continue
+        if not box.isEmpty() and box.bottom() > outer.bottom() + 1:  # least heights that add up to more than it has
+            return True
         if widget is not None:
-            if widget.isHidden():
-                continue
             need = widget.heightForWidth(box.width()) if isinstance(widget, QLabel) and widget.wordWrap() \
-                else widget.minimumSizeHint().height()
+                else max(widget.minimumSizeHint().height(), widget.minimumHeight())
         elif isinstance(inner, FlowLayout):
             need = inner.heightForWidth(box.width())
         elif inner is not None:
@@ -208,7 +221,7 @@ class SlideStage:
 
     def arrangement(self, step: LessonStep) -> QWidget:
         """The arrangement of `step`'s focus (and cache mode), made once."""
-        make = ARRANGEMENTS[(bool(step.compare), step.focus)]
+        make = SERVING[step.focus] if step.serving else ARRANGEMENTS[(bool(step.compare), step.focus)]
         view = self._made.get(make)
         if view is None:
             view = self._made[make] = make()
@@ -240,12 +253,9 @@ class SlideStage:
             if of_run:
                 view.refresh()
             self.app.processEvents()
-            needed = view.minimumSizeHint().height()
-            if step.serving:  # its wrapped labels need their height at this width, more than their minimum
-                needed = max(needed, view.layout().totalHeightForWidth(width))
-            fits = needed <= height
-            if fits and isinstance(view, Arrangement):  # laid out at the slide's size: nothing squeezed below
-                view.resize(width, height)  # what its wrapped titles and legends need at the width they got
+            fits = view.minimumSizeHint().height() <= height
+            if fits and view.layout() is not None:  # laid out at the slide's size: nothing squeezed below what
+                view.resize(width, height)  # its wrapped titles, tables and legends need at the width they got
                 self.app.processEvents()
                 fits = not _squeezed(view.layout())
             if fits or scale <= SMALLEST_FONT_SCALE:

@@ -52,7 +52,7 @@ class LessonFocus(QObject):
         self._show_memory_view(step.focus == "memory")
         self._show_speed_view(step.focus == "speed")
         self.memory_frame.frame(self._workspace.memory_view if step.focus == "memory" else None)
-        if step.focus in ("all", "memory", "speed", "serving"):  # (serving: the serving page is the whole view)
+        if step.serving or step.focus in ("all", "memory", "speed"):  # (serving: its page is the whole view)
             target = None
         elif step.compare:
             compare = self._workspace.compare_view

@@ -42,6 +42,7 @@ class BlockPool(QWidget):
         self.cells: list[BlockCell] = []
         self.block_size = 1
         self._scale = 1.0
+        self._compact = False  # see set_compact
         self._theme = themes.current()
         self.setMouseTracking(True)
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # the keys step the batch; none of them types
@@ -63,10 +64,19 @@ class BlockPool(QWidget):
         self._theme = theme
         self.update()
 
+    def set_compact(self, compact: bool) -> None:
+        """Compact (a slide short of height): each block at its least side at this zoom, as many to a row as
+        the width holds; else the blocks grow to fill COLUMNS to a row."""
+        self._compact = compact
+        self.setMinimumHeight(self.heightForWidth(self.width()))
+        self.update()
+
     def _side(self, width: int | None = None) -> float:
         """A block's side: COLUMNS to a row of the widget's width, between the zoomed CELL and MAX_CELL."""
         width = self.width() if width is None else width
         fitted = (width + GAP) / COLUMNS - GAP
+        if self._compact:
+            return CELL * self._scale
         return max(CELL * self._scale, min(MAX_CELL * min(self._scale, 1.25), fitted))
 
     def _columns(self, width: int | None = None) -> int:
@@ -118,7 +128,7 @@ class BlockPool(QWidget):
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         painter.fillRect(self.rect(), QColor(t.background))
         small = QFont(self.font())
-        small.setPointSizeF(max(6.0, 7.5 * self._scale))
+        small.setPointSizeF(max(6.0, 9.0 * self._scale))  # as the tick labels: 27 px on a slide
         big = QFont(self.font())
         big.setPointSizeF(max(8.0, 12.0 * self._scale))
         big.setBold(True)

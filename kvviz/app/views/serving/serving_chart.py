@@ -48,6 +48,10 @@ class ServingChart(pg.PlotWidget):
         size = f"{max(8, round(10 * scale))}pt"
         plot.setLabel("left", "KV cache (MiB)", color=t.muted, size=size)
         plot.setLabel("bottom", "pass", color=t.muted, size=size)
+        label_font = QFont()
+        label_font.setPointSizeF(max(8.0, 10.0 * scale))  # the axis titles' own font (the size above is the HTML's)
+        for name in ("left", "bottom"):
+            plot.getAxis(name).label.setFont(label_font)
         plot.setTitle("KV cache memory", color=t.foreground,
                       size=f"{max(9, round(12 * scale))}pt")
         pens = {"contiguous": pg.mkPen(t.alert, width=2.5, style=Qt.PenStyle.DashLine),

@@ -34,6 +34,7 @@ class ServingView(QWidget):
         self.records: list[BatchRecord] = []
         self._drawn = -1
         self.speed: BatchSpeed | None = None
+        self._part = "serving"  # see show_part
         self.heading = QLabel("Serving: several requests, one paged KV cache")
         self.heading.setObjectName("viewTitle")
         self.summary = QLabel("")
@@ -57,7 +58,7 @@ class ServingView(QWidget):
         right.addLayout(self.tables)
         right.addWidget(self.chart, 1)
         right.addWidget(self.speed_line)
-        columns = QHBoxLayout()
+        columns = self._columns = QHBoxLayout()
         columns.addLayout(left, 4)
         columns.addSpacing(12)
         columns.addLayout(right, 5)
@@ -67,6 +68,22 @@ class ServingView(QWidget):
         layout.addWidget(self.summary)
         layout.addLayout(columns, 1)
         self._style()
+
+    def show_part(self, part: str) -> None:
+        """What a slide shows of the view (a lesson step's focus): "serving" all of it, "blocks" the pool and the
+        block tables, "chart" the memory chart and the speed; the slide's title stands for the heading."""
+        whole = part == "serving"
+        self.heading.setVisible(whole)
+        for widget in (self.pool_title, self.pool, self.tables_title, *(w for row in self.table_labels for w in row)):
+            widget.setVisible(part != "chart")
+        for widget in (self.chart, self.speed_line):
+            widget.setVisible(part != "blocks")
+        # the chart alone takes the whole width; the pool beside the tables leaves them room to keep to two lines
+        self._columns.setStretch(0, {"chart": 0, "blocks": 3}.get(part, 4))
+        self.pool.set_compact(not whole)  # a slide's part: blocks at their least size, more to a row
+        margin = 8 if whole else 2  # a slide's part: the slide has margins of its own
+        self.layout().setContentsMargins(12, margin, 12, margin)
+        self._part = part
 
     # ----- the view protocol -----
     def reset(self, plan: BatchPlan) -> None:
@@ -82,6 +99,8 @@ class ServingView(QWidget):
             self.tables.addWidget(name, i, 0)
             self.tables.addWidget(table, i, 1)
             self.table_labels.append((name, table))
+            name.setVisible(self._part != "chart")
+            table.setVisible(self._part != "chart")
         self._style()
         self.tables.setColumnStretch(1, 1)
         self.chart.reset(plan)
