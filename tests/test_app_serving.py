@@ -82,3 +82,20 @@ def test_the_paging_lesson_reveals_the_blocks_measured_and_leaving_it_brings_the
         assert not win.serving.active and win.run_view.isVisible()
     finally:
         win.close()
+
+
+def test_every_press_during_a_pass_gets_its_pass(window, qtbot, monkeypatch):
+    """Five presses of Space while the first pass computes give five passes, in turn (one was counted)."""
+    qtbot.keyClick(window, Qt.Key.Key_B, Qt.KeyboardModifier.ShiftModifier)  # View > Serving
+    batch = window.serving.batch
+    qtbot.waitUntil(lambda: batch.plan is not None, timeout=30_000)
+    asked = []
+    ask = batch.controller.step_batch
+    monkeypatch.setattr(batch.controller, "step_batch", lambda: asked.append(len(batch.records)))
+    for _ in range(5):  # the worker is held: every press lands while the first pass is on its way
+        qtbot.keyClick(window, Qt.Key.Key_Space)
+    assert asked == [0]  # one pass asked for at a time
+    monkeypatch.setattr(batch.controller, "step_batch", lambda: (asked.append(len(batch.records)), ask()))
+    ask()
+    qtbot.waitUntil(lambda: len(batch.records) == 5, timeout=60_000)
+    assert asked == [0, 1, 2, 3, 4]  # each next pass asked for as the one before arrived, and no sixth

@@ -30,6 +30,7 @@ class BatchSession(QObject):
         self.playing = False
         self._run_id = 0
         self._waiting = False  # a pass was asked for and has not arrived
+        self._queued = 0  # presses of Step while a pass was computing: each asks for one more pass, in turn
         self._interval_ms = 300
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
@@ -51,19 +52,22 @@ class BatchSession(QObject):
     def start(self, request: BatchRequest) -> None:
         self.pause()
         self._run_id += 1
-        self.plan, self.records, self.speed, self._waiting = None, [], None, False
+        self.plan, self.records, self.speed, self._waiting, self._queued = None, [], None, False, 0
         self.controller.start_batch(dataclasses.replace(request, run_id=self._run_id))
         self.state_changed.emit()
 
     def step(self) -> None:
+        """One more pass; pressed while a pass computes, it is counted and asked for once that one arrives."""
         self.pause()
+        if self._waiting and self.can_step:
+            self._queued += 1
         self._ask()
 
     def forget(self) -> None:
         """Drop the batch (its model was replaced): nothing to step until the next `start`."""
         self.pause()
         self._run_id += 1  # a pass still on its way belongs to the old batch
-        self.plan, self.records, self.speed, self._waiting = None, [], None, False
+        self.plan, self.records, self.speed, self._waiting, self._queued = None, [], None, False, 0
         self.state_changed.emit()
 
     def toggle_play(self, interval_ms: int) -> None:
@@ -76,7 +80,7 @@ class BatchSession(QObject):
             self.state_changed.emit()
 
     def pause(self) -> None:
-        self._timer.stop()
+        self._timer.stop()  # (presses already counted still get their passes)
         if self.playing:
             self.playing = False
             self.state_changed.emit()
@@ -99,8 +103,12 @@ class BatchSession(QObject):
         self.records.append(record)
         self.computed.emit(record)
         if record.final:
+            self._queued = 0
             self.pause()
             self.state_changed.emit()
+        elif self._queued:
+            self._queued -= 1
+            self._ask()
         elif self.playing:
             self._timer.start(self._interval_ms)
 
@@ -111,7 +119,7 @@ class BatchSession(QObject):
 
     def _on_failed(self, run_id: int, message: str) -> None:
         if run_id == self._run_id:
-            self._waiting = False
+            self._waiting, self._queued = False, 0
             self.pause()
             self.plan = None
             self.failed.emit(message)
