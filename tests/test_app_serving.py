@@ -99,3 +99,29 @@ def test_every_press_during_a_pass_gets_its_pass(window, qtbot, monkeypatch):
     ask()
     qtbot.waitUntil(lambda: len(batch.records) == 5, timeout=60_000)
     assert asked == [0, 1, 2, 3, 4]  # each next pass asked for as the one before arrived, and no sixth
+
+
+def test_the_speed_measured_after_a_batch_gives_way_to_the_next_request(window, qtbot, monkeypatch):
+    """After the last pass the worker times the batch against one at a time (up to a minute on a big model); a
+    model switch asked for meanwhile stops that timing and loads at once, instead of waiting behind it."""
+    import kvviz.core.serving as serving
+
+    timings = []
+
+    def endless(engine, plan, *args, **kwargs):  # a timing that never ends unless the worker stops it
+        timings.append("started")
+        while True:
+            for _ in serving.run_batch(engine, plan):
+                pass
+
+    monkeypatch.setattr(serving, "measure_speed", endless)
+    qtbot.keyClick(window, Qt.Key.Key_B, Qt.KeyboardModifier.ShiftModifier)  # View > Serving
+    batch = window.serving.batch
+    qtbot.waitUntil(lambda: batch.plan is not None, timeout=30_000)
+    for n in range(batch.plan.passes):
+        qtbot.keyClick(window, Qt.Key.Key_Space)
+        qtbot.waitUntil(lambda n=n: len(batch.records) > n, timeout=30_000)
+    qtbot.waitUntil(lambda: timings == ["started"], timeout=10_000)
+    window.load_model("random:kvviz-shakespeare-gqa")
+    gqa = "random:kvviz-shakespeare-gqa"
+    qtbot.waitUntil(lambda: batch.plan is not None and batch.plan.model_name == gqa, timeout=60_000)

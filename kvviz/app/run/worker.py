@@ -66,6 +66,10 @@ class GenerationWorker(QObject):
         super().__init__()
         self.abort = threading.Event()  # set from the GUI thread when closing: stop mid-pass
         self.cancel_download = threading.Event()  # set from the GUI thread: stop a hub download
+        # set from the GUI thread when it asks for anything else: a batch's speed, measured after its last pass for
+        # up to a minute, gives way (a model switch, R or Step waited behind it); cleared when a batch starts
+        self.stop_measuring = threading.Event()
+        self._measuring = False
         self._engine: Engine | None = None
         self._loaded = None  # kvviz.sources.weights.LoadedModel
         self._run: Run | None = None  # the run being stepped, until its last pass
@@ -138,7 +142,7 @@ class GenerationWorker(QObject):
         self.download_progressed.emit(done, total)
 
     def _check_abort(self, layer: int) -> None:
-        if self.abort.is_set():
+        if self.abort.is_set() or (self._measuring and self.stop_measuring.is_set()):
             raise StepAborted()
 
     def _release_model(self) -> None:
@@ -200,6 +204,7 @@ class GenerationWorker(QObject):
     def start_batch(self, request) -> None:
         """Plan a batch of kvviz.core.batch_records.BatchRequest; no pass happens until `step_batch`."""
         self._batch = None
+        self.stop_measuring.clear()  # this batch's speed is wanted once its last pass is in
         if self._engine is None:
             self.batch_failed.emit(request.run_id, "No model is loaded yet.")
             return
@@ -244,13 +249,16 @@ class GenerationWorker(QObject):
         """Time the batch against its requests one at a time (not while stepping: a click's wait is no pass's time)."""
         from kvviz.core.serving import measure_speed
 
+        self._measuring = True
         try:
             speed = measure_speed(self._engine, plan)
-        except StepAborted:
+        except StepAborted:  # closing, or the GUI asked for something else: the speed is not wanted any more
             return
         except Exception as exc:
             self.batch_failed.emit(plan.run_id, describe_run_error(plan.model_name, exc))
             return
+        finally:
+            self._measuring = False
         self.batch_measured.emit(plan.run_id, speed)
 
     @Slot(int)
@@ -332,17 +340,21 @@ class WorkerController(QObject):
         self.thread.start()
 
     def load(self, source: str, dtype: str = "float32") -> None:
+        self.worker.stop_measuring.set()
         self.load_requested.emit(source, dtype)
 
     def start_run(self, request: RunRequest) -> None:
         self.worker.abort.clear()
+        self.worker.stop_measuring.set()
         self.run_requested.emit(request)
 
     def step(self) -> None:
+        self.worker.stop_measuring.set()
         self.step_requested.emit()
 
     def start_batch(self, request) -> None:
         self.worker.abort.clear()
+        self.worker.stop_measuring.set()
         self.batch_requested.emit(request)
 
     def step_batch(self) -> None:
