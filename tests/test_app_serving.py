@@ -22,6 +22,8 @@ def test_the_serving_view_steps_a_shared_prefix_batch_by_clicker_and_exports(win
             qtbot.waitUntil(lambda n=n: len(mode.batch.records) > n, timeout=30_000)
     record = mode.batch.records[-1]
     assert record.final and all(len(out) == 16 for out in record.outputs)
+    # the status bar says the batch's progress, not the run's "0/12 tokens"
+    assert f"serving 4 requests \u00b7 pass {plan.passes}/{plan.passes} \u00b7 done" in window.status.text()
     ids = [r.prompt_ids for r in plan.requests]
     common = next(n for n in range(min(map(len, ids))) if len({i[n] for i in ids}) > 1)
     view = window.workspace.serving.get().view
@@ -55,6 +57,10 @@ def test_the_serving_view_steps_a_shared_prefix_batch_by_clicker_and_exports(win
 
     qtbot.keyClick(window, Qt.Key.Key_B, Qt.KeyboardModifier.ShiftModifier)
     assert window.run_view.isVisible() and not window.workspace.serving.get().isVisible()
+    assert "serving" not in window.status.text()  # the run's line again
+    with qtbot.waitSignal(window.session.model_loaded, timeout=60_000):  # a switch, the view closed: the batch goes
+        window.load_model("random:kvviz-shakespeare")
+    assert view.records == [] and "planned anew" in view.summary.text() and not any(c for c in view.pool.cells)
     assert window.run_view.grid.plot_widget.hasFocus()  # Space steps the run again, typing nothing
 
 

@@ -45,11 +45,13 @@ class ServingMode:
         self.workspace.show_serving(on)
         if not on:
             self.batch.pause()
+            self.window.status.show_run()  # the run's line again
             self.workspace.focus_grid()  # the keys step the run again; none of them types into the prompt
             return
         if self.batch.plan is None and not self.batch.records:
             self.run()
         self._show_state()
+        self._show_status()
         self.workspace.focus_grid()
 
     def run(self, passes: int = 0) -> None:
@@ -67,13 +69,18 @@ class ServingMode:
         self.run(passes)
 
     def _on_model_loaded(self, _info) -> None:
-        """A new model: the batch of the old one is gone from the worker; plan it anew on this one."""
+        """A new model: the batch of the old one is gone from the worker, and from the view; plan it anew on this
+        one (or when the view opens next)."""
         self.batch.forget()
+        if self.page_view.built:
+            self._view().clear(f"The batch is planned anew on {_info.name} when the serving view opens.")
         if self.active:
             self.run()
+        self._show_status()
 
     def _on_started(self, plan) -> None:
         self._view().reset(plan)
+        self._show_status()
         if self._target > 0:
             self.batch.step()
 
@@ -89,8 +96,27 @@ class ServingMode:
         view = self._view()
         view.apply([record])
         view.refresh()
+        self._show_status()
         if len(self.batch.records) < self._target and not record.final:
             self.batch.step()
+
+    def _show_status(self) -> None:
+        """The status bar says the batch's progress while the serving view shows (not the run's tokens)."""
+        if not self.active:
+            return
+        plan, records = self.batch.plan, self.batch.records
+        if plan is None:
+            self.window.status.show_message("Serving: planning the batch\u2026")
+            return
+        done = records[-1].step + 1 if records else 0
+        if not records:
+            state = "ready"
+        elif records[-1].final:
+            state = "done"
+        else:
+            state = f"pass {done} took {records[-1].seconds * 1000:.1f} ms"
+        self.window.status.show_message(f"{plan.model_name} \u00b7 serving {len(plan.requests)} requests \u00b7 "
+                                        f"pass {done}/{plan.passes} \u00b7 {state}")
 
     def _show_state(self) -> None:
         if self.active:

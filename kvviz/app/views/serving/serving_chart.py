@@ -76,6 +76,11 @@ class ServingChart(pg.PlotWidget):
         self.setXRange(0.5, plan.passes + 0.5, padding=0)
         self.setYRange(0, plan.contiguous_reserved_bytes / MIB * 1.4, padding=0)
 
+    def clear_lines(self) -> None:
+        self._plan = None
+        for curve in self.curves.values():
+            curve.setData([], [])
+
     def show(self, records: list[BatchRecord]) -> None:
         if self._plan is None:
             return

@@ -109,6 +109,17 @@ class ServingView(QWidget):
         self._drawn = None  # draw the empty state on the next refresh
         self.refresh()
 
+    def clear(self, text: str) -> None:
+        """No batch (its model was replaced): empty pool, tables and chart, and `text` saying why."""
+        self._plan, self.records, self._drawn, self.speed = None, [], -1, None
+        self.summary.setText(text)
+        self.pool.show_cells([], 1)
+        for name, table in self.table_labels:
+            name.setText("")
+            table.setText("")
+        self.chart.clear_lines()
+        self.speed_line.setText("")
+
     def apply(self, records: Sequence[BatchRecord]) -> None:
         self.records.extend(records)
 
