@@ -434,7 +434,7 @@ def test_the_check_for_answers_finds_them():
     assert not _says("step 12 of float32", "2") and not _says("once", "1") and not _says("6.8x", "8")
 
 
-def test_notes_are_hidden_until_n_and_hidden_again_in_presenter_mode(qtbot, window):
+def test_notes_are_hidden_until_n_and_in_presenter_mode_open_in_a_window_of_their_own(qtbot, window):
     panel = window.lesson_panel
     assert window.lesson.step.notes and panel.notes_button.isVisible()
     assert not panel.notes.isVisible() and not window.actions["lesson_notes"].isChecked()
@@ -445,9 +445,20 @@ def test_notes_are_hidden_until_n_and_hidden_again_in_presenter_mode(qtbot, wind
     panel.notes_button.click()  # the button is the same switch
     assert panel.notes.isVisible() and window.actions["lesson_notes"].isChecked()
     window.presentation.presenter_changed.emit(True)  # as F11 does
-    assert not panel.notes.isVisible()
-    window.presentation.presenter_changed.emit(False)  # leaving presenter mode shows nothing more
-    assert not panel.notes.isVisible()
+    assert not panel.notes.isVisible() and panel.notes_window is None
+    # in presenter mode N shows them in a window of their own: the projected window never carries them
+    qtbot.keyClick(window, Qt.Key.Key_N)
+    notes = panel.notes_window
+    assert not panel.notes.isVisible() and notes is not None and notes.isVisible() and notes.isWindow()
+    assert notes.text.text() == window.lesson.step.notes and not window.isAncestorOf(notes)
+    qtbot.keyClick(window, Qt.Key.Key_PageDown)  # they follow the step
+    assert notes.text.text() == (window.lesson.step.notes or "(no notes for this step)")
+    notes.close()  # closing their window is N again
+    assert not window.actions["lesson_notes"].isChecked()
+    qtbot.keyClick(window, Qt.Key.Key_N)
+    assert panel.notes_window.isVisible()
+    window.presentation.presenter_changed.emit(False)  # leaving presenter mode closes it and shows nothing more
+    assert panel.notes_window is None and not panel.notes.isVisible()
     assert ("Lesson notes (the lecturer's; hidden until shown)", "N") in ShortcutsDialog(
         window.actions.values(), window).rows()  # F1 lists it
 

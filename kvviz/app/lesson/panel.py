@@ -25,8 +25,8 @@ class LessonPanel(QFrame):
     """The lesson step on screen, big enough for the back row: "step 2 of 5", the title, the text; for a
     question, the question, a field for the audience's guess and, once measured, a line with the guess and
     the answer ("you said 80 \u00b7 measured 87") and the key that goes on; the step's notes, for the lecturer:
-    small, and hidden until shown (the "lesson_notes" action, N, or the notes button; presenter mode hides
-    them again). Nothing it shows before the reveal may give the answer away.
+    small, and hidden until shown (the "lesson_notes" action, N, or the notes button; in presenter mode they
+    show in a window of their own, off the projected one). Nothing it shows before the reveal may give the answer away.
 
     A column beside the views, so that the grid and the chart keep their height on a 720-line screen;
     its width follows the zoom, at most 30% of the window. A window too narrow to keep the views
@@ -161,6 +161,15 @@ class LessonPanel(QFrame):
         """Let `action` (checkable: Help > Lesson notes, N) show and hide the notes; the notes button
         becomes its button."""
         self._notes.set_action(action)
+
+    def set_notes_detached(self, main) -> None:
+        """Presenter mode: the notes, when shown, go in a window of their own, off the projected `main`; None: back
+        in the panel."""
+        self._notes.set_detached(main)
+
+    @property
+    def notes_window(self):
+        return self._notes.window
 
     def set_notes_shown(self, shown: bool) -> None:
         """Show or hide the notes (presenter mode hides them; N or the notes button shows them again)."""

@@ -127,7 +127,10 @@ class MainWindow(QMainWindow):
             view.export_requested.connect(self.export)
         self.workspace.panel_built.connect(self._on_panel_built)
         self.presentation.presenter_changed.connect(self.actions["presenter"].setChecked)
-        self.presentation.presenter_changed.connect(lambda on: on and self.lesson_panel.set_notes_shown(False))
+        # presenter mode: the notes hide, and N shows them in a window of their own, never on the projected one
+        self.presentation.presenter_changed.connect(lambda on: (self.lesson_panel.set_notes_shown(False),
+                                                                self.lesson_panel.set_notes_detached(
+                                                                    self if on else None)))
         c.set_state(False, False, False)
 
     def _action_slots(self) -> dict[str, Callable]:
