@@ -18,10 +18,25 @@ def settle(qtbot, win: MainWindow) -> None:
     qtbot.waitUntil(lambda: win.lesson.ready and not win.scheduler.pending, timeout=60_000)
 
 
+def cut_in_panel(panel) -> list[str]:
+    """The lesson panel's texts that do not get the height their wrapped lines need, or end below it."""
+    QApplication.processEvents()  # its layout, after the last change
+    labels = {"title": panel.title, "text": panel.text, "question": panel.question, "answer": panel.answer,
+              "hint": panel.hint}
+    return [name for name, label in labels.items() if label.isVisible() and label.text() and (
+        label.height() < label.heightForWidth(label.width()) - 1 or label.geometry().bottom() > panel.height())]
+
+
 @pytest.mark.parametrize("name", list(BUILTIN_LESSONS))
-def test_every_question_takes_a_typed_guess_and_shows_it_with_the_measured_answer(qtbot, app_model, name):
+def test_every_question_takes_a_typed_guess_and_shows_it_with_the_measured_answer(qtbot, app_model, name,
+                                                                                   monkeypatch):
+    """At 1280x720, a projector's, where the panel's texts must also fit whole at every slide."""
+    from kvviz.app.window import main_window
+
+    monkeypatch.setattr(main_window, "fit_to_screen", lambda _window: None)  # the offscreen screen is 800 wide
     win = MainWindow(app_model, "hello", settings=app_settings(), lesson=name)
     qtbot.addWidget(win)
+    win.resize(1280, 690)
     win.show()
     win.activateWindow()  # as a lecturer's window is: the keyboard goes to it
     try:
@@ -29,6 +44,7 @@ def test_every_question_takes_a_typed_guess_and_shows_it_with_the_measured_answe
         lesson, panel = win.lesson, win.lesson_panel
         asked = 0
         for slide in range(len(lesson.lesson.slides())):
+            assert not cut_in_panel(panel), (name, slide, cut_in_panel(panel))
             if lesson.step.question and not lesson.revealed:
                 asked += 1
                 guess = str(10 + slide)
@@ -40,6 +56,7 @@ def test_every_question_takes_a_typed_guess_and_shows_it_with_the_measured_answe
                 qtbot.waitUntil(lambda: "measured" in panel.answer_text(), timeout=60_000)
                 assert lesson.revealed and panel.answer_text().startswith(f"you said {guess} \u00b7 measured "), \
                     (name, slide, panel.answer_text())
+                assert not cut_in_panel(panel), (name, slide, cut_in_panel(panel))
             elif slide < len(lesson.lesson.slides()) - 1:
                 qtbot.keyClick(win, Qt.Key.Key_PageDown)
                 settle(qtbot, win)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QObject, QRect, Qt, Signal
-from PySide6.QtGui import QAction, QColor, QFont, QPainter, QPaintEvent, QPen, QShowEvent
+from PySide6.QtGui import QAction, QColor, QFont, QPainter, QPaintEvent, QPen, QResizeEvent, QShowEvent
 from PySide6.QtWidgets import QBoxLayout, QFrame, QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QSpacerItem, QWidget
 
 from kvviz.app import theme as themes
@@ -18,6 +18,7 @@ from kvviz.app.theme import Theme
 from kvviz.core.lesson import LessonStep
 
 FRAME_WIDTH = 3  # pixels
+TEXT_LEAST_POINTS = 10.0  # the column's text shrinks to fit its height down to this (at zoom 1), no further
 QWIDGETSIZE_MAX = (1 << 24) - 1
 
 
@@ -45,6 +46,7 @@ class LessonPanel(QFrame):
         self.setObjectName("lessonPanel")
         self.set_theme(themes.current())
         self._font_scale = 1.0
+        self._fitting = False  # see _fit_text
         self._measured: str | None = None
         self._measuring = False
         self._has_question = False
@@ -103,6 +105,7 @@ class LessonPanel(QFrame):
         self._measured, self._measuring = None, revealed
         self._show_answer()
         self._notes.set_text(keep_together(step.notes))
+        self._fit_text()
 
     def set_answer(self, measured: str | None) -> None:
         """The measured answer (format_answer's text), shown with the guess; None: not measured."""
@@ -145,6 +148,7 @@ class LessonPanel(QFrame):
         had_focus = self.guess_edit.hasFocus()
         self.guess_label.setVisible(asking)
         self.guess_edit.setVisible(asking)
+        self._fit_text()
         if had_focus and not asking:
             self.setFocus(Qt.FocusReason.OtherFocusReason)  # not onto the next widget in the chain: the window's
         self.hint.setText("Page Down: next" if measured and not self._last else "")
@@ -298,6 +302,29 @@ class LessonPanel(QFrame):
             widget.setFont(self._font(9.5))
         self.hint.setFont(self._font(11.0))
         self.guess_edit.setFixedWidth(self.guess_edit.fontMetrics().horizontalAdvance("0000000") + 16)
+        self._fit_text()
+
+    def _fit_text(self) -> None:
+        """The column's text in the largest font, from 15 points down to TEXT_LEAST_POINTS, with which all the
+        column says fits its height: at 720p a long step (the paging lesson's first) was cut at the bottom."""
+        if not self.beside or self.height() <= 0 or self._fitting:
+            return
+        self._fitting = True
+        try:
+            size = 15.0
+            while True:
+                font = self._font(size)
+                if font != self.text.font():
+                    self.text.setFont(font)
+                if self.grid.totalHeightForWidth(self.width()) <= self.height() or size <= TEXT_LEAST_POINTS:
+                    break
+                size -= 0.5
+        finally:
+            self._fitting = False
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._fit_text()
         self._show_answer()
 
 
