@@ -131,3 +131,18 @@ def test_the_speed_measured_after_a_batch_gives_way_to_the_next_request(window, 
     window.load_model("random:kvviz-shakespeare-gqa")
     gqa = "random:kvviz-shakespeare-gqa"
     qtbot.waitUntil(lambda: batch.plan is not None and batch.plan.model_name == gqa, timeout=60_000)
+
+
+def test_the_memory_chart_keeps_its_legend_inside_at_any_width(qtbot):
+    """Three names in a row where they fit, fewer where they do not: never past the plot's right edge."""
+    from kvviz.app.views.serving.serving_chart import ServingChart
+
+    chart = ServingChart()
+    qtbot.addWidget(chart)
+    chart.setVisible(True)  # (its show() draws records)
+    for width in (1200, 520, 360):
+        chart.resize(width, 300)
+        qtbot.waitUntil(lambda width=width: chart.width() == width, timeout=5_000)
+        box = chart.getPlotItem().getViewBox().sceneBoundingRect()
+        assert chart.legend.sceneBoundingRect().right() <= box.right(), width
+    assert chart.legend.columnCount < 3  # at the narrowest

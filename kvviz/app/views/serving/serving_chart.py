@@ -65,6 +65,23 @@ class ServingChart(pg.PlotWidget):
         self.legend.setBrush(pg.mkBrush(*themes.rgba(t.background, 200)))
         for _sample, label in self.legend.items:
             label.setText(label.text, size=size, color=t.foreground)
+        self._fit_legend()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._fit_legend()
+
+    def _fit_legend(self) -> None:
+        """The legend in three columns where the plot is wide enough, else two or one: at 720p its third name
+        ran past the plot's right edge ("paged: l")."""
+        if getattr(self, "legend", None) is None:  # a resize while pyqtgraph builds the widget
+            return
+        room = self.getPlotItem().getViewBox().width() - 16
+        for columns in (3, 2, 1):
+            self.legend.setColumnCount(columns)
+            self.legend.updateSize()
+            if self.legend.boundingRect().width() <= room or columns == 1:
+                break
 
     def sizeHint(self) -> QSize:
         return QSize(600, self.minimumHeight())  # it takes what room is left: the page fits a 720p screen
