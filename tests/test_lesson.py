@@ -256,3 +256,23 @@ def test_a_fifo_is_refused_instead_of_waited_on(tmp_path):
             pass
         pytest.fail("load_lesson waited on a FIFO")
     assert errors == [f"{fifo}: not a regular file"]
+
+
+def test_the_sink_share_is_the_mean_over_layers_and_heads_of_the_weight_on_the_first_positions():
+    """Hand numbers: two heads over three positions, (0.5, 0.25, 0.25) and (0.1, 0.2, 0.7): one sink gets
+    (0.5 + 0.1) / 2 = 30 %, two get (0.75 + 0.3) / 2 = 52.5 %."""
+    import struct
+    from dataclasses import replace
+
+    from kvviz.core.records import AttentionWeights
+
+    engine = Engine(tiny_kvviz_model())
+    record = list(engine.run(engine.plan([1, 2], 1)))[-1]
+    weights = AttentionWeights(1, 2, 3, struct.pack("=6f", 0.5, 0.25, 0.25, 0.1, 0.2, 0.7))
+    record = replace(record, attention=weights)
+    assert measured_answer("sink_attention_share", None, record, 1) == pytest.approx(30.0)
+    assert measured_answer("sink_attention_share", None, record, 2) == pytest.approx(52.5)
+    assert format_answer("sink_attention_share", 52.5) == "52.5 %"
+    with pytest.raises(LessonError, match="step 1: question: sink_attention_share asks about the sinks: give sinks"):
+        parse_lesson('title = "x"\n[[step]]\ntitle = "s"\ntext = "t"\nprompt = "p"\ncache = true\nadvance_to = 1\n'
+                     'max_new_tokens = 4\nwindow = 4\nquestion = "sink_attention_share"\n', "bad.toml")

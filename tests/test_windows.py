@@ -218,7 +218,7 @@ def test_export_draws_a_windowed_run_and_its_grid_caption_counts_what_was_read(t
 
 def test_the_window_lesson_exports_the_bytes_its_windows_hold(tmp_path):
     """kv-window: 8 positions held after 5 steps of a 15-token prompt, 2 x 6 layers x 2 KV heads x 32 x 4 = 3,072
-    bytes each; 4 sinks and 8 more after 11 steps: 12 positions."""
+    bytes each; the sink step answers the share of attention on the 4 sinks, measured."""
     import re
     from io import StringIO
     from unittest import mock
@@ -230,8 +230,8 @@ def test_the_window_lesson_exports_the_bytes_its_windows_hold(tmp_path):
         status = main(["lesson", "--file", "kv-window", "--export", str(tmp_path / "slides"), "--format", "png",
                        "--width", "640"])
     assert status == 0
-    assert re.findall(r"answer: (.*) \(measured\)", stdout.getvalue()) == ["24,576 bytes in float32",
-                                                                         "36,864 bytes in float32"]
+    answers = re.findall(r"answer: (.*) \(measured\)", stdout.getvalue())
+    assert answers[0] == "24,576 bytes in float32" and re.fullmatch(r"\d+\.\d %", answers[1]), answers
     steps = load_lesson("kv-window").steps
     assert [(s.window, s.sinks) for s in steps] == [(8, 0), (8, 0), (8, 4), (8, 0)]
     bad = 'title = "x"\n[[step]]\ntitle = "s"\ntext = "t"\nprompt = "p"\ncache = true\nadvance_to = 0\n' \
@@ -382,3 +382,39 @@ def test_a_qwen2_window_on_every_layer_or_on_the_upper_ones_matches_transformers
         grid.apply(record)
     evicted = (grid.states == EVICTED).sum(axis=1)  # per layer: a full layer evicts nothing
     assert evicted.tolist() == [0 if layer < max_window_layers else positions - 6 for layer in range(2)]
+
+
+def test_the_sink_step_opens_the_attention_view_answers_the_share_measured_and_the_next_step_closes_it(qtbot,
+                                                                                                      app_model):
+    """kv-window's third step: the attention view shows where the newest token looks; the answer is the share
+    its weights give the 4 sinks, as the records the run made measured it; Page Down on closes what it opened."""
+    from PySide6.QtCore import Qt
+
+    from kvviz.app.settings import app_settings
+    from kvviz.app.window.main_window import MainWindow
+    from kvviz.core.lesson import sink_attention_share
+
+    win = MainWindow(app_model, "hello", settings=app_settings(), lesson="kv-window")
+    qtbot.addWidget(win)
+    win.show()
+
+    def settle():
+        qtbot.waitUntil(lambda: win.lesson.ready and not win.scheduler.pending, timeout=60_000)
+
+    try:
+        settle()
+        while win.lesson.step.question != "sink_attention_share":
+            qtbot.keyClick(win, Qt.Key.Key_PageDown)
+            settle()
+        assert win.run_view.attention.isVisible() and win.actions["attention"].isChecked()
+        qtbot.keyClick(win, Qt.Key.Key_PageDown)  # reveal
+        settle()
+        qtbot.waitUntil(lambda: "measured" in win.lesson_panel.answer_text(), timeout=60_000)
+        record = win.session.last_record
+        assert record.attention is not None and record.attention.positions == record.fed_stop
+        assert win.lesson_panel.answer_text().endswith(f"measured {sink_attention_share(record, 4):.1f} %")
+        qtbot.keyClick(win, Qt.Key.Key_PageDown)  # the next step: the view the sink step opened closes
+        settle()
+        assert not win.run_view.attention.isVisible() and not win.actions["attention"].isChecked()
+    finally:
+        win.close()

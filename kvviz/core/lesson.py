@@ -33,7 +33,10 @@ QUESTIONS = {
     "cache_bytes_per_token": "How many bytes of KV cache does one token take, over all layers?",
     "cache_bytes_at_8k": "How many bytes will this model's KV cache hold at 8,192 tokens?",
     "blocks_at_end": "When every request is done, how many blocks of the pool will the batch hold?",
+    "sink_attention_share": "At the next step, what share of its attention will the newest token give the sinks, "
+                            "the first positions (mean over layers and heads)?",
 }
+ATTENTION_QUESTIONS = ("sink_attention_share",)  # answered from the attention weights: the run records them
 BATCH_QUESTIONS = ("blocks_at_end",)  # asked of a serving step (a batch of `prompts`), answered by its last pass
 LONG_CONTEXT = 8192  # the tokens of cache_bytes_at_8k
 FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all", "serving")
@@ -101,6 +104,12 @@ class LessonStep:
     @property
     def question_text(self) -> str:
         return QUESTIONS[self.question] if self.question else ""
+
+    @property
+    def needs_attention(self) -> bool:
+        """The step's answer is read from the newest token's attention weights: its run records them, and the
+        app opens the attention view to show them."""
+        return self.question in ATTENTION_QUESTIONS
 
     @property
     def needs_speed(self) -> bool:
@@ -241,6 +250,8 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
             raise LessonError(f"{source}: {where}{key}: {value} is not from 0 to {MAX_LESSON_TOKENS}")
     if sinks and not window:
         raise LessonError(f"{source}: {where}sinks: attention sinks go with a window: give window too")
+    if question in ATTENTION_QUESTIONS and not sinks:
+        raise LessonError(f"{source}: {where}question: {question} asks about the sinks: give sinks too")
     kv_dtype = item.get("kv_dtype", "")
     if kv_dtype and kv_dtype not in KV_DTYPES:
         raise LessonError(f"{source}: {where}kv_dtype: expected one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}"[:300])
@@ -313,7 +324,17 @@ def measured_batch_answer(question: str, record: BatchRecord) -> float:
     raise ValueError(f"unknown question {question!r}")
 
 
-def measured_answer(question: str, previous: StepRecord | None, record: StepRecord) -> float:
+def sink_attention_share(record: StepRecord, sinks: int) -> float:
+    """The percentage of the newest query's attention on the first `sinks` positions, the mean over layers and
+    heads of each row's weights there (each row sums to 1): what the record's attention weights measured."""
+    weights = record.attention
+    if weights is None:
+        raise ValueError("the record carries no attention weights: run it with attention")
+    rows = [weights.row(layer, head) for layer in range(weights.layers) for head in range(weights.heads)]
+    return 100.0 * sum(sum(row[:sinks]) for row in rows) / len(rows)
+
+
+def measured_answer(question: str, previous: StepRecord | None, record: StepRecord, sinks: int = 0) -> float:
     """The answer to `question`, from the last record of the next generation step (`record`: its token pass,
     or the cache-filling pass that follows the last token, as the counter shows it) and the last record
     before that step (None when it is the first): what the engine measured, per layer."""
@@ -327,6 +348,8 @@ def measured_answer(question: str, previous: StepRecord | None, record: StepReco
         return record.without_cache_total / record.with_cache_total if record.with_cache_total else 0.0
     if question == "cache_bytes_after_next":
         return record.cache_bytes
+    if question == "sink_attention_share":
+        return sink_attention_share(record, sinks)
     # bytes a layer caches a position, from what each layer holds (a window's layers hold fewer than the others)
     held = record.layer_positions_held or (record.positions_held,) * record.n_layer
     per_layer_position = record.cache_bytes // sum(held) if sum(held) else 0
@@ -350,4 +373,6 @@ def format_answer(question: str, value: float, precision: str = "") -> str:
         return f"{int(value):,} bytes ({format_bytes(value)}){stored}"
     if question == "blocks_at_end":
         return f"{int(value):,} blocks"
+    if question == "sink_attention_share":
+        return f"{value:.1f} %"
     return f"{int(value):,}"

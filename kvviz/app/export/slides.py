@@ -118,7 +118,7 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
     if step.serving:
         return _run_batch_step(engine, model_name, step, where)
     request = RunRequest(0, step.prompt, step.use_cache or step.compare, step.max_new_tokens, compare=step.compare,
-                         window=step.window, sinks=step.sinks, kv_dtype=step.kv_dtype)
+                         window=step.window, sinks=step.sinks, kv_dtype=step.kv_dtype, attention=step.needs_attention)
     try:
         run = start_run(engine, request, model_name)
     except KvvizError as exc:
@@ -141,7 +141,7 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
     shown = tuple(r for r in records if r.new_tokens <= step.advance_to)
     answer = None
     if step.question:
-        answer = measured_answer(step.question, shown[-1] if shown else None, records[-1])
+        answer = measured_answer(step.question, shown[-1] if shown else None, records[-1], step.sinks)
     return StepRun(plan=plan, shown=shown, advanced=tuple(records), answer=answer)
 
 

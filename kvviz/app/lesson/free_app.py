@@ -22,13 +22,15 @@ class FreeApp:
     break_cache: bool
     window: tuple[int, int] = (0, 0)  # Run > Sliding window: positions and sinks
     kv_dtype: str = ""  # Run > KV cache precision
+    attention: bool = False  # View > Attention (a lesson's sink step opens it)
 
 
 def keep_free_app(w: LessonHost) -> FreeApp:
     """Remember the free app as it is (its run settings go to the window's settings, never a lesson's)."""
     w.controls.store(w.settings)
     c = w.controls
-    return FreeApp(w.session.latest_source, w.session.steps_target, c.break_cache, (c.window, c.sinks), c.kv_dtype)
+    return FreeApp(w.session.latest_source, w.session.steps_target, c.break_cache, (c.window, c.sinks), c.kv_dtype,
+                   c.attention)
 
 
 def give_back(w: LessonHost, free: FreeApp) -> None:
@@ -38,7 +40,9 @@ def give_back(w: LessonHost, free: FreeApp) -> None:
     c.break_cache = free.break_cache
     c.window, c.sinks = free.window
     c.kv_dtype = free.kv_dtype
-    check_run_actions(w.actions, free.break_cache, c.compare, w.actions["attention"].isChecked(), free.kv_dtype)
+    c.attention = free.attention
+    w.workspace.run_view.show_attention(free.attention)
+    check_run_actions(w.actions, free.break_cache, c.compare, free.attention, free.kv_dtype)
     if free.source != w.session.latest_source:
         w.load_model(free.source)  # its run starts once it is loaded
     else:

@@ -88,6 +88,7 @@ class LessonMode(QObject):
         self.measured: float | None = None  # the current slide's measured answer, once it is in
         self._guesses: dict[int, str] = {}  # step index -> the audience's guess
         self._nexts_when_measured = 0  # Page Down presses while the revealed answer was being measured
+        self._opened_attention = False  # a sink step opened View > Attention: the next step closes it
         self._revealing = False  # waiting for the record that answers the question
         self._model_asked: str | None = None
         self._free: FreeApp | None = None  # the free app's state while a lesson is on
@@ -151,6 +152,7 @@ class LessonMode(QObject):
         w = self._window
         self.active = False
         self._revealing = False
+        self._opened_attention = False  # (the free app gets its own attention view back)
         self._show_serving(False)
         set_lesson_keys(w.actions, False)
         self.panel.hide()
@@ -331,7 +333,17 @@ class LessonMode(QObject):
         c.kv_dtype = step.kv_dtype
         c.set_run_settings(use_cache=step.use_cache, max_new_tokens=step.max_new_tokens, temperature=0.0,
                            compare=step.compare)
-        check_run_actions(actions, False, step.compare, actions["attention"].isChecked(), step.kv_dtype)
+        # a step answered from the attention weights opens the attention view (its run records them); the next
+        # step closes what it opened
+        if step.needs_attention:
+            self._opened_attention = self._opened_attention or not actions["attention"].isChecked()
+            attention = True
+        else:
+            attention = actions["attention"].isChecked() and not self._opened_attention
+            self._opened_attention = False
+        c.attention = attention
+        self._window.workspace.run_view.show_attention(attention)
+        check_run_actions(actions, False, step.compare, attention, step.kv_dtype)
 
     def _on_speed_measured(self, _result: object) -> None:
         if self.active and self.step is not None and self.step.needs_speed:
@@ -354,7 +366,7 @@ class LessonMode(QObject):
             return  # the last token: the pass that fills the cache belongs to the step, and the answer is after it
         self._revealing = False
         previous = self._window.session.record_at(step.advance_to)  # None at the first step
-        self.measured = measured_answer(step.question, previous, record)
+        self.measured = measured_answer(step.question, previous, record, step.sinks)
         self.panel.set_answer(format_answer(step.question, self.measured, record.cache_precision))
         self._answer_measured()
 

@@ -6,7 +6,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QObject, QRect, Qt, Signal
-from PySide6.QtGui import QAction, QColor, QFont, QPainter, QPaintEvent, QPen, QResizeEvent, QShowEvent
+from PySide6.QtGui import (
+    QAction,
+    QColor,
+    QFont,
+    QFontMetrics,
+    QPainter,
+    QPaintEvent,
+    QPen,
+    QResizeEvent,
+    QShowEvent,
+)
 from PySide6.QtWidgets import QBoxLayout, QFrame, QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QSpacerItem, QWidget
 
 from kvviz.app import theme as themes
@@ -306,21 +316,32 @@ class LessonPanel(QFrame):
 
     def _fit_text(self) -> None:
         """The column's text in the largest font, from 15 points down to TEXT_LEAST_POINTS, with which all the
-        column says fits its height: at 720p a long step (the paging lesson's first) was cut at the bottom."""
-        if not self.beside or self.height() <= 0 or self._fitting:
+        column says fits its height: at 720p a long step (the paging lesson's first) was cut at the bottom. The
+        sizes are tried on the text's metrics, and the font is set once, only when it changes."""
+        if not self.beside or self.height() <= 0 or self._fitting or not self.text.text():
             return
         self._fitting = True
         try:
+            width = max(1, self.text.width())
+            others = self.grid.totalHeightForWidth(self.width()) - self.text.heightForWidth(width)
+            flags = int(Qt.TextFlag.TextWordWrap)
             size = 15.0
             while True:
                 font = self._font(size)
-                if font != self.text.font():
-                    self.text.setFont(font)
-                if self.grid.totalHeightForWidth(self.width()) <= self.height() or size <= TEXT_LEAST_POINTS:
+                needed = QFontMetrics(font).boundingRect(QRect(0, 0, width, 100_000), flags, self.text.text())
+                if others + needed.height() <= self.height() or size <= TEXT_LEAST_POINTS:
                     break
                 size -= 0.5
+            if font != self.text.font():
+                self.text.setFont(font)
         finally:
             self._fitting = False
+
+    def event(self, event: QEvent) -> bool:
+        handled = super().event(event)
+        if event.type() == QEvent.Type.LayoutRequest:  # anything shown, hidden or reworded: fit the text again
+            self._fit_text()
+        return handled
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
