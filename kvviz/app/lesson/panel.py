@@ -312,7 +312,7 @@ class LessonPanel(QFrame):
             widget.setFont(self._font(9.5))
         self.hint.setFont(self._font(11.0))
         self.guess_edit.setFixedWidth(self.guess_edit.fontMetrics().horizontalAdvance("0000000") + 16)
-        self._fit_text()
+        self._show_answer()  # (it sets the answer's font, and fits the text)
 
     def _fit_text(self) -> None:
         """The column's text in the largest font, from 15 points down to TEXT_LEAST_POINTS, with which all the
@@ -346,7 +346,6 @@ class LessonPanel(QFrame):
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self._fit_text()
-        self._show_answer()
 
 
 class FocusFrame(QWidget):
