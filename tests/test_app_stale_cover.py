@@ -104,3 +104,24 @@ def test_page_down_while_an_answer_is_measured_waits_for_it_then_goes_on(qtbot, 
     release.set()
     qtbot.waitUntil(lambda: lesson.slide == 2, timeout=30_000)  # once measured, it went on by itself
     win.close()
+
+
+def test_keys_pressed_while_a_model_loads_are_queued_said_and_taken_once_its_run_starts(qtbot, held):
+    """Space three times and P during a load: the veil says "3 steps and play queued", and the new model's run
+    takes three steps and then plays (they were lost without a sign)."""
+    import kvviz.sources.weights as weights
+
+    win = _window(qtbot)
+    cover = win.workspace.stale_cover
+    release = held(weights, "load_model")
+    win.load_model("kvviz-shakespeare-gqa")
+    qtbot.waitUntil(lambda: win.session.loading, timeout=5_000)
+    for key in (Qt.Key.Key_Space, Qt.Key.Key_Space, Qt.Key.Key_Space, Qt.Key.Key_P):
+        qtbot.keyClick(win, key)
+    qtbot.waitUntil(lambda: cover.text_shown == "Loading kvviz-shakespeare-gqa\u2026\n3 steps and play queued",
+                    timeout=5_000)
+    release.set()
+    qtbot.waitUntil(lambda: win.session.playing and win.session.steps_done >= 3, timeout=60_000)
+    assert win.session.model_info.name == "kvviz-shakespeare-gqa"
+    win.session.pause()
+    win.close()

@@ -55,6 +55,8 @@ class RunSession(QObject):
         self._deferred_run: tuple[RunRequest, int] | None = None  # asked for while loading
         self.request: RunRequest | None = None  # of the current run, as it was accepted
         self._asked: RunRequest | None = None  # of the run asked for last, until it starts or is refused
+        self._queued_steps = 0  # Step pressed while a model loads or a run is prepared: taken once it starts
+        self._queued_play: int | None = None  # Play pressed then (its interval): playing once it starts
         self._before: tuple | None = None  # the current run's state while another is asked for (see _on_run_failed)
         self.resume_steps = 0  # the step the run that follows the current load starts at (see `load`)
         w = self.controller.worker
@@ -190,9 +192,26 @@ class RunSession(QObject):
         self.controller.start_run(dataclasses.replace(request, run_id=self._run_id))
         self.state_changed.emit()
 
+    @property
+    def preparing(self) -> bool:
+        """A model loads, or a run is asked for and has not started: keys wait for it (see `queued`)."""
+        return self.loading or self._asked is not None or self._deferred_run is not None
+
+    def queued(self) -> str:
+        """What the keys pressed while preparing will do once the run starts ("2 steps", "play"), or ""."""
+        parts = [f"{self._queued_steps} step{'s' if self._queued_steps != 1 else ''}"] if self._queued_steps else []
+        if self._queued_play is not None:
+            parts.append("play")
+        return " and ".join(parts)
+
     def step(self) -> None:
-        """One new token; pauses autoplay first."""
+        """One new token; pauses autoplay first. Pressed while a model loads or a run is prepared, it is queued
+        and taken once the run starts (a key is never lost without a sign: the veil says what is queued)."""
         if not self.can_step:
+            if self.preparing and self.model_info is not None and self._queued_steps < MAX_QUEUED_STEPS:
+                self._queued_steps += 1
+                self._queued_play = None
+                self.state_changed.emit()
             return
         self.pause()
         if self._steps_requested < self.plan.budget:
@@ -204,6 +223,9 @@ class RunSession(QObject):
             self.controller.pause()
         elif self.can_step:
             self.controller.play(interval_ms)
+        elif self.preparing and self.model_info is not None:  # queued, as Step is; pressed again, not
+            self._queued_play = None if self._queued_play is not None else interval_ms
+            self.state_changed.emit()
 
     def pause(self) -> None:
         if self.playing:
@@ -229,6 +251,12 @@ class RunSession(QObject):
         for _ in range(target):
             self._steps_requested += 1
             self.controller.step()
+        queued, play, self._queued_steps, self._queued_play = self._queued_steps, self._queued_play, 0, None
+        for _ in range(min(queued, plan.budget - self._steps_requested)):  # the keys pressed while it was prepared
+            self._steps_requested += 1
+            self.controller.step()
+        if play is not None:
+            self.controller.play(play)
         self.state_changed.emit()
 
     def _on_run_failed(self, run_id: int, message: str) -> None:
@@ -244,6 +272,7 @@ class RunSession(QObject):
             self.state_changed.emit()
             return
         self.plan = None
+        self._queued_steps, self._queued_play = 0, None  # for a run that does not come
         self.run_failed.emit(message)
         self.state_changed.emit()
 
@@ -269,6 +298,7 @@ class RunSession(QObject):
         self.state_changed.emit()
 
 
+MAX_QUEUED_STEPS = 4096  # Step presses kept while a run is prepared (a run's budget caps what is taken)
 MENU_SETTINGS = ("compare", "break_cache", "attention", "window", "sinks", "kv_dtype")  # set by menus and keys
 
 

@@ -260,6 +260,9 @@ class MainWindow(QMainWindow):
                     else "Preparing the run\u2026")
         else:
             text = None
+        queued = s.queued()
+        if text is not None and queued:
+            text += f"\n{queued} queued"
         self.workspace.stale_cover.say(text)
 
     def _show_run_state(self) -> None:
