@@ -554,3 +554,30 @@ def test_about_shows_a_model_named_like_markup_as_typed(qtbot):
     document = QTextDocument()
     document.setHtml(dialog.label.text())
     assert "Model: <b>bold</b> & co" in document.toPlainText() and "Source: /tmp/<i>x</i>" in document.toPlainText()
+
+
+def test_a_bug_in_a_run_is_one_sentence_in_the_window_and_its_traceback_in_the_log(qtbot, window, tmp_path,
+                                                                                    monkeypatch):
+    """An error the user cannot fix: the window says one sentence, the log file keeps the traceback; an exception
+    no slot caught on the GUI thread gets a dialog naming the log, and the window goes on."""
+    from PySide6.QtWidgets import QMessageBox
+
+    import kvviz.core.run as run
+    from kvviz.app import report_unexpected
+
+    log = tmp_path / "kvviz.log"
+    monkeypatch.setenv("KVVIZ_LOG", str(log))
+    qtbot.waitUntil(lambda: window.session.can_step, timeout=60_000)
+    monkeypatch.setattr(run.Run, "next_token_step", lambda self: {}["no such key"])
+    with qtbot.waitSignal(window.session.run_failed, timeout=30_000) as failed:
+        window.session.step()
+    assert failed.args[0].endswith("stopped: 'no such key'.") and len(failed.args[0].splitlines()) == 1
+    assert "KeyError: 'no such key'" in log.read_text(encoding="utf-8")
+    said = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text: said.append(text))
+    try:
+        raise RuntimeError("a slot went wrong")
+    except RuntimeError as exc:
+        report_unexpected(window, exc)
+    assert said == [f"kvviz hit an unexpected error: a slot went wrong. The details are in {log}."]
+    assert "RuntimeError: a slot went wrong" in log.read_text(encoding="utf-8")

@@ -476,3 +476,18 @@ def test_generate_on_a_terminal_shows_control_characters_as_escapes(place, tmp_p
     _, err = process.communicate(timeout=TIMEOUT)
     assert process.returncode == 0, err
     assert shown.startswith(b"\\x1b[2J\\x1b]0;owned\\x07 hi") and b"\x1b" not in shown and b"\x07" not in shown
+
+
+def test_an_internal_error_is_one_line_pointing_at_its_traceback_in_the_log(tmp_path, monkeypatch, kvviz_cli):
+    """A bug (not bad input): one line, status 1, and the traceback in the log file the line names."""
+    import kvviz.core.counting as counting
+
+    log = tmp_path / "state" / "kvviz.log"
+    monkeypatch.setenv("KVVIZ_LOG", str(log))
+    monkeypatch.setattr(counting.WorkCount, "report", lambda self: 1 / 0)
+    done = kvviz_cli("count", "--prompt-tokens", "3", "--new-tokens", "12")
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr == f"kvviz: internal error: division by zero; the details are in {log}\n"
+    text = log.read_text(encoding="utf-8")
+    assert "kvviz count --prompt-tokens 3 --new-tokens 12" in text and "ZeroDivisionError" in text
+    assert "Traceback (most recent call last)" in text

@@ -145,9 +145,11 @@ def launch(model: str | None = None, prompt: str | None = None, lesson: str | No
     window = MainWindow(model, prompt, lesson=lesson, theme_name=theme)
     window.show()
     restore_interrupt = _close_on_interrupt(QApplication.closeAllWindows)
+    previous_hook, sys.excepthook = sys.excepthook, lambda _kind, exc, _tb, shown=window: report_unexpected(shown, exc)
     try:
         code = app.exec()
     finally:
+        sys.excepthook = previous_hook
         restore_interrupt()
     # Delete the window while Qt is still alive; left to interpreter teardown, it can segfault.
     window.deleteLater()
@@ -156,4 +158,18 @@ def launch(model: str | None = None, prompt: str | None = None, lesson: str | No
     return code
 
 
-__all__ = ["launch", "missing_display"]
+def report_unexpected(window, exc: BaseException) -> None:
+    """An exception no code caught on the GUI thread (a bug): its traceback to the log file, and a dialog that
+    says so in one sentence and where the details are; the window goes on."""
+    from PySide6.QtWidgets import QMessageBox
+
+    from kvviz.core.errors import first_line
+    from kvviz.core.log import log_error
+
+    logged = log_error("the app", exc)
+    where = f" The details are in {logged}." if logged else ""
+    QMessageBox.critical(window, "kvviz: unexpected error",
+                         f"kvviz hit an unexpected error: {first_line(exc) or type(exc).__name__}.{where}")
+
+
+__all__ = ["launch", "missing_display", "report_unexpected"]

@@ -282,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if is_out_of_memory(exc):
             return _fail("out of memory: try a smaller model", 1)
-        raise
+        from kvviz.core.log import log_error  # a bug, not bad input: one line here, the traceback in the log
+
+        logged = log_error(f"kvviz {' '.join(sys.argv[1:] if argv is None else argv)}", exc)
+        where = f"; the details are in {logged}" if logged else ""
+        return _fail(f"internal error: {first_line(exc) or type(exc).__name__}{where}", 1)
     finally:
         _give_back_interrupts()
         sys.stdout = real_stdout

@@ -21,7 +21,8 @@ from kvviz.app.run.worker_failures import (
     describe_run_error,
     lower_thread_priority,
 )
-from kvviz.core.errors import DownloadCancelled, as_sentence, first_line
+from kvviz.core.errors import DownloadCancelled, KvvizError, as_sentence, first_line, is_out_of_memory
+from kvviz.core.log import log_error
 from kvviz.core.records import ModelInfo, RunRequest
 
 if TYPE_CHECKING:
@@ -34,6 +35,13 @@ _THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
 def running_threads() -> list[QThread]:
     """Worker threads still running (tests fail if any outlives its test)."""
     return [t for t in list(_THREADS) if t.isRunning()]
+
+
+def log_unexpected(what: str, exc: BaseException) -> None:
+    """The traceback of a failure that is no bad input (not a KvvizError, not out of memory) to the log file: the
+    window says one sentence, the log the details."""
+    if not isinstance(exc, KvvizError) and not is_out_of_memory(exc):
+        log_error(what, exc)
 
 
 class StepAborted(Exception):
@@ -123,6 +131,7 @@ class GenerationWorker(QObject):
             if isinstance(exc, DownloadCancelled):
                 self.model_load_cancelled.emit(source)
             else:
+                log_unexpected(f"loading {source or 'the embedded model'}", exc)
                 self.model_load_failed.emit(source, describe_load_error(source, exc))
             return
         self._release_model()
@@ -190,6 +199,7 @@ class GenerationWorker(QObject):
         except Exception as exc:  # out of memory mid-run, for instance
             self._run = None
             self._set_playing(False)
+            log_unexpected(f"a run on {run.plan.model_name}", exc)
             self.run_failed.emit(run_id, describe_run_error(run.plan.model_name, exc))
             return
         for record in passes:
@@ -238,6 +248,7 @@ class GenerationWorker(QObject):
             return
         except Exception as exc:
             self._batch = None
+            log_unexpected(f"a batch on {plan.model_name}", exc)
             self.batch_failed.emit(plan.run_id, describe_run_error(plan.model_name, exc))
             return
         self.batch_computed.emit(plan.run_id, record)
@@ -255,6 +266,7 @@ class GenerationWorker(QObject):
         except StepAborted:  # closing, or the GUI asked for something else: the speed is not wanted any more
             return
         except Exception as exc:
+            log_unexpected(f"a batch on {plan.model_name}", exc)
             self.batch_failed.emit(plan.run_id, describe_run_error(plan.model_name, exc))
             return
         finally:
