@@ -361,6 +361,11 @@ def test_time_plot_draws_each_runs_measured_seconds(view, lockstep, primary_cach
     assert estimate.median == pytest.approx(statistics.median(u / c for c, u in zip(cached, uncached, strict=True)))
     assert estimate.median == pytest.approx(summarize(records).time_ratio)
     assert estimate.sentence() in view.time_plot.ratio.text()
+    # beside it, each run's median step (ms), not the totals a single slow step can turn around
+    for name, seconds in (("with cache", cached), ("without", uncached)):
+        median_ms = statistics.median(seconds) * 1000.0
+        shown = f"{median_ms:.1f} ms" if median_ms < 100 else f"{median_ms:.0f} ms"
+        assert f"{name} {shown}" in view.time_plot.ratio.text()
 
 
 @pytest.mark.parametrize("primary_cached", [True, False], ids=["primary-cached", "primary-uncached"])

@@ -191,12 +191,17 @@ class CompareTimePlot(QWidget):
 
     # ----- drawing -----
     def _ratio_text(self, cached: float | None = None, uncached: float | None = None,
-                    sentence: str | None = None) -> str:
-        """The ratio line for the times so far (or for the given ones)."""
+                    sentence: str | None = None, step_ms: tuple[float, float] | None = None) -> str:
+        """The ratio line for the times so far (or for the given ones): against a lossy cache both runs' seconds;
+        with and without the cache, a token step's median time of each beside the sentence the median of the
+        steps' ratios makes, so that no figure beside it reads otherwise (the totals did: one slow step of the
+        cached run made its total the larger under "without the cache this run took 1.4x as long")."""
         if cached is None or uncached is None:
             cached, uncached = self.totals()
             estimate = self.time_ratio()
             sentence = None if estimate is None else estimate.sentence()
+            n = min(self._steps)
+            step_ms = (float(np.median(self._ms[0, :n])), float(np.median(self._ms[1, :n]))) if n else None
         if sentence is None:
             return f"<b>measured time</b> <span style='color:{self._theme.muted}'>appears with the first step</span>"
         teal, amber = self._theme.teal, self._theme.amber
@@ -206,9 +211,9 @@ class CompareTimePlot(QWidget):
                     f"<span style='color:{amber}'>{second} {uncached:.3g} s</span>"
                     + (f"<br><span style='color:{self._theme.muted}'>{DEQUANTIZE_NOTE}</span>"
                        if self._plan.policy.quantized or self._plan.twin.policy.quantized else ""))
-        return (f"<b>measured time</b> &nbsp; <span style='color:{teal}'>with cache {cached:.3g} s</span>, "
-                f"<span style='color:{amber}'>without {uncached:.3g} s</span>: "
-                f"<b>{sentence}</b> (median of the steps)")
+        with_ms, without_ms = step_ms if step_ms is not None else (cached * 1000.0, uncached * 1000.0)
+        return (f"<b>a token step</b> (median) &nbsp; <span style='color:{teal}'>with cache {_ms(with_ms)}</span>, "
+                f"<span style='color:{amber}'>without {_ms(without_ms)}</span>: <b>{sentence}</b>")
 
     def _frame(self, last_x: int, ms_top: float, seconds_top: float) -> None:
         for plot, top in ((self.ms_plot, ms_top), (self.seconds_plot, seconds_top)):
@@ -240,4 +245,10 @@ class CompareTimePlot(QWidget):
     def _reserve_ratio(self) -> None:
         # room for the widest line ("%.3g" is widest below 1 s): new numbers never move the plots
         # the widest texts: ".3g" seconds under a millisecond ("0.000888"), the longest sentence
-        self.ratio.reserve(self._ratio_text(0.000888, 0.000888, "too few steps to tell the two apart (88 so far)"))
+        self.ratio.reserve(self._ratio_text(0.000888, 0.000888, "too few steps to tell the two apart (88 so far)",
+                                            (8888.8, 8888.8)))
+
+
+def _ms(value: float) -> str:
+    """A step's time: 5.2 ms, 88.8 ms, 1234 ms."""
+    return f"{value:.1f} ms" if value < 100 else f"{value:.0f} ms"
