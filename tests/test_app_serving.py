@@ -73,7 +73,9 @@ def test_the_paging_lesson_reveals_the_blocks_measured_and_leaving_it_brings_the
     win.show()
     try:
         qtbot.waitUntil(lambda: win.lesson.ready, timeout=60_000)
-        assert win.serving.active and win.workspace.serving.get().isVisible()
+        page = win.workspace.serving.get()
+        assert win.serving.active and page.isVisible()
+        assert not page.inputs.isVisible()  # the step's batch: no prompts to edit, more room for the view
         assert win.serving.batch.records == []  # the question: before the first pass
         qtbot.keyClick(win, Qt.Key.Key_PageDown)  # the answer: the batch runs to its end
         qtbot.waitUntil(lambda: win.lesson.ready, timeout=60_000)
@@ -86,6 +88,8 @@ def test_the_paging_lesson_reveals_the_blocks_measured_and_leaving_it_brings_the
         qtbot.waitUntil(lambda: not win.lesson.active and win.session.plan is not None
                         and win.session.plan.prompt == "hello", timeout=60_000)
         assert not win.serving.active and win.run_view.isVisible()
+        win.actions["serving"].trigger()  # the free app's serving view has its inputs again
+        assert page.isVisible() and page.inputs.isVisible()
     finally:
         win.close()
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from kvviz.app.run.session import RunSession
     from kvviz.app.settings import AppSettings
     from kvviz.app.window.controls import RunControls
+    from kvviz.app.window.presentation import Presentation
     from kvviz.app.window.serving_mode import ServingMode
     from kvviz.app.window.speed_panel import SpeedPanel
     from kvviz.app.window.workspace import Workspace
@@ -44,6 +45,7 @@ class LessonHost(Protocol):
     workspace: Workspace
     speed: SpeedPanel
     serving: ServingMode
+    presentation: Presentation
     actions: dict[str, QAction]
 
     def centralWidget(self) -> QWidget: ...
@@ -295,6 +297,13 @@ class LessonMode(QObject):
         action = self._window.actions["serving"]
         if action.isChecked() != on:
             action.setChecked(on)
+        # the batch's inputs are the step's: hidden in a lesson, so that at 720p the view (its speed line
+        # included) fits without scrolling; back when the lesson leaves serving (presenter mode keeps them hidden)
+        page = self._window.workspace.serving
+        if on:
+            page.get().inputs.hide()
+        elif page.built:
+            page.get().inputs.setVisible(not self._window.presentation.presenter)
 
     def _start_batch(self) -> None:
         """The step's batch, planned anew and taken to `advance_to` passes (its answer's slide: to the end)."""

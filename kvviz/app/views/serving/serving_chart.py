@@ -16,6 +16,9 @@ MIB = 1024 * 1024
 LINES = (("contiguous", "contiguous, reserved"), ("used", "positions held"), ("paged", "paged: blocks in use"))
 
 
+LEGEND_ROOM = 1.4  # the y range's top, in contiguous reservations: a one-row legend above the lines
+
+
 class ServingChart(pg.PlotWidget):
     """Bytes against the pass; `reset(plan)` frames the run, `show(records)` draws every pass so far."""
 
@@ -28,6 +31,7 @@ class ServingChart(pg.PlotWidget):
         self.hideButtons()
         self._theme = themes.current()
         self._scale = 1.0
+        self._headroom = LEGEND_ROOM  # the y range over the contiguous line: room for the legend above the lines
         self._plan: BatchPlan | None = None
         self.curves = {key: self.plot([], [], name=label) for key, label in LINES}
         self.legend = self.addLegend(offset=(10, 5))
@@ -82,6 +86,11 @@ class ServingChart(pg.PlotWidget):
             self.legend.updateSize()
             if self.legend.boundingRect().width() <= room or columns == 1:
                 break
+        rows = -(-len(LINES) // columns)
+        headroom = LEGEND_ROOM + 0.3 * (rows - 1)  # the lines stay under a legend of more rows
+        if headroom != self._headroom:
+            self._headroom = headroom
+            self._frame_y()
 
     def sizeHint(self) -> QSize:
         return QSize(600, self.minimumHeight())  # it takes what room is left: the page fits a 720p screen
@@ -91,7 +100,11 @@ class ServingChart(pg.PlotWidget):
         for curve in self.curves.values():
             curve.setData([], [])
         self.setXRange(0.5, plan.passes + 0.5, padding=0)
-        self.setYRange(0, plan.contiguous_reserved_bytes / MIB * 1.4, padding=0)
+        self._frame_y()
+
+    def _frame_y(self) -> None:
+        if self._plan is not None:
+            self.setYRange(0, self._plan.contiguous_reserved_bytes / MIB * self._headroom, padding=0)
 
     def clear_lines(self) -> None:
         self._plan = None
