@@ -150,3 +150,25 @@ def test_the_memory_chart_keeps_its_legend_inside_at_any_width(qtbot):
         box = chart.getPlotItem().getViewBox().sceneBoundingRect()
         assert chart.legend.sceneBoundingRect().right() <= box.right(), width
     assert chart.legend.columnCount < 3  # at the narrowest
+
+
+def test_the_memory_chart_keeps_its_lines_under_its_legend(qtbot):
+    """The dashed contiguous line, the highest, is drawn below the legend's box at any size (at 720p the legend's
+    second row covered it)."""
+    from types import SimpleNamespace
+
+    from PySide6.QtCore import QPointF
+
+    from kvviz.app.views.serving.serving_chart import ServingChart
+
+    mib = 2.5
+    chart = ServingChart()
+    qtbot.addWidget(chart)
+    chart.setVisible(True)
+    chart.reset(SimpleNamespace(passes=20, contiguous_reserved_bytes=int(mib * 1024 * 1024)))  # what reset reads
+    for width, height in ((1200, 400), (520, 240), (420, 220)):  # 720p's is about 440 x 230
+        chart.resize(width, height)
+        qtbot.waitUntil(lambda w=width, h=height: chart.size().toTuple() == (w, h), timeout=5_000)
+        box = chart.getPlotItem().getViewBox()
+        contiguous = box.mapViewToScene(QPointF(1.0, mib)).y()
+        assert chart.legend.sceneBoundingRect().bottom() < contiguous, (width, height)

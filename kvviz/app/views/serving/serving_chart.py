@@ -16,7 +16,8 @@ MIB = 1024 * 1024
 LINES = (("contiguous", "contiguous, reserved"), ("used", "positions held"), ("paged", "paged: blocks in use"))
 
 
-LEGEND_ROOM = 1.4  # the y range's top, in contiguous reservations: a one-row legend above the lines
+LEGEND_ROOM = 1.4  # the y range's top, in contiguous reservations, at the least: a legend's row above the lines
+MAX_ROOM = 4.0  # and at the most (a chart so short that its legend takes most of it)
 
 
 class ServingChart(pg.PlotWidget):
@@ -78,7 +79,7 @@ class ServingChart(pg.PlotWidget):
     def _fit_legend(self) -> None:
         """The legend in three columns where the plot is wide enough, else two or one: at 720p its third name
         ran past the plot's right edge ("paged: l")."""
-        if getattr(self, "legend", None) is None:  # a resize while pyqtgraph builds the widget
+        if getattr(self, "legend", None) is None or self.getPlotItem() is None:  # a resize while pyqtgraph builds it
             return
         room = self.getPlotItem().getViewBox().width() - 16
         for columns in (3, 2, 1):
@@ -86,8 +87,11 @@ class ServingChart(pg.PlotWidget):
             self.legend.updateSize()
             if self.legend.boundingRect().width() <= room or columns == 1:
                 break
-        rows = -(-len(LINES) // columns)
-        headroom = LEGEND_ROOM + 0.3 * (rows - 1)  # the lines stay under a legend of more rows
+        # the contiguous line (the highest) stays under the legend: the share of the plot's height the legend and
+        # its offset take sets how far above that line the y range goes
+        height = self.getPlotItem().getViewBox().height()
+        share = (self.legend.boundingRect().height() + 12) / height if height > 0 else 0.0
+        headroom = round(min(MAX_ROOM, max(LEGEND_ROOM, 1.0 / max(0.05, 1.0 - share - 0.04))), 2)
         if headroom != self._headroom:
             self._headroom = headroom
             self._frame_y()
