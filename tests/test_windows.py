@@ -418,3 +418,26 @@ def test_the_sink_step_opens_the_attention_view_answers_the_share_measured_and_t
         assert not win.run_view.attention.isVisible() and not win.actions["attention"].isChecked()
     finally:
         win.close()
+
+
+def test_sinks_leave_the_full_layers_of_a_partial_window_exact(tmp_path):
+    """Qwen2 windows layer 1 only (max_window_layers 1): sinks turn the windowed layer's queries to their place in
+    the cache, and leave layer 0, which keeps every position, as an exact run computes it (#37, defect 1: layer 0
+    differed by 1.45 with 2 sinks)."""
+    config = transformers.Qwen2Config(vocab_size=1000, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    spread_peer(transformers.Qwen2ForCausalLM, config, 6).save_pretrained(tmp_path / "qwen2")
+    model = load_checkpoint(tmp_path / "qwen2")
+    engine = Engine(model)
+    ids = torch.tensor([PROMPT_IDS + PROMPT_IDS[:5]])  # 12 positions, past the window of 4 and 2 sinks
+    outputs = {}
+    hook = model.blocks[0].register_forward_hook(lambda _m, _i, out: outputs.setdefault(len(outputs), out.detach()))
+    try:
+        with torch.no_grad():
+            model(ids)  # exact: no cache
+            model(ids, kv_cache=engine._new_cache(ids.shape[1], "", engine.policy(sinks=2)))
+    finally:
+        hook.remove()
+    assert engine.policy(sinks=2).first_layer == 1
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-5), float((outputs[0] - outputs[1]).abs().max())

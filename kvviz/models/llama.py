@@ -163,10 +163,11 @@ class Attention(nn.Module):
 
     def turned_for_sinks(self, q: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache) -> torch.Tensor | None:
         """`q` (B, nh, T, hd) turned to each query's position within the cache, where attention sinks keep the
-        text's first positions (StreamingLLM): sinks, then the window, the query last. None without sinks."""
+        text's first positions (StreamingLLM): sinks, then the window, the query last. None without sinks, and on
+        a layer the window leaves full (below `first_layer`), whose keys all keep their positions."""
         sinks, window = kv_cache.policy.sinks, kv_cache.policy.window
-        if not sinks:
-            return None
+        if not sinks or self.layer_index < kv_cache.policy.first_layer:  # a full layer (Qwen2's lower ones)
+            return None  # keeps every position where it is: its queries turn to their own positions
         within = positions.clamp(max=sinks + window - 1)  # (T,): the window's keys keep their distances
         return rotate(q, *rope_angles(within, self.head_dim, self.rope_theta, q.dtype))
 
