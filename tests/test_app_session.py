@@ -180,3 +180,15 @@ def test_garbage_is_collected_on_the_gui_thread_while_a_worker_exists(qtbot):
     assert gc.isenabled()
 
 
+
+
+def test_step_pressed_right_after_play_pauses_it(qtbot, open_window, app_model):
+    """P then Space before the worker has said it plays (#37, defect 2): the Space pauses autoplay and takes its
+    one token; autoplay went on and the Space queued an extra token."""
+    win = open_window(app_model)
+    session = win.session
+    qtbot.waitUntil(lambda: session.can_step, timeout=60_000)
+    session.toggle_play(1000)  # (1 s a token: only the Space's token can come before the check)
+    session.step()  # at once: the worker has not answered the Play yet
+    qtbot.waitUntil(lambda: session.steps_done >= 1, timeout=30_000)
+    assert not session.playing  # (the worker's answers come in order: played, paused, then the token)

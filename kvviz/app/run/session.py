@@ -46,6 +46,7 @@ class RunSession(QObject):
         self.plan: RunPlan | None = None
         self.records: list[StepRecord] = []  # the current run's, in order: its one history
         self.playing = False
+        self._play_asked = False  # Play sent to the worker, which has not said it plays yet (see pause)
         self.finished = False
         self._pending_loads: list[str] = []
         self._fallback_tried = False
@@ -219,16 +220,18 @@ class RunSession(QObject):
             self.controller.step()
 
     def toggle_play(self, interval_ms: int) -> None:
-        if self.playing:
-            self.controller.pause()
+        if self.playing or self._play_asked:
+            self.pause()
         elif self.can_step:
+            self._play_asked = True  # until the worker says it plays: a Step pressed meanwhile still pauses it
             self.controller.play(interval_ms)
         elif self.preparing and self.model_info is not None:  # queued, as Step is; pressed again, not
             self._queued_play = None if self._queued_play is not None else interval_ms
             self.state_changed.emit()
 
     def pause(self) -> None:
-        if self.playing:
+        if self.playing or self._play_asked:
+            self._play_asked = False
             self.controller.pause()
 
     def set_interval(self, interval_ms: int) -> None:
@@ -294,6 +297,7 @@ class RunSession(QObject):
     def _on_playing_changed(self, playing: bool) -> None:
         worker_thread_guards.hold_old_generations(playing)
         self.playing = playing
+        self._play_asked = False  # the worker's own word from now on
         self.playing_changed.emit(playing)
         self.state_changed.emit()
 
