@@ -217,11 +217,6 @@ class AttentionView(QWidget):
             self.refresh()
             self.layer_shown.emit(layer)
 
-    def set_head(self, head: int) -> None:
-        index = self.head_box.findData(head)
-        if index >= 0:
-            self.head_box.setCurrentIndex(index)
-
     def align_under(self, plot_item: pg.PlotItem) -> None:
         """Line the strip's columns up under `plot_item`'s (the K/V grid's): the same x range, and a left axis
         as wide as the grid's, whatever it is (the views are as wide as each other)."""

@@ -171,10 +171,6 @@ class TokenStrip(QWidget):
             self._rows = rows
             self.updateGeometry()
 
-    def shown_rows(self) -> int:
-        """The rows of chips its height holds now."""
-        return self._rows
-
     def sizeHint(self) -> QSize:
         return QSize(600, int(self._row_height() * self._rows + GAP + 2))
 

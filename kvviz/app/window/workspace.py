@@ -119,10 +119,6 @@ class Workspace(QWidget):
             scroll.setVisible(on)
             self._lesson_panel.set_columns_beside(scroll.minimumWidth() + self._beside.spacing() if on else 0)
 
-    @property
-    def serving_shown(self) -> bool:
-        return self._serving_shown
-
     def show_serving(self, on: bool) -> None:
         """View > Serving: the serving page in place of the run's views (or compare mode's), and back."""
         if on == self._serving_shown:

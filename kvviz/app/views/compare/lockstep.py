@@ -19,11 +19,6 @@ class TokenStep:
     logits_agree: bool = True  # the difference lies within the float noise the record names (logit_tolerance)
     logit_tolerance: float = 0.0
 
-    @property
-    def diverged(self) -> bool:
-        """The runs part at this step: other tokens, or logits beyond float noise."""
-        return not self.same or not self.logits_agree
-
 
 def token_step(record: StepRecord) -> TokenStep | None:
     """The token step `record` carries, or None for a pass that carries none (a cache-filling pass

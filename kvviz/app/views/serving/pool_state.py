@@ -57,13 +57,6 @@ def block_tooltip(cell: BlockCell, block_size: int) -> str:
             f"{whose}\nTokens: \u201c{text}\u201d")
 
 
-def memory_lines(plan: BatchPlan, record: BatchRecord) -> dict[str, float]:
-    """The bytes the chart plots at this pass: paged (blocks in use), used (every request's positions on its own)
-    and contiguous (one buffer per request at the batch's longest length, reserved from the start)."""
-    return {"paged": record.paged_bytes, "used": record.used_bytes,
-            "contiguous": plan.contiguous_reserved_bytes}
-
-
 def summary(plan: BatchPlan, record: BatchRecord | None) -> str:
     """One line under the title: passes, blocks in use and shared, what sharing saved."""
     requests = plural(len(plan.requests), "request")
