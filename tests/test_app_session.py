@@ -73,8 +73,8 @@ def test_a_request_the_model_cannot_run_fails_before_the_views_reset(qtbot, tmp_
 
 
 def test_worker_restores_the_gil_switch_interval_when_it_stops(qtbot):
+    from kvviz.app.run.controller import WorkerController
     from kvviz.app.run.shared_interpreter import GIL_SWITCH_INTERVAL_S
-    from kvviz.app.run.worker import WorkerController
 
     before = sys.getswitchinterval()
     assert before > GIL_SWITCH_INTERVAL_S  # Python's default, 5 ms
@@ -150,7 +150,7 @@ def test_garbage_is_collected_on_the_gui_thread_while_a_worker_exists(qtbot):
     import threading
     import weakref
 
-    from kvviz.app.run.worker import WorkerController
+    from kvviz.app.run.controller import WorkerController
 
     controller = WorkerController()
     try:

@@ -9,7 +9,7 @@ from PySide6.QtCore import QObject, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QWidget
 
-from kvviz.app.lesson.panel import FocusFrame
+from kvviz.app.lesson.frame import FocusFrame
 from kvviz.app.theme import Theme
 from kvviz.core.lesson import Lesson, LessonStep
 

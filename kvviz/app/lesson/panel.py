@@ -1,19 +1,13 @@
 """Lesson mode's column beside the views (or strip above them): the step's title and text, its question and
-the measured answer, the lecturer's notes; and the frame that points the audience at one view."""
+the measured answer, the lecturer's notes (the frame around a view is frame.py's)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QObject, QRect, Qt, Signal
 from PySide6.QtGui import (
     QAction,
-    QColor,
     QFont,
     QFontMetrics,
-    QPainter,
-    QPaintEvent,
-    QPen,
     QResizeEvent,
     QShowEvent,
 )
@@ -27,7 +21,6 @@ from kvviz.app.lesson.step_text import answer_line, keep_together, step_position
 from kvviz.app.theme import Theme
 from kvviz.core.lesson import LessonStep
 
-FRAME_WIDTH = 3  # pixels
 TEXT_LEAST_POINTS = 10.0  # the column's text shrinks to fit its height down to this (at zoom 1), no further
 QWIDGETSIZE_MAX = (1 << 24) - 1
 
@@ -346,75 +339,3 @@ class LessonPanel(QFrame):
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self._fit_text()
-
-
-class FocusFrame(QWidget):
-    """A thin outline drawn over one view (or a part of one) to point the audience at it.
-
-    It lies on top of `host` (an ancestor of every view it frames, outside the exported views), lets
-    the mouse through, and follows its target when anything between the two moves or resizes.
-    """
-
-    def __init__(self, host: QWidget) -> None:
-        super().__init__(host)
-        self.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents, True)
-        self.setAttribute(Qt.WidgetAttribute.WA_NoSystemBackground, True)
-        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)
-        self._host = host
-        self._target: QWidget | None = None
-        self._part: Callable[[], QRect | None] | None = None
-        self._watched: list[QObject] = []
-        self._colour = themes.current().frame
-        self.hide()
-
-    def set_theme(self, theme: Theme) -> None:
-        self._colour = theme.frame
-        self.update()
-
-    @property
-    def target(self) -> QWidget | None:
-        return self._target
-
-    def frame(self, target: QWidget | None, part: Callable[[], QRect | None] | None = None) -> None:
-        """Outline `target` (None: nothing), or the rectangle `part()` gives in its coordinates."""
-        for watched in self._watched:
-            watched.removeEventFilter(self)
-        self._watched = []
-        self._target, self._part = target, part
-        widget = target
-        while widget is not None and widget is not self._host:
-            widget.installEventFilter(self)
-            self._watched.append(widget)
-            widget = widget.parentWidget()
-        self.follow()
-
-    def follow(self) -> None:
-        """Put the frame over its target again (hidden while the target is)."""
-        target = self._target
-        if target is None or not target.isVisibleTo(self._host):
-            self.hide()
-            return
-        rect = self._part() if self._part is not None else None
-        if rect is None:
-            rect = target.rect()
-        top_left = target.mapTo(self._host, rect.topLeft())
-        self.setGeometry(QRect(top_left, rect.size()))
-        self.raise_()
-        self.show()
-        self.update()
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if event.type() in (QEvent.Type.Resize, QEvent.Type.Move, QEvent.Type.Show, QEvent.Type.Hide,
-                            QEvent.Type.LayoutRequest):
-            self.follow()
-        return False
-
-    def paintEvent(self, event: QPaintEvent) -> None:
-        painter = QPainter(self)
-        painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
-        pen = QPen(QColor(self._colour))
-        pen.setWidth(FRAME_WIDTH)
-        painter.setPen(pen)
-        half = FRAME_WIDTH / 2
-        painter.drawRoundedRect(self.rect().toRectF().adjusted(half, half, -half, -half), 6, 6)
-        painter.end()

@@ -7,7 +7,7 @@ import dataclasses
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from kvviz.app.run.worker import WorkerController
+from kvviz.app.run.controller import WorkerController
 from kvviz.core.batch_records import BatchPlan, BatchRecord, BatchRequest, BatchSpeed
 
 

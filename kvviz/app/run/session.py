@@ -6,8 +6,8 @@ import dataclasses
 
 from PySide6.QtCore import QObject, Signal
 
+from kvviz.app.run.controller import WorkerController
 from kvviz.app.run.shared_interpreter import worker_thread_guards
-from kvviz.app.run.worker import WorkerController
 from kvviz.core.records import ModelInfo, RunPlan, RunRequest, StepRecord
 
 EMBEDDED = ""  # model source meaning the embedded default

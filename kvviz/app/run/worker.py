@@ -14,34 +14,26 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
-from kvviz.app.run.shared_interpreter import worker_thread_guards
 from kvviz.app.run.worker_failures import (
     check_dtype_runs,
     describe_load_error,
     describe_run_error,
+    log_unexpected,
     lower_thread_priority,
 )
-from kvviz.core.errors import DownloadCancelled, KvvizError, as_sentence, first_line, is_out_of_memory
-from kvviz.core.log import log_error
+from kvviz.core.errors import DownloadCancelled, as_sentence, first_line
 from kvviz.core.records import ModelInfo, RunRequest
 
 if TYPE_CHECKING:
     from kvviz.core.engine import Engine
     from kvviz.core.run import Run
 
-_THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
+WORKER_THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()  # every worker thread started (controller.py adds them)
 
 
 def running_threads() -> list[QThread]:
     """Worker threads still running (tests fail if any outlives its test)."""
-    return [t for t in list(_THREADS) if t.isRunning()]
-
-
-def log_unexpected(what: str, exc: BaseException) -> None:
-    """The traceback of a failure that is no bad input (not a KvvizError, not out of memory) to the log file: the
-    window says one sentence, the log the details."""
-    if not isinstance(exc, KvvizError) and not is_out_of_memory(exc):
-        log_error(what, exc)
+    return [t for t in list(WORKER_THREADS) if t.isRunning()]
 
 
 class StepAborted(Exception):
@@ -314,96 +306,3 @@ class GenerationWorker(QObject):
         self._batch = None
         self._engine = None
         self._loaded = None
-
-
-class WorkerController(QObject):
-    """The GUI side: owns the QThread and the worker, and turns method calls into queued commands."""
-
-    load_requested = Signal(str, str)  # source, dtype
-    run_requested = Signal(object)
-    step_requested = Signal()
-    play_requested = Signal(int)
-    pause_requested = Signal()
-    interval_changed = Signal(int)
-    shutdown_requested = Signal()
-    batch_requested = Signal(object)  # BatchRequest
-    batch_step_requested = Signal()
-
-    def __init__(self, parent: QObject | None = None) -> None:
-        super().__init__(parent)
-        worker_thread_guards.acquire()
-        self._holds_guards = True
-        self.thread = QThread()
-        self.thread.setObjectName("kvviz-worker")
-        self.worker = GenerationWorker()
-        self.worker.moveToThread(self.thread)
-        self.load_requested.connect(self.worker.load_model)
-        self.run_requested.connect(self.worker.start_run)
-        self.step_requested.connect(self.worker.step)
-        self.play_requested.connect(self.worker.play)
-        self.pause_requested.connect(self.worker.pause)
-        self.interval_changed.connect(self.worker.set_interval)
-        self.shutdown_requested.connect(self.worker.shut_down)
-        self.batch_requested.connect(self.worker.start_batch)
-        self.batch_step_requested.connect(self.worker.step_batch)
-        self.thread.started.connect(self.worker.prepare_thread)
-        self.thread.finished.connect(self.worker.deleteLater)
-        _THREADS.add(self.thread)
-        self.thread.start()
-
-    def load(self, source: str, dtype: str = "float32") -> None:
-        self.worker.stop_measuring.set()
-        self.load_requested.emit(source, dtype)
-
-    def start_run(self, request: RunRequest) -> None:
-        self.worker.abort.clear()
-        self.worker.stop_measuring.set()
-        self.run_requested.emit(request)
-
-    def step(self) -> None:
-        self.worker.stop_measuring.set()
-        self.step_requested.emit()
-
-    def start_batch(self, request) -> None:
-        self.worker.abort.clear()
-        self.worker.stop_measuring.set()
-        self.batch_requested.emit(request)
-
-    def step_batch(self) -> None:
-        self.batch_step_requested.emit()
-
-    def play(self, interval_ms: int) -> None:
-        self.play_requested.emit(interval_ms)
-
-    def pause(self) -> None:
-        self.pause_requested.emit()
-
-    def set_interval(self, interval_ms: int) -> None:
-        self.interval_changed.emit(interval_ms)
-
-    def cancel_download(self) -> None:
-        self.worker.cancel_download.set()
-
-    def stop(self, timeout_ms: int = 1000) -> bool:
-        """Abort the current pass, finish the thread and wait for it; True when it has ended."""
-        if not self.thread.isRunning():
-            self._release_guards()
-            return True
-        self.worker.abort.set()
-        self.worker.cancel_download.set()
-        self.shutdown_requested.emit()
-        self.thread.quit()
-        ended = self.thread.wait(timeout_ms)
-        if ended:
-            self._release_guards()
-        return ended
-
-    def wait(self) -> None:
-        """Block until the thread has ended (after `stop` ran out of time during an uninterruptible load)."""
-        self.thread.wait()
-        self._release_guards()
-
-    def _release_guards(self) -> None:
-        if self._holds_guards:
-            self._holds_guards = False
-            worker_thread_guards.release()

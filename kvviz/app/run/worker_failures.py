@@ -70,3 +70,13 @@ def describe_run_error(model_name: str, exc: BaseException) -> str:
     if is_out_of_memory(exc):
         return f"Not enough memory to continue with {model_name}; lower max new tokens or choose a smaller model."
     return as_sentence(f"Generation with {model_name} stopped: {first_line(exc)}")
+
+
+def log_unexpected(what: str, exc: BaseException) -> None:
+    """The traceback of a failure that is no bad input (not a KvvizError, not out of memory) to the log file: the
+    window says one sentence, the log the details."""
+    from kvviz.core.errors import KvvizError
+    from kvviz.core.log import log_error
+
+    if not isinstance(exc, KvvizError) and not is_out_of_memory(exc):
+        log_error(what, exc)
