@@ -40,6 +40,7 @@ class LessonFocus(QObject):
         self.lesson: Lesson | None = None
         self._memory_view_opened = False  # by a memory step, which closes it again when the lesson moves on
         self._speed_view_opened = False  # by a speed step, likewise
+        self._attention_opened = False  # View > Attention, by a step answered from the attention weights, likewise
         self._sweep_timer = QTimer(self, singleShot=True, interval=SPEED_SWEEP_DELAY_MS, timeout=self.prepare_speed)
 
     @property
@@ -62,8 +63,19 @@ class LessonFocus(QObject):
             target = {"grid": grid, "chart": chart, "counter": counter}[step.focus]
         self.frame.frame(target)
 
+    def attention_for(self, step: LessonStep, checked: bool) -> bool:
+        """Whether `step`'s run records attention and shows the attention view, View > Attention being `checked`:
+        a step answered from the weights opens it; the next step closes it if that step opened it."""
+        if step.needs_attention:
+            self._attention_opened = self._attention_opened or not checked
+            return True
+        opened, self._attention_opened = self._attention_opened, False
+        return checked and not opened
+
     def clear(self) -> None:
-        """Nothing framed, and the views the lesson opened closed again; no sweep waiting to start."""
+        """Nothing framed, and the views the lesson opened closed again; no sweep waiting to start (the attention
+        view goes back to the free app's own, which give_back sets)."""
+        self._attention_opened = False
         self.frame.frame(None)
         self.memory_frame.frame(None)
         self._show_memory_view(False)

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from kvviz.app.run.session import RunSession
     from kvviz.app.settings import AppSettings
     from kvviz.app.window.controls import RunControls
-    from kvviz.app.window.presentation import Presentation
     from kvviz.app.window.serving_mode import ServingMode
     from kvviz.app.window.speed_panel import SpeedPanel
     from kvviz.app.window.workspace import Workspace
@@ -45,7 +44,6 @@ class LessonHost(Protocol):
     workspace: Workspace
     speed: SpeedPanel
     serving: ServingMode
-    presentation: Presentation
     actions: dict[str, QAction]
 
     def centralWidget(self) -> QWidget: ...
@@ -90,7 +88,6 @@ class LessonMode(QObject):
         self.measured: float | None = None  # the current slide's measured answer, once it is in
         self._guesses: dict[int, str] = {}  # step index -> the audience's guess
         self._nexts_when_measured = 0  # Page Down presses while the revealed answer was being measured
-        self._opened_attention = False  # a sink step opened View > Attention: the next step closes it
         self._revealing = False  # waiting for the record that answers the question
         self._model_asked: str | None = None
         self._free: FreeApp | None = None  # the free app's state while a lesson is on
@@ -154,7 +151,6 @@ class LessonMode(QObject):
         w = self._window
         self.active = False
         self._revealing = False
-        self._opened_attention = False  # (the free app gets its own attention view back)
         self._show_serving(False)
         set_lesson_keys(w.actions, False)
         self.panel.hide()
@@ -297,13 +293,7 @@ class LessonMode(QObject):
         action = self._window.actions["serving"]
         if action.isChecked() != on:
             action.setChecked(on)
-        # the batch's inputs are the step's: hidden in a lesson, so that at 720p the view (its speed line
-        # included) fits without scrolling; back when the lesson leaves serving (presenter mode keeps them hidden)
-        page = self._window.workspace.serving
-        if on:
-            page.get().inputs.hide()
-        elif page.built:
-            page.get().inputs.setVisible(not self._window.presentation.presenter)
+        self._window.serving.show_inputs(not on)  # a step's batch is the step's: no inputs to edit
 
     def _start_batch(self) -> None:
         """The step's batch, planned anew and taken to `advance_to` passes (its answer's slide: to the end)."""
@@ -342,15 +332,7 @@ class LessonMode(QObject):
         c.kv_dtype = step.kv_dtype
         c.set_run_settings(use_cache=step.use_cache, max_new_tokens=step.max_new_tokens, temperature=0.0,
                            compare=step.compare)
-        # a step answered from the attention weights opens the attention view (its run records them); the next
-        # step closes what it opened
-        if step.needs_attention:
-            self._opened_attention = self._opened_attention or not actions["attention"].isChecked()
-            attention = True
-        else:
-            attention = actions["attention"].isChecked() and not self._opened_attention
-            self._opened_attention = False
-        c.attention = attention
+        c.attention = attention = self.focus.attention_for(step, actions["attention"].isChecked())
         self._window.workspace.run_view.show_attention(attention)
         check_run_actions(actions, False, step.compare, attention, step.kv_dtype)
 

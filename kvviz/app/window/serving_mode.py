@@ -54,6 +54,14 @@ class ServingMode:
         self._show_status()
         self.workspace.focus_grid()
 
+    def show_inputs(self, shown: bool) -> None:
+        """The batch's inputs on the page, or not (a lesson's serving step sets them: hidden, so that at 720p the
+        view fits with its speed line); presenter mode keeps them hidden either way."""
+        if not shown:
+            self.page_view.get().inputs.hide()
+        elif self.page_view.built:
+            self.page_view.get().inputs.setVisible(not self.window.presentation.presenter)
+
     def run(self, passes: int = 0) -> None:
         """Plan the batch the page asks for anew; with `passes`, take that many passes at once."""
         request = self.page_view.get().request()
