@@ -13,11 +13,17 @@ def _elide_prompt(prompt: str) -> str:
     return text if len(text) <= CAPTION_PROMPT_CHARS else text[: CAPTION_PROMPT_CHARS - 1].rstrip() + "\u2026"
 
 
+def quoted_prompt(caption: str) -> tuple[str, str] | None:
+    """(the prompt, the rest) of a caption that starts with its quoted prompt (“prompt” — model, ...), else None."""
+    match = re.match(r"^\u201c(.*)\u201d(.*)$", caption, re.DOTALL)
+    return (match.group(1), match.group(2)) if match else None
+
+
 def shorten_caption(caption: str) -> str:
     """A caption that fits a few lines: the quoted prompt at its head elided, whitespace collapsed."""
-    match = re.match(r"^\u201c(.*)\u201d(.*)$", caption, re.DOTALL)
-    if match:
-        caption = f"\u201c{_elide_prompt(match.group(1))}\u201d{match.group(2)}"
+    parts = quoted_prompt(caption)
+    if parts:
+        caption = f"\u201c{_elide_prompt(parts[0])}\u201d{parts[1]}"
     caption = " ".join(caption.split())
     return caption if len(caption) <= CAPTION_MAX_CHARS else caption[: CAPTION_MAX_CHARS - 1] + "\u2026"
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMarginsF, QPoint, QRectF, QSizeF, Qt
@@ -23,6 +22,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QWidget
 
 from kvviz.app import theme as themes
+from kvviz.app.export.caption import quoted_prompt
 from kvviz.app.export.files import ExportError
 from kvviz.app.export.render import encode_png, painting, prepared_for_export
 
@@ -124,9 +124,9 @@ def _one_line(footer: str, font: QFont, width: float) -> str:
     metrics = QFontMetricsF(font)
     if metrics.horizontalAdvance(footer) <= width:
         return footer
-    match = re.match(r"^\u201c(.*)\u201d(.*)$", footer, re.DOTALL)
-    if match:
-        prompt, rest = match.groups()
+    parts = quoted_prompt(footer)
+    if parts:
+        prompt, rest = parts
         for keep in range(len(prompt) - 1, 0, -1):
             shorter = f"\u201c{prompt[:keep].rstrip()}\u2026\u201d{rest}"
             if metrics.horizontalAdvance(shorter) <= width:
