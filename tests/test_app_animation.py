@@ -70,7 +70,7 @@ def tiny(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def source() -> AnimationSource:
     """A tiny model's cached run of N tokens: its plan and all N + 1 records."""
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=2, n_head=2, n_embd=32, n_ctx=64))
     plan = engine.plan(engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name="tiny")

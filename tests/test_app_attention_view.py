@@ -18,7 +18,7 @@ PROMPT = "Time flies fast"
 
 @pytest.fixture(scope="module")
 def engine(app_model):
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     return Engine(load_model(app_model).model)

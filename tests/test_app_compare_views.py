@@ -26,7 +26,7 @@ N = 8
 
 @pytest.fixture(scope="module")
 def engine(app_model):
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     return Engine(load_model(app_model).model)
@@ -35,7 +35,7 @@ def engine(app_model):
 @pytest.fixture(scope="module")
 def lockstep(engine):
     """lockstep(use_cache, cache_fault, n) -> (plan, records) of a lockstep run of PROMPT, computed once."""
-    from kvviz.core.compare import Lockstep, plan_lockstep
+    from kvviz.engine.compare import Lockstep, plan_lockstep
 
     runs: dict[tuple, tuple] = {}
 
@@ -209,8 +209,8 @@ def test_identity_strip_keeps_the_newest_step_in_view_and_paints_only_new_steps(
     """220 steps of a tiny model: the strip scrolls to the newest, and a new step repaints its column only."""
     from helpers_checkpoints import tiny_kvviz_model
 
-    from kvviz.core.compare import Lockstep, plan_lockstep
-    from kvviz.core.engine import Engine
+    from kvviz.engine.compare import Lockstep, plan_lockstep
+    from kvviz.engine.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=1, n_head=1, n_embd=16, n_ctx=256))
     plan = plan_lockstep(engine, engine.encode_prompt(PROMPT), 220, True)
@@ -313,8 +313,8 @@ def test_divergence_banner_and_strip_catch_logits_that_part_while_the_tokens_agr
     the logits part from step 2, the first step that reads what the prefill wrote into the cache."""
     from helpers_checkpoints import save_kvviz_folder
 
-    from kvviz.core.compare import Lockstep, plan_lockstep
-    from kvviz.core.engine import Engine
+    from kvviz.engine.compare import Lockstep, plan_lockstep
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     folder = save_kvviz_folder(tmp_path / "tiny", n_layer=3, n_head=2, n_embd=32, n_ctx=48, seed=7)
@@ -334,7 +334,7 @@ def test_divergence_banner_and_strip_catch_logits_that_part_while_the_tokens_agr
 # ----- the time plot and the counts -----
 @pytest.mark.parametrize("primary_cached", [True, False], ids=["primary-cached", "primary-uncached"])
 def test_time_plot_draws_each_runs_measured_seconds(view, lockstep, primary_cached):
-    from kvviz.core.compare import summarize
+    from kvviz.engine.compare import summarize
 
     plan, records = lockstep(primary_cached)
     view.reset(plan)
@@ -473,7 +473,7 @@ def test_compare_view_fits_a_projector_screen(qtbot, lockstep, screen):
 @pytest.fixture(scope="module")
 def lossy_lockstep(engine):
     """lossy_lockstep(**options) -> (plan, records) of the exact cache against a window or a quantized one."""
-    from kvviz.core.compare import Lockstep, plan_lockstep
+    from kvviz.engine.compare import Lockstep, plan_lockstep
 
     runs: dict[tuple, tuple] = {}
 

@@ -16,7 +16,7 @@ from kvviz.app.views.counter import CounterPanel
 @pytest.fixture(scope="module")
 def run():
     """A tiny model's cached run of "Time flies fast" and 12 new tokens: its plan and every record."""
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=6, n_head=2, n_embd=32, n_ctx=64))
     plan = engine.plan(engine.encode_prompt("Time flies fast"), 12, True, prompt="Time flies fast", model_name="tiny")

@@ -76,7 +76,7 @@ def count_near(rgb_pixels: np.ndarray, hex_colour: str, tolerance: int = 12) -> 
 @pytest.fixture(scope="module")
 def run():
     """A tiny model's cached run: its RunPlan (3 layers, 3 prompt tokens, 12 new) and every StepRecord."""
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=3, n_head=2, n_embd=32, n_ctx=64))
     plan = engine.plan(engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name="tiny")
@@ -683,7 +683,7 @@ def test_dialog_settings_are_typed_and_go_to_the_given_store(qtbot, chart, tmp_p
 
 def test_whole_run_view_exports_each_format_at_its_step(qtbot, app_model, tmp_path):
     """What File > Export does after four steps of the embedded model, without the main window."""
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     loaded = load_model(app_model)

@@ -289,7 +289,7 @@ def test_the_attention_strip_keeps_tall_rows_and_its_top_list_apart_at_its_least
     presenter's zoom, and the top positions stay under the strip, a line a few heads, one line per head."""
     import numpy as np
 
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)

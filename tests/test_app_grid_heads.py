@@ -21,7 +21,7 @@ N = 6
 
 @pytest.fixture(scope="module")
 def engine(app_model):
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     return Engine(load_model(app_model).model)
@@ -346,7 +346,7 @@ def test_theme_patterns_and_font_scale_keep_the_head_rows(qtbot, grid, run):
 
 def test_compare_grids_expand_each_on_their_own(qtbot, engine):
     from kvviz.app.views.compare.compare_view import CompareView
-    from kvviz.core.compare import Lockstep, plan_lockstep
+    from kvviz.engine.compare import Lockstep, plan_lockstep
 
     plan = plan_lockstep(engine, engine.encode_prompt(PROMPT), 4, True)
     if not plan.n_head:

@@ -24,7 +24,7 @@ def latent_run():
 
     import torch
 
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.models.deepseek import PRESETS, Deepseek
 
     config = dataclasses.replace(PRESETS[PRESET.removeprefix("random:")], n_layer=2, vocab_size=300, n_embd=64,
@@ -68,7 +68,7 @@ def test_the_legend_title_and_tooltips_of_a_latent_cache_say_the_latent_is_reuse
 
 
 def test_a_cache_of_heads_keeps_its_k_v_words(qtbot, latent_grid, app_model):
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)
@@ -116,7 +116,7 @@ def test_the_counter_sets_the_latent_against_multi_head_attention_with_the_same_
 
 
 def test_the_counter_of_a_cache_of_heads_has_no_latent_line(qtbot, app_model):
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QApplication
 
 from kvviz.app.settings import app_settings
 from kvviz.app.window.main_window import MainWindow
-from kvviz.core.lesson import BUILTIN_LESSONS
+from kvviz.lessons.lesson import BUILTIN_LESSONS
 
 DIGITS = {str(n): getattr(Qt.Key, f"Key_{n}") for n in range(10)}
 

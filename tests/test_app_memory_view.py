@@ -17,7 +17,7 @@ PROMPT = "Time flies fast"  # 3 tokens
 
 @pytest.fixture(scope="module")
 def engine(app_model):
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     return Engine(load_model(app_model).model)
@@ -269,7 +269,7 @@ def test_every_line_is_drawn_in_one_precision_and_the_axis_names_it(qtbot):
     precision they were measured in."""
     import torch
 
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.models.deepseek import Deepseek, DeepseekConfig
 
     model = Deepseek(DeepseekConfig(vocab_size=1000, n_ctx=64, n_layer=27, n_head=2, n_embd=32, intermediate_size=32,

@@ -562,7 +562,7 @@ def test_a_bug_in_a_run_is_one_sentence_in_the_window_and_its_traceback_in_the_l
     no slot caught on the GUI thread gets a dialog naming the log, and the window goes on."""
     from PySide6.QtWidgets import QMessageBox
 
-    import kvviz.core.run as run
+    import kvviz.engine.run as run
     from kvviz.app import report_unexpected
 
     log = tmp_path / "kvviz.log"

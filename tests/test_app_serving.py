@@ -114,7 +114,7 @@ def test_every_press_during_a_pass_gets_its_pass(window, qtbot, monkeypatch):
 def test_the_speed_measured_after_a_batch_gives_way_to_the_next_request(window, qtbot, monkeypatch):
     """After the last pass the worker times the batch against one at a time (up to a minute on a big model); a
     model switch asked for meanwhile stops that timing and loads at once, instead of waiting behind it."""
-    import kvviz.core.serving as serving
+    import kvviz.engine.serving as serving
 
     timings = []
 

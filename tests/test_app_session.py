@@ -87,7 +87,7 @@ def test_worker_restores_the_gil_switch_interval_when_it_stops(qtbot):
 def test_chart_frame_holds_the_with_cache_point_of_a_one_token_run(qtbot, app_model):
     """P = 3, N = 1: with the cache 4 K/V per layer (3 prefill + 1 cache fill), more than the 3 without."""
     from kvviz.app.views.work_chart import WorkChart
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)
@@ -109,7 +109,7 @@ def test_plan_frames_the_memory_plot_with_the_final_cache_size(qtbot):
     import torch
 
     from kvviz.app.views.work_chart import WorkChart
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.models.gpt2 import GPT, GPTConfig
 
     with torch.device("meta"):  # gpt2's shape, no weights: planning reads the shape only

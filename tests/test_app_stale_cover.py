@@ -59,7 +59,7 @@ def test_a_model_loading_veils_the_views_with_its_name_until_its_run_starts(qtbo
 
 
 def test_a_setting_changed_veils_the_old_run_until_the_new_one_starts(qtbot, held):
-    import kvviz.core.run as run
+    import kvviz.engine.run as run
 
     win = _window(qtbot)
     cover = win.workspace.stale_cover
@@ -73,7 +73,7 @@ def test_a_setting_changed_veils_the_old_run_until_the_new_one_starts(qtbot, hel
 
 
 def test_a_lesson_step_being_prepared_says_which(qtbot, held):
-    import kvviz.core.run as run
+    import kvviz.engine.run as run
 
     win = _window(qtbot, lesson="kv-cache")
     qtbot.waitUntil(lambda: win.lesson.ready and not win.scheduler.pending, timeout=60_000)
@@ -90,7 +90,7 @@ def test_a_lesson_step_being_prepared_says_which(qtbot, held):
 def test_page_down_while_an_answer_is_measured_waits_for_it_then_goes_on(qtbot, held):
     """The lesson never passes a question whose answer is missing: Page Down during the measurement says
     'measuring…' and goes on to the next step once the answer is in."""
-    import kvviz.core.run as run
+    import kvviz.engine.run as run
 
     win = _window(qtbot, lesson="kv-cache")
     lesson = win.lesson

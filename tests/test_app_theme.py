@@ -247,7 +247,7 @@ def test_kvviz_export_takes_a_theme_and_refuses_others(tiny, tmp_path, capsys, q
 
 def test_kvviz_lesson_export_takes_a_theme(tiny, tmp_path, qtbot):
     from kvviz.app.export import ExportError, export_lesson
-    from kvviz.core.lesson import parse_lesson
+    from kvviz.lessons.lesson import parse_lesson
 
     lesson = parse_lesson('title = "T"\n[[step]]\ntitle = "S"\ntext = "x"\nprompt = "Time flies"\ncache = true\n'
                           "advance_to = 2\nmax_new_tokens = 4\n", "one.toml")

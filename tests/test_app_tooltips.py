@@ -22,7 +22,7 @@ QT_HIDE_DELAY_MS = 300  # Qt hides a tooltip this long after it was told to
 
 @pytest.fixture(scope="module")
 def engine(app_model):
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     return Engine(load_model(app_model).model)

@@ -22,7 +22,7 @@ N = 12
 
 
 def engine_run(app_model, prompt: str, n: int, use_cache: bool = True):
-    from kvviz.core.engine import Engine, generate_ids
+    from kvviz.engine.engine import Engine, generate_ids
     from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)

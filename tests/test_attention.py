@@ -11,12 +11,12 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, gpt2_config, save_kvviz_folder, save_transformers_folder, tiny_kvviz_model
 
+from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.probe import PassProbe
 from kvviz.cli.commands import main
-from kvviz.core.compare import Lockstep, plan_lockstep
-from kvviz.core.engine import Engine, SamplingSettings
-from kvviz.core.kv_cache import KVCache
+from kvviz.engine.compare import Lockstep, plan_lockstep
+from kvviz.engine.engine import Engine, SamplingSettings
 from kvviz.models import gpt2_fast
-from kvviz.models.probe import PassProbe
 from kvviz.sources.weights import load_model
 
 TOLERANCE = 1e-5

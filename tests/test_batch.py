@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from kvviz.core.engine import Engine, SamplingSettings
-from kvviz.core.paged import PagedCache
+from kvviz.cache.paged import PagedCache
+from kvviz.engine.engine import Engine, SamplingSettings
 
 SYSTEM = ("You are a helpful assistant who answers questions about the plays of William Shakespeare, briefly "
           "and kindly, quoting a line where one helps, and saying so plainly when you do not know.\n")
@@ -52,7 +52,7 @@ def test_four_requests_sharing_a_system_prompt_equal_their_runs_alone_in_fewer_b
 def test_a_llama_batch_of_different_lengths_and_budgets_equals_each_run_alone(temperature):
     """Rows at different positions (RoPE per row), requests that finish at different steps and free their
     blocks, greedy and seeded: each request's tokens and logits are its own run's."""
-    from kvviz.core.serving import plan_batch, run_batch
+    from kvviz.engine.serving import plan_batch, run_batch
     from kvviz.sources.weights import load_model
 
     loaded = load_model("random:kvviz-shakespeare-gqa")
@@ -125,7 +125,7 @@ def test_the_paging_lesson_answers_the_blocks_four_requests_hold_by_hand_count(k
     blocks of 8: 9 blocks each alone (36), and the 6 blocks of the system prompt stored once: 36 - 3 x 6 = 18."""
     import re
 
-    from kvviz.core.lesson import LessonError, parse_lesson
+    from kvviz.lessons.lesson import LessonError, parse_lesson
 
     done = kvviz_cli("lesson", "--file", "kv-paging", "--export", str(tmp_path / "slides"), "--format", "png",
                      "--width", "640")

@@ -9,7 +9,7 @@ from helpers_checkpoints import HELLO_IDS, tiny_kvviz_model
 
 from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, PENDING, REUSED, STALE
 from kvviz.app.views.grid.grid_state import GridState
-from kvviz.core.engine import Engine
+from kvviz.engine.engine import Engine
 
 P, N = len(HELLO_IDS), 4  # 4 prompt tokens, 4 new ones: 5 cached passes, 8 positions
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers_checkpoints import byte_level_tokenizer
 
-from kvviz.core.engine import Engine
-from kvviz.core.lesson import measured_answer
+from kvviz.engine.engine import Engine
+from kvviz.lessons.lesson import measured_answer
 from kvviz.sources.weights import save_checkpoint
 
 PROMPT_IDS = [464, 290, 17, 818, 262, 329, 11]  # 7 tokens
@@ -154,7 +154,7 @@ def test_the_lessons_byte_answers_count_what_each_layer_holds(family, per_token,
 
 
 def test_a_byte_answer_names_the_precision_it_was_measured_in(folders):
-    from kvviz.core.lesson import format_answer
+    from kvviz.lessons.lesson import format_answer
 
     _, records = measured(folders["llama"])
     value = measured_answer("cache_bytes_at_8k", None, records[-1])

@@ -239,7 +239,7 @@ def test_bench_peer_without_transformers_says_so_in_one_line(tiny_checkpoint, ca
 
 
 def test_out_of_memory_is_one_line_and_status_1(tiny_checkpoint, capsys, monkeypatch):
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
 
     def exhausted(self, *args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "

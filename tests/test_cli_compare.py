@@ -152,7 +152,7 @@ def test_other_number_types_run(tiny, capsys, dtype):
 
 
 def test_a_number_type_the_machine_cannot_run_is_one_line(tiny, capsys, monkeypatch):
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
 
     def unsupported(self, *args, **kwargs):
         raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'Half'")

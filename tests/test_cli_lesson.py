@@ -25,7 +25,7 @@ from kvviz.app.export import ExportError, export_lesson, slide_file_name, slides
 from kvviz.app.export import slide_layout as slides_module
 from kvviz.app.export.slide_stage import SlideStage
 from kvviz.cli.commands import main
-from kvviz.core.lesson import LessonError, load_lesson, parse_lesson
+from kvviz.lessons.lesson import LessonError, load_lesson, parse_lesson
 
 ENV = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "HF_HUB_OFFLINE": "1", "PYTHONIOENCODING": "utf-8"}
 BUILTIN_SLIDES = 10
@@ -197,7 +197,7 @@ def test_slides_say_title_place_question_and_answer_and_never_the_notes(builtin_
 
 
 def test_a_question_reveals_the_run_one_step_further(tiny):
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(str(tiny)).model)

@@ -50,7 +50,7 @@ def test_a_prompts_file_takes_one_prompt_a_line_whatever_other_breaks_a_prompt_h
 
 
 def test_help_names_every_preset_hub_model_and_built_in_lesson(kvviz_cli):
-    from kvviz.core.lesson import BUILTIN_LESSONS
+    from kvviz.lessons.lesson import BUILTIN_LESSONS
     from kvviz.models.families import PRESETS
     from kvviz.sources.hub import HUB_MODELS
 

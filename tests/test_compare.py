@@ -7,9 +7,9 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, embedded_or_tiny_folder, tiny_kvviz_model
 
-from kvviz.core.compare import Lockstep, plan_lockstep, summarize
-from kvviz.core.engine import Engine, GenerationError, SamplingSettings
-from kvviz.core.kv_cache import LateWriteCache
+from kvviz.cache.kv_cache import LateWriteCache
+from kvviz.engine.compare import Lockstep, plan_lockstep, summarize
+from kvviz.engine.engine import Engine, GenerationError, SamplingSettings
 from kvviz.sources.weights import load_model
 
 SAMPLINGS = [SamplingSettings(), SamplingSettings(temperature=0.9, top_k=50, seed=5)]

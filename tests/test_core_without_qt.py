@@ -52,7 +52,7 @@ CHILD = textwrap.dedent(
         report["imported"].append(module)
 
     import torch
-    from kvviz.core.engine import Engine, SamplingSettings, generate_ids
+    from kvviz.engine.engine import Engine, SamplingSettings, generate_ids
     from kvviz.models.gpt2 import GPT, GPTConfig
     from kvviz.sources.weights import load_model
 
@@ -91,7 +91,7 @@ CHILD = textwrap.dedent(
 def _core_modules() -> list[str]:
     names = [".".join(("kvviz", *p.relative_to(PACKAGE_DIR).with_suffix("").parts)).removesuffix(".__init__")
              for p in CORE_FILES]
-    for required in ("kvviz.models.gpt2", "kvviz.core.kv_cache", "kvviz.core.engine", "kvviz.sources.weights",
+    for required in ("kvviz.models.gpt2", "kvviz.cache.kv_cache", "kvviz.engine.engine", "kvviz.sources.weights",
                      "kvviz.core.tokenizer", "kvviz.core.counting", "kvviz.training.train", "kvviz.cli.commands"):
         if required not in names:
             names.append(required)
@@ -108,7 +108,7 @@ def test_core_imports_and_generates_with_qt_blocked(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     line = next(x for x in result.stdout.splitlines() if x.startswith("REPORT "))
     report = json.loads(line.removeprefix("REPORT "))
-    for module in ("kvviz", "kvviz.models.gpt2", "kvviz.core.kv_cache", "kvviz.core.engine", "kvviz.sources.weights",
+    for module in ("kvviz", "kvviz.models.gpt2", "kvviz.cache.kv_cache", "kvviz.engine.engine", "kvviz.sources.weights",
                    "kvviz.core.tokenizer", "kvviz.core.counting", "kvviz.training.train"):
         assert module in report["imported"]
     assert report["leaked"] == []

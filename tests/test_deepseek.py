@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers_checkpoints import byte_level_tokenizer, peer_greedy, spread_peer
 
-from kvviz.core.engine import Engine
+from kvviz.engine.engine import Engine
 from kvviz.sources.weights import load_checkpoint
 
 transformers = pytest.importorskip("transformers")

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from kvviz.core.engine import Engine, generate_ids
 from kvviz.core.resources import DEFAULT_MODEL_NAME, EMBEDDED_MODELS, embedded_model_dir
+from kvviz.engine.engine import Engine, generate_ids
 from kvviz.sources.weights import load_model
 
 PEERS = {"kvviz-shakespeare": "GPT2LMHeadModel", "kvviz-shakespeare-gqa": "LlamaForCausalLM"}

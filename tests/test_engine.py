@@ -8,10 +8,10 @@ import pytest
 import torch
 from helpers_checkpoints import EOT_ID, HELLO_IDS, embedded_or_tiny_folder, tiny_kvviz_model
 
+from kvviz.cache.kv_cache import KVCache
 from kvviz.core.counting import WorkCount, kv_with_cache, kv_without_cache
-from kvviz.core.engine import Engine, GenerationError, SamplingSettings, StepRecord, generate_ids
-from kvviz.core.kv_cache import KVCache
 from kvviz.core.tokenizer import get_tokenizer
+from kvviz.engine.engine import Engine, GenerationError, SamplingSettings, StepRecord, generate_ids
 from kvviz.sources.weights import load_model
 
 PROMPT = [15496, 11, 314, 716, 257, 3797, 286, 262, 1110, 13]  # "Hello, I am a student of the day."

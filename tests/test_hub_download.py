@@ -407,7 +407,7 @@ def test_smollm2_135m_as_the_hub_publishes_it_downloads_generates_and_shows_30_l
     from helpers_qt import drawn_left_labels, settle_layouts
 
     from kvviz.app.views.grid.kv_grid import KVGridView
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
 
     repo = HUB_MODELS["smollm2-135m"]
     assert repo == "HuggingFaceTB/SmolLM2-135M"

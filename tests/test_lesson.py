@@ -1,4 +1,4 @@
-"""Lessons (kvviz.core.lesson): the built-in lesson, one-line errors for every malformed file, answers measured
+"""Lessons (kvviz.lessons.lesson): the built-in lesson, one-line errors for every malformed file, answers measured
 from real records equal to hand counts, and the README's example lesson, parsed and exported."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from helpers_checkpoints import save_kvviz_folder, tiny_kvviz_model
 
-from kvviz.core.engine import Engine
-from kvviz.core.lesson import QUESTIONS, LessonError, format_answer, load_lesson, measured_answer, parse_lesson
+from kvviz.engine.engine import Engine
+from kvviz.lessons.lesson import QUESTIONS, LessonError, format_answer, load_lesson, measured_answer, parse_lesson
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SOURCE = "my-lesson.toml"
@@ -236,7 +236,7 @@ def test_a_fifo_is_refused_instead_of_waited_on(tmp_path):
     import os
     import threading
 
-    from kvviz.core.lesson import LessonError, load_lesson
+    from kvviz.lessons.lesson import LessonError, load_lesson
 
     fifo = tmp_path / "lesson.toml"
     os.mkfifo(fifo)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from helpers_checkpoints import byte_level_tokenizer, peer_greedy, spread_peer
 
-from kvviz.core.engine import Engine, generate_ids
-from kvviz.core.kv_cache import KVCache
-from kvviz.models.probe import PassProbe
+from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.probe import PassProbe
+from kvviz.engine.engine import Engine, generate_ids
 from kvviz.sources.weights import load_checkpoint, load_model
 
 transformers = pytest.importorskip("transformers")
@@ -324,9 +324,9 @@ def test_the_attention_views_head_list_names_each_query_heads_kv_head(qtbot):
 def test_break_the_cache_breaks_a_llama_models_cache_too(llama_folder):
     """The teaching bug reaches the teaching forward's one-position writes, not only a fast path's: the cached
     run's logits part from the uncached run's after the prefill."""
-    from kvviz.core.compare import summarize
     from kvviz.core.records import RunRequest
-    from kvviz.core.run import start_run
+    from kvviz.engine.compare import summarize
+    from kvviz.engine.run import start_run
 
     loaded = load_model(str(llama_folder[0]))
     run = start_run(Engine(loaded.model, loaded.tokenizer), RunRequest(0, "Time flies", True, 6, compare=True,

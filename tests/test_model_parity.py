@@ -9,10 +9,10 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, gpt2_config, save_hub_file, save_transformers_folder, tiny_kvviz_model
 
-from kvviz.core.engine import Engine, generate_ids
-from kvviz.core.kv_cache import KVCache
+from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.probe import PassProbe
+from kvviz.engine.engine import Engine, generate_ids
 from kvviz.models import gpt2_fast
-from kvviz.models.probe import PassProbe
 from kvviz.sources.weights import load_model
 
 pytest.importorskip("transformers")

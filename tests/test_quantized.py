@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from kvviz.core.kv_cache import QuantizedCache
+from kvviz.cache.kv_cache import QuantizedCache
 from kvviz.core.records import CachePolicy
 
 
@@ -123,7 +123,7 @@ def test_the_quantized_lesson_says_what_kvviz_scales_and_what_the_engines_do():
     """kvviz keeps a float32 scale per token and head vector; vLLM's fp8 cache scales per tensor (a layer's keys, its
     values), transformers' QuantizedCache quantizes groups and keeps a full-precision residual window: the lesson
     must not give the engines kvviz's per-vector scale."""
-    from kvviz.core.lesson import builtin_lesson_path, load_lesson
+    from kvviz.lessons.lesson import builtin_lesson_path, load_lesson
 
     lesson = load_lesson(builtin_lesson_path("kv-quantized"))
     first = " ".join(lesson.steps[0].text.split())

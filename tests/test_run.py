@@ -1,13 +1,13 @@
-"""The one path from a request to a run (kvviz.core.run): what each kind of request runs, counted by hand."""
+"""The one path from a request to a run (kvviz.engine.run): what each kind of request runs, counted by hand."""
 
 from __future__ import annotations
 
 import pytest
 from helpers_checkpoints import tiny_kvviz_model
 
-from kvviz.core.engine import Engine, GenerationError
 from kvviz.core.records import RunRequest
-from kvviz.core.run import start_run
+from kvviz.engine.engine import Engine, GenerationError
+from kvviz.engine.run import start_run
 
 PROMPT_IDS = [464, 3290, 17]  # P = 3
 

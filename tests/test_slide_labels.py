@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QScrollBar
 
 from kvviz.app.export import slide_layout
 from kvviz.app.export.slides import export_lesson
-from kvviz.core.lesson import BUILTIN_LESSONS, load_lesson
+from kvviz.lessons.lesson import BUILTIN_LESSONS, load_lesson
 
 WIDTH, HEIGHT = 1920, 1080
 

@@ -10,7 +10,8 @@ import pytest
 from helpers_checkpoints import save_kvviz_folder
 
 from kvviz.cli.commands import main
-from kvviz.measure.speed import RatioEstimate, SweepCancelled, paired_ratio
+from kvviz.core.ratios import RatioEstimate, paired_ratio
+from kvviz.measure.speed import SweepCancelled
 from kvviz.measure.speed_sweep import sweep_lengths
 
 
@@ -65,7 +66,7 @@ def test_sweep_lengths_are_evenly_spaced_up_to_the_longest():
 def test_the_sweep_times_one_new_position_cached_and_every_position_uncached(tiny):
     """The timed passes are the ones the lesson compares: at length L, a cached step feeds one position and
     reads L - 1 from the cache; an uncached step feeds all L."""
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.measure.speed_sweep import run_sweep
     from kvviz.sources.weights import load_model
 
@@ -94,7 +95,7 @@ def test_the_sweep_times_one_new_position_cached_and_every_position_uncached(tin
 
 
 def test_a_cancelled_sweep_stops_at_once(tiny):
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.measure.speed_sweep import run_sweep
     from kvviz.sources.weights import load_model
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers_checkpoints import peer_greedy, spread_peer
 
-from kvviz.core.engine import Engine, GenerationError
+from kvviz.engine.engine import Engine, GenerationError
 from kvviz.sources.weights import load_checkpoint, load_model
 
 transformers = pytest.importorskip("transformers")
@@ -54,7 +54,7 @@ def test_a_mistral_window_of_8_over_40_tokens_matches_transformers_cached_and_un
 @pytest.mark.parametrize("model_name", ["random:kvviz-shakespeare-gqa", "random:kvviz-shakespeare"])
 def test_sinks_and_a_window_keep_at_most_their_positions_cached_as_uncached(model_name):
     """--sinks 4 --window 16: the first 4 positions and the last 16, greedy and seeded."""
-    from kvviz.core.engine import SamplingSettings
+    from kvviz.engine.engine import SamplingSettings
 
     engine = Engine(load_model(model_name).model)
     for sampling in (SamplingSettings(), SamplingSettings(temperature=1.0, top_k=20, seed=3)):
@@ -224,7 +224,7 @@ def test_the_window_lesson_exports_the_bytes_its_windows_hold(tmp_path):
     from unittest import mock
 
     from kvviz.cli.commands import main
-    from kvviz.core.lesson import LessonError, load_lesson, parse_lesson
+    from kvviz.lessons.lesson import LessonError, load_lesson, parse_lesson
 
     with mock.patch("sys.stdout", new=StringIO()) as stdout:
         status = main(["lesson", "--file", "kv-window", "--export", str(tmp_path / "slides"), "--format", "png",
@@ -392,7 +392,7 @@ def test_the_sink_step_opens_the_attention_view_answers_the_share_measured_and_t
 
     from kvviz.app.settings import app_settings
     from kvviz.app.window.main_window import MainWindow
-    from kvviz.core.lesson import sink_attention_share
+    from kvviz.lessons.lesson import sink_attention_share
 
     win = MainWindow(app_model, "hello", settings=app_settings(), lesson="kv-window")
     qtbot.addWidget(win)

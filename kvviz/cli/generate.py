@@ -20,9 +20,9 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
 
     from kvviz.cli.compare import broken_cache_note
     from kvviz.core.counting import plural
-    from kvviz.core.engine import Engine
     from kvviz.core.records import RunRequest
-    from kvviz.core.run import start_run
+    from kvviz.engine.engine import Engine
+    from kvviz.engine.run import start_run
 
     if args.break_cache and args.no_cache:
         raise UsageError("--break-cache breaks the KV cache, so it needs one: leave out --no-cache")

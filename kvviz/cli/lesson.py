@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvviz.cli import json_output as cli_json
 from kvviz.cli.parser import UsageError
-from kvviz.core.lesson import Lesson, load_lesson
+from kvviz.lessons.lesson import Lesson, load_lesson
 
 
 def app_lesson(value: str | Path | None) -> str | None:
@@ -46,7 +46,7 @@ def lesson_lines(lesson: Lesson) -> list[str]:
 
 
 def _builtin_sources() -> list[str]:
-    from kvviz.core.lesson import BUILTIN_LESSONS, builtin_lesson_path
+    from kvviz.lessons.lesson import BUILTIN_LESSONS, builtin_lesson_path
 
     return [str(builtin_lesson_path(name)) for name in BUILTIN_LESSONS]
 

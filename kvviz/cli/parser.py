@@ -118,7 +118,7 @@ def _add_sampling(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from kvviz.core.counting import MAX_COUNT
-    from kvviz.core.lesson import BUILTIN_LESSONS
+    from kvviz.lessons.lesson import BUILTIN_LESSONS
 
     parser = OneLineParser(
         prog="kvviz",

@@ -1,4 +1,4 @@
-"""Frozen records of a batch of requests served together from a paged KV cache (kvviz.core.serving).
+"""Frozen records of a batch of requests served together from a paged KV cache (kvviz.engine.serving).
 
 Torch-free and Qt-free, like kvviz.core.records: the serving view reads them as they are.
 """

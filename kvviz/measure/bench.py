@@ -10,7 +10,7 @@ from kvviz.core.errors import KvvizError
 if TYPE_CHECKING:  # torch loads with the first benchmark, not with this module (the CLI reads its defaults)
     from transformers import PreTrainedModel
 
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
 
 WARMUP_TOKENS = 8
 MAX_REPEAT = 100  # turns per configuration: more would only wait longer for the same fastest run
@@ -211,7 +211,7 @@ def run_bench(
     """
     import torch
 
-    from kvviz.core.engine import Engine, generate_ids
+    from kvviz.engine.engine import Engine, generate_ids
     from kvviz.sources.weights import load_model
 
     loaded = load_model(model, device=device, dtype=getattr(torch, dtype))

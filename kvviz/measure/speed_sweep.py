@@ -6,10 +6,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from kvviz.core.engine import Engine
 from kvviz.core.errors import KvvizError
 from kvviz.core.records import RunRequest
-from kvviz.core.run import start_run
+from kvviz.engine.engine import Engine
+from kvviz.engine.run import start_run
 from kvviz.measure.bench import weight_bytes
 from kvviz.measure.speed import (
     DEFAULT_MAX_LENGTH,

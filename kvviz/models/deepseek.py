@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvviz.core.kv_cache import LatentCache
+from kvviz.cache.kv_cache import LatentCache
+from kvviz.cache.probe import PassProbe
 from kvviz.models.llama import RMSNorm, SwiGLU
-from kvviz.models.probe import PassProbe
 from kvviz.models.products import Linear, tied_head
 
 

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvviz.core.kv_cache import KVCache
-from kvviz.models.probe import PassProbe
+from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.probe import PassProbe
+from kvviz.cache.windowed import windowed_attention
 from kvviz.models.products import linear, tied_head
-from kvviz.models.windowed import windowed_attention
 
 
 @dataclass(frozen=True)

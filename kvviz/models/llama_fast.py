@@ -10,9 +10,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kvviz.core.kv_cache import KVCache
+from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.probe import PassProbe, newest_query_weights
 from kvviz.models.llama import Llama, rope_angles, rotate
-from kvviz.models.probe import PassProbe, newest_query_weights
 from kvviz.models.products import packed_copy, project, tied_head
 
 

@@ -125,7 +125,7 @@ def run_export(
     (prompt, model, step). Returns the written paths. Raises ExportError, ModelLoadError or
     GenerationError (all KvvizError) with a one-line message for bad input.
 
-    With `compare`, the cached and the uncached run go in lockstep (kvviz.core.compare) and the one image per
+    With `compare`, the cached and the uncached run go in lockstep (kvviz.engine.compare) and the one image per
     format is the compare view, kvviz-compare-stepN.{fmt}; `break_cache` plants the teaching bug.
     `theme` is "dark" or "light" (kvviz.app.theme): the images' colours. `dtype` is the weights' and the
     cache's number type (float32, bfloat16 or float16). `window` and `sinks` give the cache a sliding window;
@@ -160,9 +160,9 @@ def planned_run(model: str | None, prompt: str, new_tokens: int, use_cache: bool
     """The plan of a headless run of `model` in `dtype` (a lockstep one with `compare`; `break_cache` plants the
     teaching bug), checked, and a function that runs it: the callers check what the plan tells them before the
     work starts."""
-    from kvviz.core.engine import Engine
     from kvviz.core.records import RunRequest
-    from kvviz.core.run import start_run
+    from kvviz.engine.engine import Engine
+    from kvviz.engine.run import start_run
     from kvviz.sources.weights import load_model, torch_dtype
 
     loaded = load_model(model, dtype=torch_dtype(dtype))

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication
 
     from kvviz.core.batch_records import BatchSpeed
-    from kvviz.core.lesson import LessonStep
     from kvviz.core.records import RunPlan, StepRecord
+    from kvviz.lessons.lesson import LessonStep
     from kvviz.measure.speed import SweepResult
 
 SLIDE_FONT_SCALE = 1.9  # the views' font scale on a slide: 9 points at 96 dpi are 22.8 px, 2.5 % of 900

@@ -33,7 +33,7 @@ from kvviz.app.export.slide_layout import Deck, SlideText, slide_png, view_rect
 from kvviz.app.export.slide_stage import SlideStage
 from kvviz.core.errors import KvvizError, first_line
 from kvviz.core.files import check_stop, folder_problem, stops_deferred, user_path
-from kvviz.core.lesson import Lesson, LessonError, LessonStep, format_answer, measured_answer
+from kvviz.lessons.lesson import Lesson, LessonError, LessonStep, format_answer, measured_answer
 
 LESSON_FORMATS = ("png", "pdf")
 DECK_NAME = "kvviz-lesson.pdf"
@@ -41,8 +41,8 @@ SLIDE_NAME = re.compile(r"kvviz-lesson-[0-9]{2,}\.png")  # a slide of any deck (
 
 if TYPE_CHECKING:
     from kvviz.core.batch_records import BatchSpeed
-    from kvviz.core.engine import Engine
     from kvviz.core.records import RunPlan, StepRecord
+    from kvviz.engine.engine import Engine
     from kvviz.measure.speed import SweepResult
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
     question); with the cache, the filling pass only after the run's last token. LessonError (naming
     the file, the step and the key) when the model cannot run it."""
     from kvviz.core.records import RunRequest
-    from kvviz.core.run import start_run
+    from kvviz.engine.run import start_run
 
     step = lesson.steps[index]
     where = f"{lesson.source}: step {index + 1}: "
@@ -148,8 +148,8 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
 def _run_batch_step(engine: Engine, model_name: str, step: LessonStep, where: str) -> StepRun:
     """A serving step's batch: its records up to `advance_to` passes (`shown`), and all of them (`advanced`, for
     the question's answer and the speed, measured as the app measures it once the batch is done)."""
-    from kvviz.core.lesson import measured_batch_answer
-    from kvviz.core.serving import measure_speed, plan_batch, run_batch
+    from kvviz.engine.serving import measure_speed, plan_batch, run_batch
+    from kvviz.lessons.lesson import measured_batch_answer
 
     try:
         plan = plan_batch(engine, [engine.encode_prompt(p) for p in step.prompts], step.max_new_tokens,
@@ -167,7 +167,7 @@ def _run_batch_step(engine: Engine, model_name: str, step: LessonStep, where: st
 def _step_engines(lesson: Lesson, model: str | None, dtype: str = "float32") -> list[tuple[str, Engine]]:
     """(model name, engine) per step: `model` until a step names its own, which later steps keep;
     each model loaded once, in `dtype`."""
-    from kvviz.core.engine import Engine
+    from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model, torch_dtype
 
     loaded: dict[str | None, tuple[str, Engine]] = {}

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QWidget
 
 from kvviz.app.lesson.frame import FocusFrame
 from kvviz.app.theme import Theme
-from kvviz.core.lesson import Lesson, LessonStep
+from kvviz.lessons.lesson import Lesson, LessonStep
 
 if TYPE_CHECKING:
     from kvviz.app.run.session import RunSession

@@ -15,7 +15,8 @@ from kvviz.app.lesson.panel import LessonPanel
 from kvviz.app.theme import Theme
 from kvviz.app.window.actions import check_run_actions, set_lesson_keys
 from kvviz.app.window.dialogs import show_error
-from kvviz.core.lesson import (
+from kvviz.core.records import ModelInfo, RunPlan, StepRecord
+from kvviz.lessons.lesson import (
     Lesson,
     LessonError,
     LessonStep,
@@ -24,7 +25,6 @@ from kvviz.core.lesson import (
     measured_answer,
     measured_batch_answer,
 )
-from kvviz.core.records import ModelInfo, RunPlan, StepRecord
 
 if TYPE_CHECKING:
     from kvviz.app.run.session import RunSession

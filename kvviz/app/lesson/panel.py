@@ -19,7 +19,7 @@ from kvviz.app.lesson.notes import LessonNotes
 from kvviz.app.lesson.sizing import STRIP_FONT, column_width, fits_beside
 from kvviz.app.lesson.step_text import answer_line, keep_together, step_position
 from kvviz.app.theme import Theme
-from kvviz.core.lesson import LessonStep
+from kvviz.lessons.lesson import LessonStep
 
 TEXT_LEAST_POINTS = 10.0  # the column's text shrinks to fit its height down to this (at zoom 1), no further
 QWIDGETSIZE_MAX = (1 << 24) - 1

@@ -25,8 +25,8 @@ from kvviz.core.errors import DownloadCancelled, as_sentence, first_line
 from kvviz.core.records import ModelInfo, RunRequest
 
 if TYPE_CHECKING:
-    from kvviz.core.engine import Engine
-    from kvviz.core.run import Run
+    from kvviz.engine.engine import Engine
+    from kvviz.engine.run import Run
 
 WORKER_THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()  # every worker thread started (controller.py adds them)
 
@@ -95,7 +95,7 @@ class GenerationWorker(QObject):
 
     @property
     def engine(self):
-        """The current kvviz.core.engine.Engine, or None (touch it only while the worker is idle)."""
+        """The current kvviz.engine.engine.Engine, or None (touch it only while the worker is idle)."""
         return self._engine
 
     # ----- model -----
@@ -107,7 +107,7 @@ class GenerationWorker(QObject):
         try:
             import torch
 
-            from kvviz.core.engine import Engine
+            from kvviz.engine.engine import Engine
             from kvviz.sources.weights import load_model
 
             if not self._compute_threads_set:
@@ -160,8 +160,8 @@ class GenerationWorker(QObject):
         if self._engine is None:
             self.run_failed.emit(request.run_id, "No model is loaded yet.")
             return
-        from kvviz.core.engine import GenerationError
-        from kvviz.core.run import start_run
+        from kvviz.engine.engine import GenerationError
+        from kvviz.engine.run import start_run
 
         try:  # every check runs here, before run_started: a bad request never resets the views
             run = start_run(self._engine, request, self._loaded.name)
@@ -210,8 +210,8 @@ class GenerationWorker(QObject):
         if self._engine is None:
             self.batch_failed.emit(request.run_id, "No model is loaded yet.")
             return
-        from kvviz.core.engine import GenerationError
-        from kvviz.core.serving import plan_batch, run_batch
+        from kvviz.engine.engine import GenerationError
+        from kvviz.engine.serving import plan_batch, run_batch
 
         engine = self._engine
         try:
@@ -250,7 +250,7 @@ class GenerationWorker(QObject):
 
     def _measure_batch(self, plan) -> None:
         """Time the batch against its requests one at a time (not while stepping: a click's wait is no pass's time)."""
-        from kvviz.core.serving import measure_speed
+        from kvviz.engine.serving import measure_speed
 
         self._measuring = True
         try:

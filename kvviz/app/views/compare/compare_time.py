@@ -14,8 +14,8 @@ from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import cache_axes, nice_ceiling, style_plot
 from kvviz.app.views.live_label import LiveLabel
+from kvviz.core.ratios import RatioEstimate, paired_ratio
 from kvviz.core.records import RunPlan, StepRecord
-from kvviz.measure.speed import RatioEstimate, paired_ratio
 
 RUNS = ("cached", "uncached")  # row 0 and row 1 of the arrays
 # beside a quantized cache's time: its cost here is kvviz's plain dequantizing, not the format's

@@ -1,4 +1,4 @@
-"""The serving view: a batch of requests stepped pass by pass, from the records of kvviz.core.serving: the block
+"""The serving view: a batch of requests stepped pass by pass, from the records of kvviz.engine.serving: the block
 pool, each request's block table and tokens, the memory chart, and the speed measured after the last pass."""
 
 from __future__ import annotations

@@ -8,14 +8,14 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from kvviz.cache.paged import PagedCache
+from kvviz.cache.probe import PassProbe
 from kvviz.core.batch_records import BatchPlan, BatchRecord, BatchRequestPlan, BatchSpeed, BlockState
 from kvviz.core.counting import plural
-from kvviz.core.engine import Engine, GenerationError, SamplingSettings
-from kvviz.core.paged import PagedCache
 from kvviz.core.records import EXACT, describe_sampling
-from kvviz.core.sampling import sampling_generator
+from kvviz.engine.engine import Engine, GenerationError, SamplingSettings
+from kvviz.engine.sampling import sampling_generator
 from kvviz.models.cache_shape import cache_shape
-from kvviz.models.probe import PassProbe
 
 __all__ = ["measure_speed", "plan_batch", "run_batch", "run_one_at_a_time"]
 

@@ -7,9 +7,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from kvviz.cache.kv_cache import CACHES_BY_FAULT, KVCache, LatentCache, QuantizedCache, WindowCache
+from kvviz.cache.probe import PassProbe
 from kvviz.core.counting import kv_with_cache, kv_without_cache
 from kvviz.core.errors import GenerationError
-from kvviz.core.kv_cache import CACHES_BY_FAULT, KVCache, LatentCache, QuantizedCache, WindowCache
 from kvviz.core.records import (
     CACHE_FAULTS,
     KV_DTYPES,
@@ -20,11 +21,10 @@ from kvviz.core.records import (
     StepRecord,
     describe_sampling,
 )
-from kvviz.core.sampling import SamplingSettings, choose, sampling_generator
 from kvviz.core.tokenizer import Tokenizer, get_tokenizer
+from kvviz.engine.sampling import SamplingSettings, choose, sampling_generator
 from kvviz.models.cache_shape import run_cache_shape
 from kvviz.models.families import family_of
-from kvviz.models.probe import PassProbe
 
 __all__ = ["Candidate", "Engine", "GenerationError", "RunPlan", "SamplingSettings", "StepRecord", "generate_ids"]
 
@@ -98,7 +98,7 @@ class Engine:
     def choose(
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
     ) -> tuple[int, tuple[Candidate, ...]]:
-        """The next token from `logits` (V,) and the `top` likeliest candidates (kvviz.core.sampling.choose)."""
+        """The next token from `logits` (V,) and the `top` likeliest candidates (kvviz.engine.sampling.choose)."""
         return choose(logits, sampling, generator, top, self.tokenizer,
                       f"{self.model.config.name}: the model's logits hold NaN or infinite values in "
                       f"{str(self.dtype).removeprefix('torch.')}; its output means nothing")

@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kvviz.core.engine import Engine, SamplingSettings
+from kvviz.core.ratios import RatioEstimate, paired_ratio
 from kvviz.core.records import EXACT, CachePolicy, RunPlan, StepRecord
-from kvviz.measure.speed import RatioEstimate, paired_ratio
+from kvviz.engine.engine import Engine, SamplingSettings
 
 MAX_SEED = 2**63 - 1
 NOISE_ULPS = 4  # units in the last place of the dtype that rounding alone may move a logit by

@@ -1,4 +1,4 @@
-"""Attention under a cache policy that evicts (kvviz.core.kv_cache.WindowCache): each query reads only the keys
+"""Attention under a cache policy that evicts (kvviz.cache.kv_cache.WindowCache): each query reads only the keys
 its window and the attention sinks keep. Shared by every model family; an exact cache never comes here."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from kvviz.core.kv_cache import WindowCache
-from kvviz.models.probe import PassProbe
+from kvviz.cache.kv_cache import WindowCache
+from kvviz.cache.probe import PassProbe
 
 
 def scores_in_window(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, kv_cache: WindowCache,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator, Sequence
 
-from kvviz.core.compare import Lockstep, plan_lockstep
-from kvviz.core.engine import Engine, SamplingSettings
 from kvviz.core.records import BROKEN_CACHE_FAULT, RunPlan, RunRequest, StepRecord
+from kvviz.engine.compare import Lockstep, plan_lockstep
+from kvviz.engine.engine import Engine, SamplingSettings
 
 
 class Run:
