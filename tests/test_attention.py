@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, gpt2_config, save_kvviz_folder, save_transformers_folder, tiny_kvviz_model
 
-from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.kv_cache import full_cache
 from kvviz.cache.probe import PassProbe
 from kvviz.cli.commands import main
 from kvviz.engine.compare import Lockstep, plan_lockstep
@@ -114,7 +114,7 @@ def test_recording_changes_no_logit_and_no_token(use_cache, sampling):
 def test_decode_one_and_forward_logits_are_bit_equal_with_recording_on_and_off():
     model = tiny_kvviz_model(n_layer=3, n_head=4, n_embd=64, std=0.3)
     cfg = model.config
-    caches = [KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS)) for _ in range(2)]
+    caches = [full_cache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS)) for _ in range(2)]
     prefill = 4
     with torch.inference_mode():
         for cache, record in zip(caches, (False, True), strict=True):
@@ -137,7 +137,7 @@ def test_decode_one_and_forward_logits_are_bit_equal_with_recording_on_and_off()
         probe = PassProbe(cfg.n_layer, record_attention=True)
         assert torch.equal(model(ids, probe=probe), expected)
         assert [tuple(r.shape) for r in probe.attention] == [(4, len(PROMPT_IDS))] * 3
-    assert torch.equal(caches[0].kv, caches[1].kv)
+    assert torch.equal(*(torch.stack([layer.kv for layer in c.layers]) for c in caches))
 
 
 def test_the_plan_fills_the_head_shape_and_the_element_size():

@@ -4,10 +4,8 @@ teaching switch that breaks the cache, and the summary."""
 from __future__ import annotations
 
 import pytest
-import torch
 from helpers_checkpoints import HELLO_IDS, embedded_or_tiny_folder, tiny_kvviz_model
 
-from kvviz.cache.kv_cache import LateWriteCache
 from kvviz.engine.compare import Lockstep, plan_lockstep, summarize
 from kvviz.engine.engine import Engine, GenerationError, SamplingSettings
 from kvviz.sources.weights import load_model
@@ -88,16 +86,6 @@ def test_records_pair_the_two_runs_step_by_step(engine, use_cache):
     assert summary.cached_seconds_total > 0 and summary.uncached_seconds_total > 0
 
 
-def test_the_engine_keeps_the_cached_runs_cache_while_both_run(engine):
-    plan = plan_lockstep(engine, HELLO_IDS, 5, use_cache=False)
-    records = Lockstep(engine, plan).records()
-    next(records)
-    next(records)
-    assert engine.kv_cache is not None and engine.kv_cache.length == len(HELLO_IDS) + 1
-    list(records)
-    assert engine.kv_cache is None
-
-
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_a_broken_cache_diverges_and_says_where(engine, use_cache):
     plan, records = _lockstep(engine, HELLO_IDS, 30, use_cache, cache_fault="late_write")
@@ -110,17 +98,6 @@ def test_a_broken_cache_diverges_and_says_where(engine, use_cache):
     assert summary.first_divergence == first.new_tokens >= 2  # the prefill is right; the first decode is not
     assert token_records[0].max_abs_logit_diff < 1e-4
     assert summary.max_abs_logit_diff > 1e-2
-
-
-def test_the_late_write_fault_writes_one_slot_late():
-    cache = LateWriteCache(n_layer=1, n_head=1, head_dim=2, capacity=4)
-    cache.update(0, torch.arange(0, 2), torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2))
-    row = torch.full((2, 1, 1, 1, 2), 7.0)
-    cached = cache.append(0, 2, row)
-    assert cached.shape[3] == 3 and torch.equal(cached[0, 0, 0, 2], torch.zeros(2))  # the query's own row: empty
-    assert torch.equal(cache.keys[0, 0, 0, 3], torch.full((2,), 7.0))  # its key went one slot further
-    cache.append(0, 3, row * 2)  # the last slot: written nowhere
-    assert cache.length == 4
 
 
 def test_unknown_fault_names_are_refused(engine):

@@ -9,6 +9,8 @@ import pytest
 import torch
 from helpers_checkpoints import byte_level_tokenizer, peer_greedy, spread_peer
 
+from kvviz.cache.kv_cache import build_cache
+from kvviz.core.records import EXACT
 from kvviz.engine.engine import Engine
 from kvviz.sources.weights import load_checkpoint
 
@@ -62,17 +64,16 @@ def test_the_cached_latents_are_transformers_compressed_cache(mla):
     """What the cache holds is what transformers' cache holds for the same prompt: the normed latent and the
     turned RoPE key, layer by layer."""
     peer, _, model = mla
-    engine = Engine(model)
-    run = engine.run(engine.plan(PROMPT_IDS, 1, use_cache=True))
-    next(run)  # the prefill
-    latents = engine.kv_cache.latents[:, 0, : len(PROMPT_IDS)]  # (L, T, 16 + 8)
+    cache = build_cache(model.config.cache_layers(EXACT), len(PROMPT_IDS))
+    with torch.no_grad():
+        model(torch.tensor([PROMPT_IDS]), kv_cache=cache)  # the prefill
+    latents = torch.stack([layer.latents[0, : len(PROMPT_IDS)] for layer in cache.layers])  # (L, T, 16 + 8)
     with torch.no_grad():
         past = peer(torch.tensor([PROMPT_IDS]), use_cache=True).past_key_values
     for layer in range(2):
         keys, values = past.layers[layer].keys, past.layers[layer].values  # (1, 1, T, 16), (1, 1, T, 8)
         assert torch.allclose(latents[layer, :, :16], keys[0, 0], atol=1e-5)
         assert torch.allclose(latents[layer, :, 16:], values[0, 0], atol=1e-5)
-    run.close()
 
 
 def test_generate_reports_the_latent_bytes_and_refuses_what_mla_cannot_take(mla, kvviz_cli):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers_checkpoints import EOT_ID, HELLO_IDS, embedded_or_tiny_folder, tiny_kvviz_model
 
-from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.kv_cache import full_cache
 from kvviz.core.counting import WorkCount, kv_with_cache, kv_without_cache
 from kvviz.core.tokenizer import get_tokenizer
 from kvviz.engine.engine import Engine, GenerationError, SamplingSettings, StepRecord, generate_ids
@@ -273,41 +273,9 @@ def test_computed_and_reused_positions(engine):
 def test_cache_bytes_in_records(engine):
     """3 layers, 2 heads of 16 dimensions, float32: a position's key and value take 2 * 3 * 2 * 16 * 4 = 768
     bytes. The 10-token prompt fills 7,680; each pass after it adds one position."""
-    lengths = []
-    bytes_used = []
-    for record in engine.generate(PROMPT, 5, use_cache=True):
-        bytes_used.append(record.cache_bytes)
-        if not record.final:  # the cache is released when the run ends: read it while the run is going
-            lengths.append(engine.kv_cache.length)
-    assert bytes_used == [7_680, 8_448, 9_216, 9_984, 10_752, 11_520]
-    assert lengths == [10, 11, 12, 13, 14]
-
-
-def test_the_cache_is_released_when_a_run_ends(engine):
-    run = engine.generate(PROMPT, 3)
-    next(run)
-    assert engine.kv_cache is not None
-    list(run)
-    assert engine.kv_cache is None, "finished"
-    run = engine.generate(PROMPT, 3)
-    next(run)
-    run.close()
-    assert engine.kv_cache is None, "abandoned"
-
-
-def test_an_old_run_collected_late_leaves_the_new_runs_cache_alone(engine):
-    with torch.inference_mode(False):  # see the next test: interleaved runs leave the mode switched
-        old = engine.generate(PROMPT, 5)
-        next(old)
-        new = engine.generate(PROMPT, 5)
-        next(new)
-        cache = engine.kv_cache
-        assert cache is not None
-        del old
-        gc.collect()  # the old generator's clean-up runs now, after the new run took the engine's cache
-        assert engine.kv_cache is cache
-        new.close()
-        assert engine.kv_cache is None
+    records = list(engine.generate(PROMPT, 5, use_cache=True))
+    assert [r.cache_bytes for r in records] == [7_680, 8_448, 9_216, 9_984, 10_752, 11_520]
+    assert [r.positions_held for r in records] == [10, 11, 12, 13, 14, 15]
 
 
 def test_a_run_goes_on_after_an_older_run_is_collected(engine):
@@ -454,7 +422,6 @@ def test_before_block_stops_a_pass_midway(use_cache):
     with pytest.raises(Stop):
         next(run)
     assert entered == [[0, 1, 2, 3]] * 3 + [[0, 1, 2]]
-    assert engine.kv_cache is None, "the interrupted run let go of its cache"
     engine.before_block = None
     again, _ = _ids(engine, PROMPT, 10, use_cache)  # a new run after the interrupted one is whole
     assert torch.equal(again, _ids(Engine(tiny_kvviz_model(4, 2, 32, 64, std=0.3)), PROMPT, 10, use_cache)[0])
@@ -463,69 +430,23 @@ def test_before_block_stops_a_pass_midway(use_cache):
 # ----- the cache object -----
 
 
-def test_kv_cache_bytes_and_reset():
-    layers, heads, head_dim, capacity = 3, 4, 8, 20
-    cache = KVCache(layers, heads, head_dim, capacity)
-    assert cache.bytes_used == 0
-    assert cache.bytes_allocated == 15_360  # 2 (K, V) x 3 layers x 4 heads x 20 positions x 8 dims x 4 bytes
-    k = torch.randn(1, heads, 5, head_dim)
-    for layer in range(layers):
-        keys, values = cache.update(layer, torch.arange(5), k, -k)
-        assert keys.shape == (1, heads, 5, head_dim)
-    assert cache.length == 5
-    assert cache.bytes_used == 3_840  # 5 of the 20 positions
-    for layer in range(layers):
-        keys, values = cache.update(layer, torch.tensor([5]), k[:, :, :1], k[:, :, :1])
-        assert torch.equal(keys[:, :, :5], k) and torch.equal(values[:, :, :5], -k)
-    assert cache.length == 6
-    assert cache.bytes_used == 4_608
-    cache.reset()
-    assert cache.length == 0 and cache.bytes_used == 0
-    assert cache.bytes_allocated == 15_360
-
-
 def test_kv_cache_half_precision_bytes():
-    cache = KVCache(2, 2, 4, 8, dtype=torch.float16)
+    cache = full_cache(2, 2, 4, 8, dtype=torch.float16)
     for layer in range(2):
         cache.update(layer, torch.arange(3), torch.zeros(1, 2, 3, 4, dtype=torch.float16),
                      torch.zeros(1, 2, 3, 4, dtype=torch.float16))
     assert cache.bytes_used == 2 * 2 * 2 * 3 * 4 * 2
-
-
-def test_kv_cache_refuses_gaps_and_overflow():
-    cache = KVCache(1, 1, 2, 4)
-    row = torch.zeros(1, 1, 1, 2)
-    with pytest.raises(ValueError, match="positions start at 2"):
-        cache.update(0, torch.tensor([2]), row, row)
-    cache.update(0, torch.arange(4), torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2))
-    with pytest.raises(ValueError, match="full"):
-        cache.update(0, torch.tensor([4]), row, row)
-
-
-def test_kv_cache_append_stores_key_and_value_together():
-    cache = KVCache(2, 3, 4, 6)
-    for layer in range(2):
-        cache.update(layer, torch.arange(2), torch.ones(1, 3, 2, 4), -torch.ones(1, 3, 2, 4))
-    row = torch.stack([torch.full((1, 3, 1, 4), 7.0), torch.full((1, 3, 1, 4), -7.0)])  # (2, B, nh, 1, hs)
-    for layer in range(2):
-        cached = cache.append(layer, 2, row)
-        assert cached.shape == (2, 1, 3, 3, 4)
-        assert torch.equal(cache.keys[layer, :, :, 2], row[0, :, :, 0])
-        assert torch.equal(cache.values[layer, :, :, 2], row[1, :, :, 0])
-        assert torch.equal(cached[0, :, :, :2], torch.ones(1, 3, 2, 4))
-    assert cache.length == 3
-    with pytest.raises(ValueError, match="positions start at 4"):
-        cache.append(0, 4, row)
+    assert cache.bytes_allocated == 2 * 2 * 2 * 8 * 4 * 2
 
 
 def test_the_cache_reports_the_rows_it_gave_back_without_writing_them():
-    cache = KVCache(n_layer=2, n_head=1, head_dim=2, capacity=6)
+    cache = full_cache(2, 1, 2, 6)
     for layer in range(2):
         cache.update(layer, torch.arange(0, 3), torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2))  # a 3-token prefill
-    assert cache.reused == [0, 0]
-    cache.append(0, 3, torch.ones(2, 1, 1, 1, 2))
-    cache.append(1, 3, torch.ones(2, 1, 1, 1, 2))
-    assert cache.reused == [3, 3]  # a decode step at position 3 reads positions 0..2 back
+    assert cache.reused == (0, 0)
+    for layer in range(2):
+        cache.update(layer, 3, torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2))
+    assert cache.reused == (3, 3)  # a decode step at position 3 reads positions 0..2 back
     for layer in range(2):
         cache.update(layer, torch.arange(4, 6), torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2))
-    assert cache.reused == [4, 4]
+    assert cache.reused == (4, 4)

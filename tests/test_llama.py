@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers_checkpoints import byte_level_tokenizer, peer_greedy, spread_peer
 
-from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.kv_cache import full_cache
 from kvviz.cache.probe import PassProbe
 from kvviz.engine.engine import Engine, generate_ids
 from kvviz.sources.weights import load_checkpoint, load_model
@@ -69,7 +69,7 @@ def test_logits_equal_transformers_through_the_cache(checkpoint):
     """A prefill of three tokens, then one token a pass: every position's logits as transformers gives them."""
     peer, model = checkpoint
     cfg = model.config
-    cache = KVCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, len(PROMPT_IDS))
+    cache = full_cache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, len(PROMPT_IDS))
     expected = peer_logits(peer, PROMPT_IDS)
     with torch.no_grad():
         ours = [model(torch.tensor([PROMPT_IDS[:3]]), torch.arange(3), cache)[0]]
@@ -82,15 +82,15 @@ def test_the_cache_holds_transformers_past_key_values(checkpoint):
     """One key and value per KV head, rotated to their positions, as transformers caches them."""
     peer, model = checkpoint
     cfg = model.config
-    cache = KVCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, len(PROMPT_IDS))
+    cache = full_cache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, len(PROMPT_IDS))
     with torch.no_grad():
         model(torch.tensor([PROMPT_IDS]), torch.arange(len(PROMPT_IDS)), cache)
         past = peer(torch.tensor([PROMPT_IDS]), use_cache=True).past_key_values
-    assert cache.keys.shape == (cfg.n_layer, 1, cfg.n_kv_head, len(PROMPT_IDS), cfg.head_dim)
+    assert cache.layers[0].kv.shape == (2, 1, cfg.n_kv_head, len(PROMPT_IDS), cfg.head_dim)
     for layer in range(cfg.n_layer):
         keys, values = past_layer(past, layer)  # (1, nkv, T, hd) each
-        assert torch.allclose(cache.keys[layer], keys, atol=TOLERANCE, rtol=0)
-        assert torch.allclose(cache.values[layer], values, atol=TOLERANCE, rtol=0)
+        assert torch.allclose(cache.layers[layer].kv[0], keys, atol=TOLERANCE, rtol=0)
+        assert torch.allclose(cache.layers[layer].kv[1], values, atol=TOLERANCE, rtol=0)
 
 
 def past_layer(past, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -373,7 +373,7 @@ def test_the_fast_decode_step_equals_the_teaching_forward_bit_for_bit(dtype):
                     parameter.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(2))
         model = model.to(dtype).eval()
         ids = [i % cfg.vocab_size for i in PROMPT_IDS]
-        caches = [KVCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, len(ids), dtype=dtype) for _ in range(2)]
+        caches = [full_cache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, len(ids), dtype=dtype) for _ in range(2)]
         with torch.inference_mode():
             for cache in caches:
                 model(torch.tensor([ids[:2]]), torch.arange(2), cache)
@@ -384,7 +384,7 @@ def test_the_fast_decode_step_equals_the_teaching_forward_bit_for_bit(dtype):
                 got = llama_fast.decode_one(model, token, position, caches[1], probe=probes[1])  # (1, V)
                 assert got.dtype == dtype and torch.equal(got, expected), shape
                 assert all(torch.equal(a, b) for a, b in zip(*(p.attention for p in probes), strict=True))
-        assert torch.equal(caches[0].kv, caches[1].kv)
+        assert torch.equal(*(torch.stack([layer.kv for layer in c.layers]) for c in caches))
 
 
 def test_the_bench_peer_is_transformers_as_from_pretrained_makes_it_in_bfloat16(llama_folder):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers_checkpoints import HELLO_IDS, gpt2_config, save_hub_file, save_transformers_folder, tiny_kvviz_model
 
-from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.kv_cache import full_cache
 from kvviz.cache.probe import PassProbe
 from kvviz.engine.engine import Engine, generate_ids
 from kvviz.models import gpt2_fast
@@ -84,7 +84,7 @@ def test_logits_through_the_kv_cache_match_transformers(tmp_path):
     model = load_model(str(tmp_path / "ckpt")).model
     cfg = model.config
     expected = _reference_logits(hf_model, PROMPT_IDS)  # (1, T, V)
-    cache = KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS))
+    cache = full_cache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS))
     prefill = 5
     with torch.no_grad():
         rows = [model(torch.tensor([PROMPT_IDS[:prefill]]), torch.arange(prefill), cache)]
@@ -101,8 +101,8 @@ def test_decode_one_equals_forward_and_transformers(tmp_path):
     model = load_model(str(tmp_path / "ckpt")).model
     cfg = model.config
     expected = _reference_logits(hf_model, PROMPT_IDS)  # (1, T, V)
-    through_forward = KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS))
-    through_decode = KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS))
+    through_forward = full_cache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS))
+    through_decode = full_cache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS))
     prefill = 4
     with torch.inference_mode():
         for cache in (through_forward, through_decode):
@@ -114,7 +114,7 @@ def test_decode_one_equals_forward_and_transformers(tmp_path):
             got = gpt2_fast.decode_one(model, PROMPT_IDS[pos], pos, through_decode, probe=decode_probe)  # (1, V)
             assert torch.equal(got, reference)
             assert (got - expected[:, pos]).abs().max().item() <= TOLERANCE
-    assert torch.equal(through_decode.kv, through_forward.kv)
+    assert torch.equal(*(torch.stack([layer.kv for layer in c.layers]) for c in (through_decode, through_forward)))
     assert through_decode.length == len(PROMPT_IDS)
     # Each decode step projected one K/V row per layer; so did each forward step.
     assert decode_probe.kv_rows == forward_probe.kv_rows == [len(PROMPT_IDS) - prefill] * cfg.n_layer
@@ -137,16 +137,20 @@ def test_engine_cache_holds_transformers_keys_and_values(tmp_path):
     engine = Engine(load_model(str(tmp_path / "ckpt")).model)
     sequence: list[int] = []
     checked = 0
-    for record in engine.generate(PROMPT_IDS, 6):
-        sequence += record.fed_token_ids
+    cfg = engine.model.config
+    cache = full_cache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(PROMPT_IDS) + 7)
+    for record in engine.generate(PROMPT_IDS, 6):  # the engine's passes, fed again through a cache we can read
         if record.final:
-            break  # the run releases its cache with the last record
-        cache = engine.kv_cache
+            break
+        sequence += record.fed_token_ids
+        with torch.no_grad():
+            engine.model(torch.tensor([record.fed_token_ids]), torch.arange(record.fed_start, record.fed_stop), cache)
         assert cache.length == len(sequence) == record.fed_stop
         for layer, (keys, values) in enumerate(_transformers_keys_values(hf_model, sequence)):
             assert keys.shape == (1, 4, len(sequence), 16)
-            assert (cache.keys[layer, :, :, : len(sequence)] - keys).abs().max().item() <= TOLERANCE
-            assert (cache.values[layer, :, :, : len(sequence)] - values).abs().max().item() <= TOLERANCE
+            held = cache.layers[layer].kv[:, :, :, : len(sequence)]  # (K/V, 1, nh, S, hs)
+            assert (held[0] - keys).abs().max().item() <= TOLERANCE
+            assert (held[1] - values).abs().max().item() <= TOLERANCE
             assert keys.abs().max().item() > 0.5, "weights this weak would hide a mismatch"
         checked += 1
     assert checked == 6
@@ -209,7 +213,7 @@ def test_decode_one_equals_forward_in_every_dtype(dtype):
     model = load_model("random:kvviz-shakespeare", dtype=dtype).model
     cfg = model.config
     ids = HELLO_IDS + [257, 1310, 290, 314]
-    caches = [KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(ids), dtype=dtype) for _ in range(2)]
+    caches = [full_cache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(ids), dtype=dtype) for _ in range(2)]
     with torch.inference_mode():
         for cache in caches:
             model(torch.tensor([ids[:2]]), torch.arange(2), cache)
@@ -217,7 +221,7 @@ def test_decode_one_equals_forward_in_every_dtype(dtype):
             reference = model(torch.tensor([[ids[pos]]]), torch.tensor([pos]), caches[0])[0]  # (1, V)
             got = gpt2_fast.decode_one(model, ids[pos], pos, caches[1])  # (1, V)
             assert got.dtype == dtype and torch.equal(got, reference)
-    assert torch.equal(caches[0].kv, caches[1].kv)
+    assert torch.equal(*(torch.stack([layer.kv for layer in c.layers]) for c in caches))
 
 
 def _packs_bfloat16() -> bool:
@@ -265,7 +269,7 @@ def test_without_onednn_bfloat16_falls_back_to_plain_products(monkeypatch):
     model = load_model("random:kvviz-shakespeare", dtype=torch.bfloat16).model
     assert products.packed_copy(model.blocks[0].attn.c_attn.weight) is None
     cfg, ids = model.config, HELLO_IDS + [257, 1310]
-    caches = [KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(ids), dtype=torch.bfloat16) for _ in range(2)]
+    caches = [full_cache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(ids), dtype=torch.bfloat16) for _ in range(2)]
     with torch.inference_mode():
         for cache in caches:
             model(torch.tensor([ids[:2]]), torch.arange(2), cache)

@@ -8,12 +8,11 @@ import json
 import pytest
 import torch
 
-from kvviz.cache.kv_cache import QuantizedCache
-from kvviz.core.records import CachePolicy
+from kvviz.cache.quantized import QuantizedLayer
 
 
-def _cache(kv_dtype: str, head_dim: int = 8) -> QuantizedCache:
-    return QuantizedCache(1, 1, head_dim, 4, CachePolicy(kv_dtype=kv_dtype))
+def _cache(kv_dtype: str, head_dim: int = 8) -> QuantizedLayer:
+    return QuantizedLayer(1, head_dim, 4, kv_dtype)
 
 
 def test_each_format_rounds_a_vector_within_its_step_and_int4_packs_two_a_byte():

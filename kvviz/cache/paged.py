@@ -8,7 +8,7 @@ from collections import deque
 
 import torch
 
-from kvviz.core.records import EXACT, CachePolicy
+from kvviz.cache.layers import Held
 
 
 class PoolExhausted(RuntimeError):
@@ -34,7 +34,7 @@ class PagedCache:
     the keys come back in position order).
     """
 
-    policy: CachePolicy = EXACT
+    streams = False  # no attention sinks: positions are the text's
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, num_blocks: int, block_size: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
@@ -139,8 +139,7 @@ class PagedCache:
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(T, device=device)[None, :]  # (B, T)
         return positions[0] if len(rows) == 1 else positions
 
-    def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Held:
         """Store `k`, `v` (B, nkv, T, hd) where `prepare` planned; return every row's keys and values,
         (B, nkv, S, hd) each, S the longest row's positions, padded after each row's last."""
         B, nkv, T, hd = k.shape
@@ -152,7 +151,7 @@ class PagedCache:
         self.reused[layer] = sum(self.lengths[r] for r in self._rows) - B * T
         S = self._read_slots.shape[1]
         read = self.kv[layer].index_select(1, self._read_slots.flatten()).view(2, B, S, nkv, hd)
-        return read[0].transpose(1, 2), read[1].transpose(1, 2)  # (B, nkv, S, hd) each
+        return Held(read[0].transpose(1, 2), read[1].transpose(1, 2))  # (B, nkv, S, hd) each, in position order
 
     def release(self, request: int) -> None:
         """Drop `request`'s references; blocks no one references go back to the free list."""

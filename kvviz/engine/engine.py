@@ -7,12 +7,13 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from kvviz.cache.kv_cache import CACHES_BY_FAULT, KVCache, LatentCache, QuantizedCache, WindowCache
+from kvviz.cache.kv_cache import KVCache, build_cache, pass_cache
 from kvviz.cache.probe import PassProbe
 from kvviz.core.counting import kv_with_cache, kv_without_cache
 from kvviz.core.errors import GenerationError
 from kvviz.core.records import (
     CACHE_FAULTS,
+    EXACT,
     KV_DTYPES,
     AttentionWeights,
     CachePolicy,
@@ -25,6 +26,12 @@ from kvviz.core.tokenizer import Tokenizer, get_tokenizer
 from kvviz.engine.sampling import SamplingSettings, choose, sampling_generator
 from kvviz.models.cache_shape import run_cache_shape
 from kvviz.models.families import family_of
+
+FAULT_REFUSALS = {  # why Break the cache cannot plant its bug in a layer of each kind but "full"
+    "window": "Break the cache plants its bug in a full cache; turn the window off first",
+    "latent": "Break the cache plants its bug in a per-head cache, not a latent one (MLA)",
+    "quantized": "Break the cache plants its bug in an exact cache; store it in full precision first",
+}
 
 __all__ = ["Candidate", "Engine", "GenerationError", "RunPlan", "SamplingSettings", "StepRecord", "generate_ids"]
 
@@ -39,7 +46,6 @@ class Engine:
         self.fast = family_of(model).fast
         self.tokenizer = tokenizer or get_tokenizer()
         self.device = torch.device(device)
-        self.kv_cache: KVCache | None = None
         self._warm = False
         # Called before every block of every pass with the block's index: a way to stop a long pass from
         # another thread (it raises), as the app's worker does when the window closes.
@@ -48,11 +54,6 @@ class Engine:
     @property
     def n_ctx(self) -> int:
         return self.model.config.n_ctx
-
-    @property
-    def caches_latents(self) -> bool:
-        """The model caches one latent per position and layer (latent attention, MLA), not keys and values per head."""
-        return hasattr(self.model.config, "kv_lora_rank")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -81,19 +82,10 @@ class Engine:
             raise GenerationError(f"the prompt fills the model's whole context ({self.n_ctx} tokens); shorten it")
         return ids
 
-    def _new_cache(self, capacity: int, fault: str = "", policy: CachePolicy | None = None) -> KVCache:
-        cfg = self.model.config
-        if self.caches_latents:
-            return LatentCache(cfg.n_layer, cfg.kv_lora_rank, cfg.qk_rope_head_dim, capacity, dtype=self.dtype,
-                               device=self.device)
-        if policy is not None and policy.quantized:
-            return QuantizedCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, capacity, policy, dtype=self.dtype,
-                                  device=self.device)
-        if policy is not None and policy.evicts:
-            return WindowCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, policy, dtype=self.dtype, device=self.device,
-                               width=capacity)
-        return CACHES_BY_FAULT[fault](cfg.n_layer, cfg.n_kv_head, cfg.head_dim, capacity, dtype=self.dtype,
-                                      device=self.device)
+    def _new_cache(self, capacity: int, fault: str = "", policy: CachePolicy = EXACT) -> KVCache:
+        """The cache of a run: one layer cache of the kind the model's family asks for under `policy`, a layer."""
+        return build_cache(self.model.config.cache_layers(policy), capacity, dtype=self.dtype, device=self.device,
+                           fault=fault)
 
     def choose(
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
@@ -128,14 +120,11 @@ class Engine:
         keys and values quantized."""
         sampling = sampling or SamplingSettings()
         policy = self.policy(window, sinks, kv_dtype) if policy is None else policy
-        if policy.evicts and cache_fault:
-            raise GenerationError("Break the cache plants its bug in a full cache; turn the window off first")
-        if cache_fault and self.caches_latents:
-            raise GenerationError("Break the cache plants its bug in a per-head cache, not a latent one (MLA)")
-        if policy.quantized and cache_fault:
-            raise GenerationError("Break the cache plants its bug in an exact cache; store it in full precision first")
         if cache_fault and cache_fault not in CACHE_FAULTS:
             raise GenerationError(f"unknown cache fault {cache_fault!r}; known: {', '.join(CACHE_FAULTS)}")
+        unfit = [kind.kind for kind in self.model.config.cache_layers(policy) if kind.kind != "full"]
+        if cache_fault and unfit:
+            raise GenerationError(FAULT_REFUSALS[unfit[0]])
         if max_new_tokens <= 0:
             raise GenerationError(f"max new tokens must be a positive integer, got {max_new_tokens}")
         P = len(prompt_ids)
@@ -149,7 +138,7 @@ class Engine:
             raise GenerationError(
                 f"prompt token {outside[0]} is outside the model's vocabulary of {vocab_size} tokens"
             )
-        streams = policy.sinks > 0 and hasattr(self.model.config, "rope_theta")  # RoPE: positions within the cache
+        streams = policy.sinks > 0 and self.model.config.sinks_stream  # positions counted within the cache
         budget = max_new_tokens if streams else min(max_new_tokens, self.n_ctx - P)
         cfg = self.model.config
         return RunPlan(
@@ -179,9 +168,8 @@ class Engine:
             head_dim=cfg.head_dim,
             dtype_bytes=torch.finfo(self.dtype).bits // 8,
             policy=policy,
-            cache_parts=(("latent c_kv", cfg.kv_lora_rank), ("RoPE key k_pe", cfg.qk_rope_head_dim))
-            if self.caches_latents else (),
-            head_key_value=(cfg.qk_head_dim, cfg.v_head_dim) if self.caches_latents else (),
+            cache_parts=cfg.cache_parts,
+            head_key_value=cfg.head_key_value,
         )
 
     def _bytes_per_position(self, policy: CachePolicy) -> int:
@@ -196,19 +184,16 @@ class Engine:
     def policy(self, window: int = 0, sinks: int = 0, kv_dtype: str = "") -> CachePolicy:
         """The cache policy of a run: `window` (or the model's own sliding window), `sinks` and `kv_dtype`
         (GenerationError for values no run can use)."""
-        if (window or sinks or kv_dtype) and self.caches_latents:
-            raise GenerationError(f"{self.model.config.name} caches latents (MLA): kvviz windows and quantizes "
-                                  "per-head caches only")
+        cfg = self.model.config
         if kv_dtype and kv_dtype not in KV_DTYPES:
             raise GenerationError(f"no KV cache in {kv_dtype!r}: kvviz quantizes it to {', '.join(KV_DTYPES)}")
+        refusal = cfg.cache_refusal(CachePolicy(window, sinks, kv_dtype))
+        if refusal:
+            raise GenerationError(refusal)
         if kv_dtype and window:
             raise GenerationError("a quantized cache keeps every position: leave out the window (one trade-off at "
                                   "a time)")
-        if kv_dtype == "int4" and self.model.config.head_dim % 2:
-            raise GenerationError(f"an int4 cache packs two numbers a byte; {self.model.config.name}'s head size "
-                                  f"{self.model.config.head_dim} is odd")
-        own = 0 if window or kv_dtype else getattr(self.model.config, "sliding_window", 0)  # the model's own window
-        first_layer = getattr(self.model.config, "window_first_layer", 0) if own else 0  # ... on its layers only
+        own, first_layer = (0, 0) if window or kv_dtype else cfg.own_window  # the model's own window, on its layers
         window = window or own
         if window < 0 or sinks < 0:
             raise GenerationError(f"a window and sinks are counts of positions, got {window} and {sinks}")
@@ -238,18 +223,12 @@ class Engine:
         """Yield one StepRecord per forward pass of `plan` (from `plan`), generating `plan.budget` tokens.
 
         Stops cleanly at the context length: the final record says so in `stop_reason`. A cached
-        run's KV cache lives in `self.kv_cache` while the run goes on, and is released when it ends.
+        run's KV cache lives as long as the run.
         `watch_logits` sees the logits (V,) of every pass that chooses a token, before the choice;
         it must not keep them (they may be a buffer the next pass overwrites).
         """
         cache = self._new_cache(plan.width, plan.cache_fault, plan.policy) if plan.use_cache else None
-        if cache is not None:
-            self.kv_cache = cache
-        try:
-            yield from self._passes(plan, cache, sampling or SamplingSettings(), top_candidates, watch_logits)
-        finally:
-            if self.kv_cache is cache:  # a later run may own the engine's cache by now
-                self.kv_cache = None
+        yield from self._passes(plan, cache, sampling or SamplingSettings(), top_candidates, watch_logits)
 
     @torch.inference_mode()  # around each pass only: the caller is back in its own mode between records
     def _passes(
@@ -269,6 +248,7 @@ class Engine:
         tokens = list(plan.prompt_ids)
         fast = self.fast if use_cache and not plan.policy.lossy else None
         decode_weights = fast.decode_weights(model) if fast is not None else None
+        uncached = None if use_cache else pass_cache(model.config.cache_layers(plan.policy))
         computed_total = reused_total = without_total = 0
         step = 0
         while True:
@@ -290,8 +270,8 @@ class Engine:
             else:
                 idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
                 positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
-                rule = cache if use_cache or not plan.policy.evicts else self._new_cache(plan.width, "", plan.policy)
-                logits = model(idx, positions, rule, last_only=True, probe=probe)[0, -1]  # (V,)
+                through = cache if use_cache else uncached  # an uncached pass under a window: masked as it says
+                logits = model(idx, positions, through, last_only=True, probe=probe)[0, -1]  # (V,)
             if record_attention:
                 attention = _attention_weights(probe.attention, fed_stop)
             if flush:
@@ -302,9 +282,7 @@ class Engine:
             if watch_logits is not None and not flush:
                 watch_logits(logits)  # outside the timed span
             computed = tuple(probe.kv_rows)
-            reused = tuple(cache.reused) if use_cache else (0,) * n_layer  # rows the cache gave back, measured
-            if any(c != fed_stop - fed_start for c in computed):
-                raise RuntimeError(f"layers projected {computed} K/V rows for {fed_stop - fed_start} fed positions")
+            reused = cache.reused if use_cache else (0,) * n_layer  # rows the cache gave back, measured
             computed_total += computed[0]
             reused_total += reused[0]
             if token is not None:
@@ -340,8 +318,7 @@ class Engine:
                 kv_evicted=cache.evicted if cache is not None else (0, 0),
                 positions_held=cache.positions_held if cache is not None else 0,
                 layer_positions_held=cache.layer_positions_held if cache is not None else (),
-                layer_capacity=tuple(plan.policy.capacity if plan.policy.windows(layer) else 0
-                                     for layer in range(n_layer)) if cache is not None else (),
+                layer_capacity=cache.layer_limits if cache is not None else (),
                 cache_precision=plan.cache_precision,
                 windowed=use_cache and plan.policy.evicts,
                 lossy=use_cache and plan.policy.lossy,

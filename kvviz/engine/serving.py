@@ -32,10 +32,11 @@ def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | l
     budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     if len(budgets) != len(prompts):
         raise GenerationError(f"{len(budgets)} budgets for {len(prompts)} prompts")
-    if engine.caches_latents:
+    kinds = {kind.kind for kind in engine.model.config.cache_layers(engine.policy())}
+    if "latent" in kinds:
         raise GenerationError(f"{engine.model.config.name} caches latents (MLA); kvviz batch pages per-head caches "
                               "only")
-    if engine.policy().evicts:
+    if kinds != {"full"}:
         raise GenerationError(f"{engine.model.config.name} has a sliding window; the paged cache keeps every "
                               "position, so kvviz batch does not run it")
     requests = []
@@ -56,18 +57,13 @@ def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | l
 
 def run_batch(engine: Engine, plan: BatchPlan, sampling: SamplingSettings | None = None,
               watch_logits: Callable[[int, torch.Tensor], None] | None = None) -> Iterator[BatchRecord]:
-    """Yield a BatchRecord per forward pass of `plan`. The engine owns the paged cache while the batch runs.
+    """Yield a BatchRecord per forward pass of `plan`, on a paged cache that lives as long as the batch.
     `watch_logits(request, logits)` sees the logits (V,) of every choice, before it is made."""
     sampling = sampling or SamplingSettings()
     cfg = engine.model.config
     cache = PagedCache(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, plan.num_blocks, plan.block_size, engine.dtype,
                        engine.device, plan.share_prefixes)
-    engine.kv_cache = cache
-    try:
-        yield from _passes(engine, plan, cache, sampling, watch_logits)
-    finally:
-        if engine.kv_cache is cache:
-            engine.kv_cache = None
+    yield from _passes(engine, plan, cache, sampling, watch_logits)
 
 
 @torch.inference_mode()

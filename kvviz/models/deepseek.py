@@ -19,11 +19,14 @@ import math
 from dataclasses import dataclass, field, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from kvviz.cache.kv_cache import LatentCache
+from kvviz.cache.attention import attend
+from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.layers import LayerKind
 from kvviz.cache.probe import PassProbe
+from kvviz.core.memory import Architecture
+from kvviz.core.records import CachePolicy
 from kvviz.models.llama import RMSNorm, SwiGLU
 from kvviz.models.products import Linear, tied_head
 
@@ -78,6 +81,34 @@ class DeepseekConfig:
     def with_name(self, name: str) -> DeepseekConfig:
         return replace(self, name=name)
 
+    # The family's facts about its cache, which the engine asks for and never works out itself.
+    own_window = (0, 0)  # no sliding window of its own
+    sinks_stream = False  # it refuses windows, so it has no sinks
+
+    @property
+    def cache_parts(self) -> tuple[tuple[str, int], ...]:
+        """A cached position's parts, shared by every head: the latent and the RoPE key."""
+        return (("latent c_kv", self.kv_lora_rank), ("RoPE key k_pe", self.qk_rope_head_dim))
+
+    @property
+    def head_key_value(self) -> tuple[int, int]:
+        """The numbers of each head's key and value, rebuilt from the latent at every pass."""
+        return (self.qk_head_dim, self.v_head_dim)
+
+    def cache_layers(self, policy: CachePolicy) -> tuple[LayerKind, ...]:
+        """One latent and one RoPE key a position in every layer (multi-head latent attention)."""
+        return (LayerKind("latent", rank=self.kv_lora_rank, rope_dim=self.qk_rope_head_dim),) * self.n_layer
+
+    def cache_refusal(self, policy: CachePolicy) -> str:
+        if policy.window or policy.sinks or policy.kv_dtype:
+            return f"{self.name} caches latents (MLA): kvviz windows and quantizes per-head caches only"
+        return ""
+
+    def cache_shape(self, source: str = "the model's config") -> Architecture:
+        """What the cache holds a position, for the memory figures (kvviz.core.memory)."""
+        return Architecture(name=self.name, attention="mla", layers=self.n_layer, latent_dim=self.kv_lora_rank,
+                            rope_dim=self.qk_rope_head_dim, context=self.n_ctx, source=source)
+
 
 PRESETS: dict[str, DeepseekConfig] = {  # for untrained weights (random:<name>)
     # DeepSeek-V2-Lite's attention (27 layers of 16 heads, latent 512, RoPE key 64, no query bottleneck) with a
@@ -127,7 +158,7 @@ class LatentAttention(nn.Module):
         self.o_proj = Linear(nh * config.v_head_dim, C, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                kv_cache: LatentCache | None, probe: PassProbe | None = None) -> torch.Tensor:
+                kv_cache: KVCache | None, probe: PassProbe | None = None) -> torch.Tensor:
         cfg = self.config
         B, T, C = x.shape  # (B, T, C)
         nh, nope, rope_dim, vd, r = cfg.n_head, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, \
@@ -143,23 +174,16 @@ class LatentAttention(nn.Module):
             probe.projected(self.layer_index, B * T)
         c_kv = self.kv_a_layernorm(c_kv)
         q_pe, k_pe = rotate_pairs(q_pe, *rope), rotate_pairs(k_pe, *rope)  # the latent itself carries no position
-        if kv_cache is not None:
-            c_kv, k_pe = kv_cache.update(self.layer_index, positions, c_kv, k_pe)  # (B, S, r), (B, S, rope)
+        held = None if kv_cache is None else kv_cache.update(self.layer_index, positions, c_kv, k_pe)
+        if held is not None:
+            c_kv, k_pe = held.keys, held.values  # (B, S, r), (B, S, rope): every latent the layer holds
         S = c_kv.shape[1]
         kv = self.kv_b_proj(c_kv).view(B, S, nh, nope + vd).transpose(1, 2)  # (B, nh, S, nope + vd): the up-projection
         k_nope, v = kv.split((nope, vd), dim=-1)
         k = torch.cat((k_nope, k_pe[:, None].expand(B, nh, S, rope_dim)), dim=-1)  # (B, nh, S, nope + rope)
         q = torch.cat((q_nope, q_pe), dim=-1)  # (B, nh, T, nope + rope)
         scale = 1.0 / math.sqrt(nope + rope_dim)
-        if kv_cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, scale=scale)
-        elif T == 1:
-            y = F.scaled_dot_product_attention(q, k, v, scale=scale)
-        else:
-            mask = torch.arange(S, device=x.device) <= positions[:, None]  # (T, S)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        if probe is not None:
-            probe.attended(q, k)
+        y = attend(q, k, v, held, positions, probe, scale=scale)  # (B, nh, T, vd)
         y = y.transpose(1, 2).reshape(B, T, nh * vd)  # (B, T, nh * vd)
         return self.o_proj(y)
 
@@ -173,7 +197,7 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(config)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                kv_cache: LatentCache | None, probe: PassProbe | None = None) -> torch.Tensor:
+                kv_cache: KVCache | None, probe: PassProbe | None = None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv_cache, probe)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -210,7 +234,7 @@ class Deepseek(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def hidden_states(self, idx: torch.Tensor, positions: torch.Tensor | None = None,
-                      kv_cache: LatentCache | None = None, last_only: bool = False,
+                      kv_cache: KVCache | None = None, last_only: bool = False,
                       probe: PassProbe | None = None) -> torch.Tensor:
         """The final RMSNorm's output (B, T, C) for `idx` (B, T)."""
         B, T = idx.shape
@@ -231,7 +255,7 @@ class Deepseek(nn.Module):
             x = x[:, -1:, :]  # (B, 1, C)
         return self.model.norm(x)
 
-    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, kv_cache: LatentCache | None = None,
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, kv_cache: KVCache | None = None,
                 last_only: bool = False, probe: PassProbe | None = None) -> torch.Tensor:
         """Logits (B, T, V) for `idx` (B, T) at `positions` (T,); with `kv_cache`, attend to cached latents too."""
         x = self.hidden_states(idx, positions, kv_cache, last_only, probe)  # (B, T, C)

@@ -14,9 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvviz.cache.attention import attend
 from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.layers import LayerKind, head_layers, head_refusal
 from kvviz.cache.probe import PassProbe
-from kvviz.cache.windowed import windowed_attention
+from kvviz.core.memory import Architecture
+from kvviz.core.records import CachePolicy
 from kvviz.models.products import linear, tied_head
 
 
@@ -50,6 +53,24 @@ class GPTConfig:
 
     def with_name(self, name: str) -> GPTConfig:
         return replace(self, name=name)
+
+    # The family's facts about its cache, which the engine asks for and never works out itself.
+    own_window = (0, 0)  # no sliding window of its own: (window, first windowed layer)
+    sinks_stream = False  # learned positions end at n_ctx, so sinks cannot carry a run past it
+    cache_parts = ()  # the parts of a cached position beyond a key and a value per head: none
+    head_key_value = ()
+
+    def cache_layers(self, policy: CachePolicy) -> tuple[LayerKind, ...]:
+        """Every head's key and value in every layer (multi-head attention), under `policy`."""
+        return head_layers(self.n_layer, self.n_head, self.head_dim, policy)
+
+    def cache_refusal(self, policy: CachePolicy) -> str:
+        return head_refusal(self.name, self.head_dim, policy)
+
+    def cache_shape(self, source: str = "the model's config") -> Architecture:
+        """What the cache holds a position, for the memory figures (kvviz.core.memory)."""
+        return Architecture(name=self.name, attention="mha", layers=self.n_layer, kv_heads=self.n_head,
+                            head_dim=self.head_dim, context=self.n_ctx, source=source)
 
 
 PRESETS: dict[str, GPTConfig] = {
@@ -96,20 +117,10 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        if kv_cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
-        else:
-            k, v = kv_cache.update(self.layer_index, positions, k, v)  # (B, nh, S, hs), S = cached + T
-            if kv_cache.policy.evicts:  # a sliding window (and sinks): only the positions it keeps
-                y = windowed_attention(q, k, v, positions, kv_cache, probe=probe)
-            elif T == 1 and positions.dim() == 1:
-                y = F.scaled_dot_product_attention(q, k, v)
-            else:  # keys in position order; a batch's rows (positions (B, T)) each up to its own, padded after
-                key_positions = torch.arange(k.shape[2], device=x.device)
-                mask = key_positions <= positions[..., None]  # (T, S), or (B, T, S)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dim() == 2 else mask[:, None])
-        if probe is not None and (kv_cache is None or not kv_cache.policy.evicts):  # (a window's: recorded above)
-            probe.attended(q, k)
+        held = None if kv_cache is None else kv_cache.update(self.layer_index, positions, k, v)
+        if held is not None:
+            k, v = held.keys, held.values  # (B, nh, S, hs): what the layer's cache holds, this pass's rows too
+        y = attend(q, k, v, held, positions, probe)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 

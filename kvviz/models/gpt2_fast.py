@@ -61,7 +61,8 @@ def decode_one(model: GPT, token: int, position: int, kv_cache: KVCache, weights
         raise ValueError(f"position {position} is past the context length {cfg.n_ctx}")
     wte, wpe = model.transformer.wte.weight, model.transformer.wpe.weight
     recording = probe is not None and probe.attention is not None
-    queries: list[torch.Tensor] = []  # when recording: every layer's query, weighed after the loop
+    queries: list[torch.Tensor] = []  # when recording: every layer's query and keys, weighed after the loop
+    keys: list[torch.Tensor] = []
     x = (wte[token] + wpe[position]).view(1, C)  # (1, C)
     for i, w in enumerate(weights or decode_weights(model)):
         if probe is not None:
@@ -70,18 +71,18 @@ def decode_one(model: GPT, token: int, position: int, kv_cache: KVCache, weights
         qkv = project(h, w.attn_weight, w.attn_bias, w.attn_packed)  # (1, 3C)
         if probe is not None:
             probe.projected(i, 1)
-        qkv = qkv.view(3, 1, nh, 1, hs)  # q, k, v as (B=1, nh, T=1, hs) each
-        cached = kv_cache.append(i, position, qkv[1:])  # (2, 1, nh, S, hs)
-        y = F.scaled_dot_product_attention(qkv[0], cached[0], cached[1])  # (1, nh, 1, hs)
+        q, k, v = qkv.view(3, 1, nh, 1, hs)  # (B=1, nh, T=1, hs) each
+        held = kv_cache.update(i, position, k, v)  # every cached key and value, (1, nh, S, hs) each
+        y = F.scaled_dot_product_attention(q, held.keys, held.values)  # (1, nh, 1, hs)
         if recording:
-            queries.append(qkv[0])  # (1, nh, 1, hs)
+            queries.append(q)  # (1, nh, 1, hs)
+            keys.append(held.keys)
         x = project(y.view(1, C), w.attn_proj_weight, w.attn_proj_bias, w.attn_proj_packed).add_(x)
         h = F.layer_norm(x, (C,), w.ln_2_weight, w.ln_2_bias, eps)
         h = F.gelu(project(h, w.fc_weight, w.fc_bias, w.fc_packed), approximate="tanh")  # (1, 4C)
         x = project(h, w.mlp_proj_weight, w.mlp_proj_bias, w.mlp_proj_packed).add_(x)
     if recording:  # all layers in one product: fewer calls than one per layer
-        keys = kv_cache.keys[:, 0, :, : position + 1]  # (L, nh, S, hs): every layer's keys this step read
-        probe.attention.extend(newest_query_weights(torch.cat(queries), keys).unbind(0))  # L x (nh, S)
+        probe.attention.extend(newest_query_weights(torch.cat(queries), torch.cat(keys)).unbind(0))  # L x (nh, S)
     ln_f = model.transformer.ln_f
     x = F.layer_norm(x, (C,), ln_f.weight, ln_f.bias, eps)
     return tied_head(x, wte)  # (1, V)

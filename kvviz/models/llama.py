@@ -15,9 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvviz.cache.attention import attend
 from kvviz.cache.kv_cache import KVCache
+from kvviz.cache.layers import Held, LayerKind, head_layers, head_refusal
 from kvviz.cache.probe import PassProbe
-from kvviz.cache.windowed import windowed_attention
+from kvviz.core.memory import Architecture
+from kvviz.core.records import CachePolicy
 from kvviz.models.products import Linear, tied_head
 
 
@@ -64,6 +67,32 @@ class LlamaConfig:
 
     def with_name(self, name: str) -> LlamaConfig:
         return replace(self, name=name)
+
+    # The family's facts about its cache, which the engine asks for and never works out itself.
+    sinks_stream = True  # RoPE: with sinks, positions count within the cache, so a run goes on past n_ctx
+    cache_parts = ()  # the parts of a cached position beyond a key and a value per KV head: none
+    head_key_value = ()
+
+    @property
+    def own_window(self) -> tuple[int, int]:
+        """Mistral's sliding window on every layer, Qwen2's from `max_window_layers` up: (window, first layer)."""
+        return (self.sliding_window, self.window_first_layer if self.sliding_window else 0)
+
+    def cache_layers(self, policy: CachePolicy) -> tuple[LayerKind, ...]:
+        """The KV heads' keys and values in every layer (grouped- or multi-query attention when fewer than the
+        query heads), under `policy`: windowed from its first windowed layer up."""
+        return head_layers(self.n_layer, self.n_kv_head, self.head_dim, policy)
+
+    def cache_refusal(self, policy: CachePolicy) -> str:
+        return head_refusal(self.name, self.head_dim, policy)
+
+    def cache_shape(self, source: str = "the model's config") -> Architecture:
+        """What the cache holds a position, with the model's own window, for the memory figures."""
+        kind = "mha" if self.n_kv_head == self.n_head else "mqa" if self.n_kv_head == 1 else "gqa"
+        window, first_layer = self.own_window
+        return Architecture(name=self.name, attention=kind, layers=self.n_layer, kv_heads=self.n_kv_head,
+                            head_dim=self.head_dim, sliding_window=window or None, window_first_layer=first_layer,
+                            context=self.n_ctx, source=source)
 
 
 PRESETS: dict[str, LlamaConfig] = {  # published shapes, for untrained weights (random:<name>)
@@ -139,36 +168,24 @@ class Attention(nn.Module):
             probe.projected(self.layer_index, B * T)
         q_here = q
         q, k = rotate(q, *rope), rotate(k, *rope)  # keys are cached already turned to their positions
-        if kv_cache is not None:
-            k, v = kv_cache.update(self.layer_index, positions, k, v)  # (B, nkv, S, hd), S = cached + T
+        held = None if kv_cache is None else kv_cache.update(self.layer_index, positions, k, v)
+        if held is not None:
+            k, v = held.keys, held.values  # (B, nkv, S, hd): what the layer's cache holds, this pass's rows too
         group = self.n_head // self.n_kv_head
         k = k.repeat_interleave(group, dim=1)  # (B, nh, S, hd): query head h reads KV head h // group
         v = v.repeat_interleave(group, dim=1)  # (B, nh, S, hd)
-        if kv_cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
-        elif kv_cache.policy.evicts:  # a sliding window (and sinks): only the positions it keeps
-            y = windowed_attention(q, k, v, positions, kv_cache, self.turned_for_sinks(q_here, positions, kv_cache),
-                                   probe)
-        elif T == 1 and positions.dim() == 1:
-            y = F.scaled_dot_product_attention(q, k, v)
-        else:  # keys in position order; a batch's rows (positions (B, T)) each up to its own, padded after
-            key_positions = torch.arange(k.shape[2], device=x.device)
-            mask = key_positions <= positions[..., None]  # (T, S), or (B, T, S)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dim() == 2 else mask[:, None])
-        if probe is not None and (kv_cache is None or not kv_cache.policy.evicts):  # (a window's: recorded above)
-            probe.attended(q, k)
+        y = attend(q, k, v, held, positions, probe, self.turned_for_sinks(q_here, positions, held))  # (B, nh, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * hd)  # (B, T, nh * hd)
         return self.o_proj(y)
 
 
-    def turned_for_sinks(self, q: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache) -> torch.Tensor | None:
+    def turned_for_sinks(self, q: torch.Tensor, positions: torch.Tensor, held: Held | None) -> torch.Tensor | None:
         """`q` (B, nh, T, hd) turned to each query's position within the cache, where attention sinks keep the
-        text's first positions (StreamingLLM): sinks, then the window, the query last. None without sinks, and on
-        a layer the window leaves full (below `first_layer`), whose keys all keep their positions."""
-        sinks, window = kv_cache.policy.sinks, kv_cache.policy.window
-        if not sinks or self.layer_index < kv_cache.policy.first_layer:  # a full layer (Qwen2's lower ones)
-            return None  # keeps every position where it is: its queries turn to their own positions
-        within = positions.clamp(max=sinks + window - 1)  # (T,): the window's keys keep their distances
+        text's first positions (StreamingLLM): sinks, then the window, the query last. None on a layer without
+        sinks, whose keys all keep their positions."""
+        if held is None or not held.sinks:
+            return None
+        within = positions.clamp(max=held.sinks + held.window - 1)  # (T,): the window's keys keep their distances
         return rotate(q, *rope_angles(within, self.head_dim, self.rope_theta, q.dtype))
 
 
@@ -241,7 +258,7 @@ class Llama(nn.Module):
         if positions is None:
             start = 0 if kv_cache is None else kv_cache.length
             positions = torch.arange(start, start + T, device=idx.device)
-        streaming = kv_cache is not None and kv_cache.policy.sinks > 0  # positions count within the cache
+        streaming = kv_cache is not None and kv_cache.streams  # positions count within the cache
         if int(positions.max()) >= self.config.n_ctx and not streaming:
             raise ValueError(f"position {int(positions.max())} is past the context length {self.config.n_ctx}")
         x = self.model.embed_tokens(idx)  # (B, T, C)

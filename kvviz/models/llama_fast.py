@@ -83,7 +83,7 @@ def decode_one(model: Llama, token: int, position: int, kv_cache: KVCache, weigh
         k = rotate(w.k(h).view(1, nkv, 1, hd), cos, sin)  # (1, nkv, 1, hd)
         if probe is not None:
             probe.projected(i, 1)
-        keys, values = kv_cache.update(i, positions, k, w.v(h).view(1, nkv, 1, hd))  # (1, nkv, S, hd) each
+        keys, values, *_ = kv_cache.update(i, position, k, w.v(h).view(1, nkv, 1, hd))  # (1, nkv, S, hd) each
         y = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # (1, nh, 1, hd): head h reads h // group
         if recording:
             probe.attention.append(newest_query_weights(q, keys.repeat_interleave(nh // nkv, dim=1))[0])  # (nh, S)

@@ -1,0 +1,72 @@
+"""A layer that stores every key and value quantized: int8, int4 or fp8, with a float32 scale a token and head."""
+
+from __future__ import annotations
+
+import torch
+
+from kvviz.cache.layers import Held, LayerCache
+from kvviz.core.records import KV_DTYPES
+
+
+class QuantizedLayer(LayerCache):
+    """Stores every key and value quantized (`kv_dtype`: int8, int4 or fp8), per token and head: each (head_dim,)
+    vector gets a float32 scale, its largest magnitude over the format's largest value, and is stored as
+    round(x / scale) (int8 and int4, two int4 numbers to a byte) or x / scale in float8 e4m3 (fp8). A new token never
+    rescales the old ones, so it streams; KIVI's per-channel keys would need a group of tokens first. Attention reads
+    the dequantized rows, q * scale, in the model's number type: the output drifts from an exact cache's by that
+    rounding, and `bytes_held` counts the stored numbers and their scales."""
+
+    def __init__(self, heads: int, head_dim: int, capacity: int, kv_dtype: str, batch_size: int = 1,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"no quantized cache in {kv_dtype!r}; known: {', '.join(KV_DTYPES)}")
+        bits, self.largest = KV_DTYPES[kv_dtype]
+        if bits == 4 and head_dim % 2:
+            raise ValueError(f"an int4 cache packs two numbers to a byte: head_dim {head_dim} is odd")
+        super().__init__()
+        self.capacity, self.kv_dtype, self.model_dtype = capacity, kv_dtype, dtype
+        self.packed = bits == 4
+        stored = torch.float8_e4m3fn if kv_dtype == "fp8" else torch.uint8 if self.packed else torch.int8
+        width = head_dim // 2 if self.packed else head_dim
+        shape = (2, batch_size, heads, capacity)
+        self.codes = torch.zeros((*shape, width), dtype=stored, device=device)  # (2, B, h, S, hd or hd/2)
+        self.scales = torch.zeros((*shape, 1), dtype=torch.float32, device=device)  # (2, B, h, S, 1)
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes and scales of `x` (..., hd): scales (..., 1) float32, codes in the stored type."""
+        x = x.float()
+        scale = (x.abs().amax(dim=-1, keepdim=True) / self.largest).clamp_min(1e-12)
+        if self.kv_dtype == "fp8":
+            return (x / scale).to(torch.float8_e4m3fn), scale
+        q = torch.round(x / scale).clamp(-self.largest, self.largest).to(torch.int8)
+        if self.packed:  # two numbers a byte: q + 8 in 0..15, even channels in the low half
+            q = (q + 8).to(torch.uint8)
+            q = q[..., 0::2] | (q[..., 1::2] << 4)
+        return q, scale
+
+    def dequantize(self, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """The rows `codes` with `scales` stand for, (..., hd) in the model's number type."""
+        if self.packed:
+            low = (codes & 0x0F).to(torch.int8) - 8
+            high = (codes >> 4).to(torch.int8) - 8
+            codes = torch.stack((low, high), dim=-1).flatten(-2)  # (..., hd): even, odd, even, ...
+        return (codes.float() * scales).to(self.model_dtype)
+
+    def update(self, positions: torch.Tensor | int, k: torch.Tensor, v: torch.Tensor) -> Held:
+        T = k.shape[2]
+        start, end = self._claim(positions, T, self.capacity)
+        for i, rows in enumerate((k, v)):
+            codes, scales = self.quantize(rows)
+            self.codes[i].narrow(2, start, T).copy_(codes)
+            self.scales[i].narrow(2, start, T).copy_(scales)
+        held = self.dequantize(self.codes.narrow(3, 0, end), self.scales.narrow(3, 0, end))  # (2, B, h, end, hd)
+        return Held(held[0], held[1])
+
+    @property
+    def bytes_held(self) -> int:
+        codes, scales = self.codes.narrow(3, 0, self.length), self.scales.narrow(3, 0, self.length)
+        return codes.numel() * codes.element_size() + scales.numel() * scales.element_size()
+
+    @property
+    def bytes_allocated(self) -> int:
+        return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
