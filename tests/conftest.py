@@ -155,10 +155,10 @@ def app_model(tmp_path_factory) -> str | None:
 def window(qtbot, app_model):
     """The app's window on the test model with "Time flies fast", its first run planned; closed after the test.
     (Test files that need another window define their own `window`.)"""
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
 
-    win = MainWindow(app_model, "Time flies fast", settings=app_settings())
+    win = open_window(app_model, "Time flies fast", settings=app_settings())
     qtbot.addWidget(win)
     win.show()
     qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)

@@ -347,10 +347,10 @@ def test_dialog_offers_animation_only_with_a_run(dialog_for):
 # ----- the window: its records, the clipboard, the plots' menus -----
 def test_window_copies_views_and_hands_its_records_to_the_dialog(qtbot, app_model, monkeypatch):
     import kvviz.app.export.window_export as export  # where File > Export... finds the dialog
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
 
-    window = MainWindow(app_model, PROMPT, settings=app_settings())
+    window = open_window(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(window)
     window.show()
     qtbot.waitUntil(lambda: window.session.plan is not None, timeout=60_000)

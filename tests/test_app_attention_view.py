@@ -81,10 +81,10 @@ def _column_x(plot_widget, x: float) -> float:
 
 
 def test_a_in_the_window_records_attention_under_the_grid_and_a_grid_row_chooses_the_layer(qtbot, app_model):
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
 
-    window = MainWindow(app_model, PROMPT, settings=app_settings())
+    window = open_window(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(window)
     window.resize(1400, 900)
     window.show()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from helpers_qt import geometries, settle_layouts
 
+from kvviz.app.assembly import open_window
 from kvviz.app.settings import AppSettings, app_settings
-from kvviz.app.window.main_window import MainWindow
 
 PROMPT = "Time flies fast"
 
@@ -53,7 +53,7 @@ def test_t_switches_to_compare_mode_at_the_same_step_and_back(qtbot, window):
 
 def test_compare_mode_is_remembered_and_the_broken_cache_never_is(qtbot, app_model):
     store = app_settings()
-    first = MainWindow(app_model, PROMPT, settings=store)
+    first = open_window(app_model, PROMPT, settings=store)
     qtbot.addWidget(first)
     first.actions["compare"].setChecked(True)
     first.actions["break_cache"].setChecked(True)
@@ -61,7 +61,7 @@ def test_compare_mode_is_remembered_and_the_broken_cache_never_is(qtbot, app_mod
     remembered = AppSettings.load(store)
     assert remembered.compare
     assert not any("break" in key.lower() for key in store.values())
-    second = MainWindow(app_model, PROMPT, settings=store)
+    second = open_window(app_model, PROMPT, settings=store)
     qtbot.addWidget(second)
     try:
         assert second.actions["compare"].isChecked() and second.controls.request().compare

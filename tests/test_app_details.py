@@ -70,10 +70,10 @@ def test_the_window_title_names_the_model_once_and_the_app_once(window, qtbot):
 
 
 def test_the_window_title_before_a_model_is_the_apps_purpose(qtbot, app_model):
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
 
-    window = MainWindow(app_model, "Hi", settings=app_settings())
+    window = open_window(app_model, "Hi", settings=app_settings())
     qtbot.addWidget(window)
     assert window.windowTitle() == "KV cache visualiser"
     window.close()

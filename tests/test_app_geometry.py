@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvviz.app.assembly import open_window
 from kvviz.app.settings import app_settings
 from kvviz.app.views.attention_view import AttentionView
 from kvviz.app.views.grid.kv_grid import KVGridView
@@ -164,7 +165,7 @@ def screen_window(qtbot, app_model, monkeypatch, request):
     monkeypatch.setattr(presentation, "fit_to_screen", lambda _window: None)
     zoom = presentation.presenter_zoom(height)
     monkeypatch.setattr(presentation, "presenter_zoom", lambda _screen_height: zoom)
-    window = MainWindow(app_model, "Time flies fast", settings=app_settings())
+    window = open_window(app_model, "Time flies fast", settings=app_settings())
     qtbot.addWidget(window)
     monkeypatch.setattr(window, "showFullScreen", lambda: window.resize(width, height))
     monkeypatch.setattr(window, "showNormal", lambda: window.resize(width, height - TITLE_BAR))

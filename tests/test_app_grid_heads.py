@@ -185,10 +185,10 @@ def test_rows_too_thin_for_any_font_keep_every_layers_label():
 
 @pytest.mark.parametrize("zoom", [1.0, 1.6, 2.3])
 def test_every_layer_and_head_is_labelled_in_the_window_at_1280x720(qtbot, app_model, zoom):
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
 
-    window = MainWindow(app_model, PROMPT, settings=app_settings())
+    window = open_window(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(window)
     window.show()
     qtbot.waitUntil(lambda: window.session.plan is not None, timeout=60_000)
@@ -373,10 +373,10 @@ def test_compare_grids_expand_each_on_their_own(qtbot, engine):
 def test_h_shows_the_heads_of_the_clicked_layer_in_the_window(qtbot, app_model):
     from PySide6.QtCore import QPointF, Qt
 
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
 
-    window = MainWindow(app_model, "Time flies fast", settings=app_settings())
+    window = open_window(app_model, "Time flies fast", settings=app_settings())
     qtbot.addWidget(window)
     window.show()
     qtbot.waitUntil(lambda: window.session.plan is not None, timeout=60_000)

@@ -10,6 +10,7 @@ from helpers_checkpoints import save_kvviz_folder
 from PySide6.QtCore import QPoint
 from PySide6.QtWidgets import QScrollArea, QWidget
 
+from kvviz.app.assembly import open_window
 from kvviz.app.settings import app_settings
 from kvviz.app.window import main_window, presentation
 from kvviz.app.window.main_window import MainWindow
@@ -46,7 +47,7 @@ def test_every_grid_row_the_counter_chart_and_strip_fit_720p(qtbot, deep_model, 
     monkeypatch.setattr(presentation, "fit_to_screen", lambda _window: None)
     zoom = presentation.presenter_zoom(SCREEN[1] + 30)
     monkeypatch.setattr(presentation, "presenter_zoom", lambda _screen_height: zoom)
-    window = MainWindow(deep_model, "Time flies", settings=app_settings())
+    window = open_window(deep_model, "Time flies", settings=app_settings())
     qtbot.addWidget(window)
     monkeypatch.setattr(window, "showFullScreen", lambda: window.resize(SCREEN[0], SCREEN[1] + 30))
     monkeypatch.setattr(window, "showNormal", lambda: window.resize(*SCREEN))

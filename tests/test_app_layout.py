@@ -7,8 +7,8 @@ import pytest
 from helpers_qt import settle_layouts
 from PySide6.QtWidgets import QLabel, QScrollArea
 
+from kvviz.app.assembly import open_window
 from kvviz.app.settings import app_settings
-from kvviz.app.window.main_window import MainWindow
 from kvviz.app.window.presentation import ZOOM_STEPS, presenter_zoom
 
 TITLE_BAR = 30  # what a window manager's frame takes of the screen's height, about
@@ -16,7 +16,7 @@ TITLE_BAR = 30  # what a window manager's frame takes of the screen's height, ab
 
 @pytest.fixture
 def window(qtbot, app_model):
-    win = MainWindow(app_model, "Time flies fast", settings=app_settings())
+    win = open_window(app_model, "Time flies fast", settings=app_settings())
     qtbot.addWidget(win)
     win.show()
     qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)

@@ -11,6 +11,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextLayout, QTextOption
 from PySide6.QtWidgets import QApplication, QMessageBox, QScrollArea
 
+from kvviz.app.assembly import open_window as open_app_window
 from kvviz.app.lesson.step_text import keep_together
 from kvviz.app.settings import AppSettings, app_settings
 from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, PENDING, REUSED
@@ -23,7 +24,7 @@ TITLE_BAR = 30
 
 
 def open_window(qtbot, app_model, lesson: str | None, store=None) -> MainWindow:
-    win = MainWindow(app_model, FREE_PROMPT, settings=store or app_settings(), lesson=lesson)
+    win = open_app_window(app_model, FREE_PROMPT, settings=store or app_settings(), lesson=lesson)
     qtbot.addWidget(win)
     win.show()
     return win
@@ -60,11 +61,11 @@ def assert_step(win: MainWindow, prompt: str, cache: bool | str, steps_done: int
     assert plan.use_cache == (cache is not False) and (plan.twin is not None) == (cache == "compare")
     assert plan.sampling == "greedy"
     assert session.steps_done == steps_done
-    assert win.lesson_panel.position.text().startswith(f"step {number} of 6")
+    assert win.lesson.panel.position.text().startswith(f"step {number} of 6")
 
 
 def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot, window):
-    panel, lesson = window.lesson_panel, window.lesson
+    panel, lesson = window.lesson.panel, window.lesson
     assert lesson.active and panel.isVisible() and window.actions["lesson"].isChecked()
     assert len(lesson.lesson.slides()) == 10  # six steps, four of them with a question
 
@@ -75,7 +76,7 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
     assert lesson.measured is None and panel.answer_text() == "Enter or Page Down: measure"
     states = window.grid.cell_states()
     assert (states[:, :2] == PENDING).all() and (states[:, 2:] == EMPTY).all()
-    assert lesson.focus_target() is window.grid and lesson.focus.frame.isVisible()
+    assert lesson.focus.target is window.grid and lesson.focus.frame.isVisible()
 
     press(qtbot, window, Qt.Key.Key_PageDown)  # one generation step: the prefill computes both prompt tokens
     assert_step(window, "Time flies", True, 1, 1)
@@ -109,7 +110,7 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
     # Step 4: the same "Time flies" (2 tokens) at 11 of 12 tokens, the counter pointed at.
     press(qtbot, window, Qt.Key.Key_PageDown)
     assert_step(window, "Time flies", True, 11, 4)
-    assert lesson.focus_target() is window.counter
+    assert lesson.focus.target is window.counter
     press(qtbot, window, Qt.Key.Key_PageDown)
     assert_step(window, "Time flies", True, 12, 4)
     p, n = 2, 12
@@ -129,7 +130,7 @@ def test_the_built_in_lesson_forward_with_page_down_and_back_with_page_up(qtbot,
     assert_step(window, "Time flies", "compare", 12, 6)
     assert not window.speed.isVisible(), "the speed step's view closes with its step"
     assert window.workspace.compare_view.isVisibleTo(window) and window.actions["compare"].isChecked()
-    assert lesson.focus_target() is None and not lesson.focus.frame.isVisible() and not panel.question.isVisible()
+    assert lesson.focus.target is None and not lesson.focus.frame.isVisible() and not panel.question.isVisible()
     press(qtbot, window, Qt.Key.Key_PageDown)  # past the end: nothing happens
     assert lesson.slide == 9
 
@@ -164,7 +165,7 @@ def test_the_sharing_lesson_starts_from_the_help_menu_and_runs_by_clicker(qtbot,
         qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
         win.actions["lesson_sharing"].trigger()
         settle(qtbot, win)
-        lesson, panel = win.lesson, win.lesson_panel
+        lesson, panel = win.lesson, win.lesson.panel
         assert lesson.active and lesson.lesson.title == "MHA, GQA, MQA: sharing keys and values"
         seen = []
         for _ in range(5):
@@ -191,7 +192,7 @@ def test_space_steps_freely_and_the_next_press_still_reveals_one_step(qtbot, win
 def test_escape_leaves_the_lesson_for_the_free_app_and_l_resumes_it(qtbot, window):
     press(qtbot, window, Qt.Key.Key_PageDown, 4)  # step 3: cached at 3
     qtbot.keyClick(window, Qt.Key.Key_Escape)
-    assert not window.lesson.active and not window.lesson_panel.isVisible()
+    assert not window.lesson.active and not window.lesson.panel.isVisible()
     assert not window.actions["lesson"].isChecked() and not window.lesson.focus.frame.isVisible()
     qtbot.waitUntil(lambda: window.session.plan is not None and window.session.plan.prompt == FREE_PROMPT,
                     timeout=30_000)  # the free app's own run (the lesson began before it had stepped)
@@ -213,7 +214,7 @@ def test_help_lesson_starts_the_built_in_lesson_from_the_free_app(qtbot, app_mod
     win = open_window(qtbot, app_model, None)
     try:
         qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
-        assert not win.lesson.active and not win.lesson_panel.isVisible()
+        assert not win.lesson.active and not win.lesson.panel.isVisible()
         assert win.actions["lesson"].text().replace("&", "").startswith("Lesson")
         win.actions["lesson"].trigger()
         settle(qtbot, win)
@@ -262,10 +263,10 @@ max_new_tokens = 4
     win = open_window(qtbot, app_model, str(path))
     try:
         settle(qtbot, win)
-        lesson, panel = win.lesson, win.lesson_panel
+        lesson, panel = win.lesson, win.lesson.panel
         assert lesson.lesson.title == "Mine" and len(lesson.lesson.slides()) == 5
-        assert win.lesson_panel.position.text().startswith("step 1 of 3")
-        assert lesson.focus_target() is win.chart
+        assert win.lesson.panel.position.text().startswith("step 1 of 3")
+        assert lesson.focus.target is win.chart
         assert not panel.notes_button.isVisible() and not panel.notes.isVisible()
         qtbot.keyClick(win, Qt.Key.Key_PageDown)
         settle(qtbot, win)
@@ -280,7 +281,7 @@ max_new_tokens = 4
         assert panel.notes.isVisible() and "lecturer" in panel.notes.text()
         # a memory step opens View > Memory and points at it
         assert win.workspace.memory_view.isVisible() and win.actions["memory"].isChecked()
-        assert lesson.focus_target() is win.workspace.memory_view and lesson.focus.memory_frame.isVisible()
+        assert lesson.focus.target is win.workspace.memory_view and lesson.focus.memory_frame.isVisible()
         frame, view = lesson.focus.memory_frame.geometry(), win.workspace.memory_view
         assert frame.contains(view.mapTo(win.centralWidget(), view.rect().center()))
         qtbot.keyClick(win, Qt.Key.Key_PageDown)
@@ -296,7 +297,7 @@ max_new_tokens = 4
         settle(qtbot, win)
         assert not win.workspace.memory_view.isVisible() and not win.actions["memory"].isChecked()  # lesson opened it
         assert win.session.plan.twin is not None and win.session.steps_done == 2
-        assert win.lesson_panel.position.text().startswith("step 3 of 3")
+        assert win.lesson.panel.position.text().startswith("step 3 of 3")
     finally:
         win.close()
 
@@ -314,7 +315,7 @@ def test_a_bad_lesson_file_says_why_in_a_dialog_and_the_app_stays_free(qtbot, ap
     win = open_window(qtbot, app_model, str(path))
     try:
         assert len(errors) == 1 and str(path) in errors[0] and "\n" not in errors[0]
-        assert not win.lesson.active and not win.lesson_panel.isVisible() and not win.actions["lesson"].isChecked()
+        assert not win.lesson.active and not win.lesson.panel.isVisible() and not win.actions["lesson"].isChecked()
         qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
         assert win.session.plan.prompt == FREE_PROMPT
         qtbot.keyClick(win, Qt.Key.Key_PageDown)  # the free app's keys
@@ -355,12 +356,12 @@ def test_the_lesson_column_leaves_the_views_their_size(qtbot, window, width, hei
         for widget in window.controls.settings_widgets:
             widget.hide()
         window.presentation.set_zoom(presenter_zoom(height))
-        window.lesson_panel.set_notes_shown(False)
+        window.lesson.panel.lecturer_notes.set_shown(False)
         height += TITLE_BAR
     window.resize(width, height - TITLE_BAR)
     qtbot.waitUntil(lambda: window.width() == width and window.height() == height - TITLE_BAR, timeout=5_000)
     scroll = window.findChild(QScrollArea)
-    panel = window.lesson_panel
+    panel = window.lesson.panel
     scale = window.presentation.zoom
     # 16:9 keeps a column beside the views; 4:3 is too narrow for it: a strip over them, in the controls' place
     qtbot.waitUntil(lambda: panel.beside == (width == 1280), timeout=5_000)
@@ -400,7 +401,7 @@ def _says(text: str, number: str) -> bool:
 def _panel_texts(win: MainWindow) -> list[str]:
     """What the lesson panel shows (its "step k of n" counter aside), and its notes even while hidden: a
     lecturer may show them on a mirrored screen."""
-    panel = win.lesson_panel
+    panel = win.lesson.panel
     shown = [label.text() for label in (panel.title, panel.text, panel.question, panel.answer, panel.hint)
              if label.isVisibleTo(win)]
     return [*shown, panel.notes.text(), panel.guess_edit.text()]
@@ -408,13 +409,13 @@ def _panel_texts(win: MainWindow) -> list[str]:
 
 def test_no_question_of_the_built_in_lesson_shows_its_answer_before_the_reveal(qtbot, window):
     lesson, asked = window.lesson, 0
-    assert not window.lesson_panel.notes_shown  # notes are hidden on the projected window until N
+    assert not window.lesson.panel.lecturer_notes.shown  # notes are hidden on the projected window until N
     while True:
         step = lesson.step
         if step.question and not lesson.revealed:
             before = _panel_texts(window)
             press(qtbot, window, Qt.Key.Key_PageDown)  # the reveal
-            answer = window.lesson_panel.answer_text().removeprefix("measured ")
+            answer = window.lesson.panel.answer_text().removeprefix("measured ")
             with_cache, without_cache, _avoided = counts(window)
             forbidden = [answer]  # and for a difference or a ratio, the two counts it is made of
             if step.question in ("avoided_after_next", "ratio_after_next"):
@@ -435,7 +436,7 @@ def test_the_check_for_answers_finds_them():
 
 
 def test_notes_are_hidden_until_n_and_in_presenter_mode_open_in_a_window_of_their_own(qtbot, window):
-    panel = window.lesson_panel
+    panel = window.lesson.panel
     assert window.lesson.step.notes and panel.notes_button.isVisible()
     assert not panel.notes.isVisible() and not window.actions["lesson_notes"].isChecked()
     qtbot.keyClick(window, Qt.Key.Key_N)
@@ -445,10 +446,10 @@ def test_notes_are_hidden_until_n_and_in_presenter_mode_open_in_a_window_of_thei
     panel.notes_button.click()  # the button is the same switch
     assert panel.notes.isVisible() and window.actions["lesson_notes"].isChecked()
     window.presentation.presenter_changed.emit(True)  # as F11 does
-    assert not panel.notes.isVisible() and panel.notes_window is None
+    assert not panel.notes.isVisible() and panel.lecturer_notes.window is None
     # in presenter mode N shows them in a window of their own: the projected window never carries them
     qtbot.keyClick(window, Qt.Key.Key_N)
-    notes = panel.notes_window
+    notes = panel.lecturer_notes.window
     assert not panel.notes.isVisible() and notes is not None and notes.isVisible() and notes.isWindow()
     assert notes.text.text() == window.lesson.step.notes and not window.isAncestorOf(notes)
     qtbot.keyClick(window, Qt.Key.Key_PageDown)  # they follow the step
@@ -456,15 +457,15 @@ def test_notes_are_hidden_until_n_and_in_presenter_mode_open_in_a_window_of_thei
     notes.close()  # closing their window is N again
     assert not window.actions["lesson_notes"].isChecked()
     qtbot.keyClick(window, Qt.Key.Key_N)
-    assert panel.notes_window.isVisible()
+    assert panel.lecturer_notes.window.isVisible()
     window.presentation.presenter_changed.emit(False)  # leaving presenter mode closes it and shows nothing more
-    assert panel.notes_window is None and not panel.notes.isVisible()
+    assert panel.lecturer_notes.window is None and not panel.notes.isVisible()
     assert ("Lesson notes (the lecturer's; hidden until shown)", "N") in ShortcutsDialog(
         window.actions.values(), window).rows()  # F1 lists it
 
 
 def test_a_question_takes_typed_digits_and_enter_reveals_with_feedback(qtbot, window):
-    panel, lesson = window.lesson_panel, window.lesson
+    panel, lesson = window.lesson.panel, window.lesson
     press(qtbot, window, Qt.Key.Key_PageDown, 6)  # step 4's question: avoided after the 12th token
     assert lesson.step.question == "avoided_after_next" and not lesson.revealed
     qtbot.waitUntil(lambda: QApplication.focusWidget() is panel.guess_edit, timeout=5_000)  # no click needed
@@ -482,7 +483,7 @@ def test_a_question_takes_typed_digits_and_enter_reveals_with_feedback(qtbot, wi
 
 def test_the_guess_field_passes_space_and_the_lesson_keys_on(qtbot, window):
     press(qtbot, window, Qt.Key.Key_PageDown, 2)  # step 2's question, uncached at 3
-    panel = window.lesson_panel
+    panel = window.lesson.panel
     qtbot.waitUntil(lambda: QApplication.focusWidget() is panel.guess_edit, timeout=5_000)
     qtbot.keyClick(panel.guess_edit, Qt.Key.Key_Space)  # Space steps the run, as everywhere in the lesson
     qtbot.waitUntil(lambda: window.session.steps_done == 4, timeout=30_000)
@@ -493,7 +494,7 @@ def test_the_guess_field_passes_space_and_the_lesson_keys_on(qtbot, window):
 
 
 def test_k_v_never_breaks_across_lines(qtbot, window):
-    panel = window.lesson_panel
+    panel = window.lesson.panel
     press(qtbot, window, Qt.Key.Key_PageDown, 6)  # step 4: "K/V" in its text and its question
     label = panel.text
     assert "K/\u2060V" in label.text() and "K/\u2060V" in panel.question.text()

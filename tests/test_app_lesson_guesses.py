@@ -7,6 +7,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
+from kvviz.app.assembly import open_window
 from kvviz.app.settings import app_settings
 from kvviz.app.window.main_window import MainWindow
 from kvviz.lessons.lesson import BUILTIN_LESSONS
@@ -34,14 +35,14 @@ def test_every_question_takes_a_typed_guess_and_shows_it_with_the_measured_answe
     from kvviz.app.window import main_window
 
     monkeypatch.setattr(main_window, "fit_to_screen", lambda _window: None)  # the offscreen screen is 800 wide
-    win = MainWindow(app_model, "hello", settings=app_settings(), lesson=name)
+    win = open_window(app_model, "hello", settings=app_settings(), lesson=name)
     qtbot.addWidget(win)
     win.resize(1280, 690)
     win.show()
     win.activateWindow()  # as a lecturer's window is: the keyboard goes to it
     try:
         settle(qtbot, win)
-        lesson, panel = win.lesson, win.lesson_panel
+        lesson, panel = win.lesson, win.lesson.panel
         asked = 0
         for slide in range(len(lesson.lesson.slides())):
             assert not cut_in_panel(panel), (name, slide, cut_in_panel(panel))
@@ -67,7 +68,7 @@ def test_every_question_takes_a_typed_guess_and_shows_it_with_the_measured_answe
 
 def test_the_paging_lesson_started_from_the_help_menu_takes_the_guess_by_keyboard(qtbot, app_model):
     """The lecturer's path: the free app, Help > serving lesson, then digits and Enter at its first question."""
-    win = MainWindow(app_model, "hello", settings=app_settings())
+    win = open_window(app_model, "hello", settings=app_settings())
     qtbot.addWidget(win)
     win.show()
     win.activateWindow()
@@ -75,7 +76,7 @@ def test_the_paging_lesson_started_from_the_help_menu_takes_the_guess_by_keyboar
         qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
         win.actions["lesson_paging"].trigger()
         settle(qtbot, win)
-        lesson, panel = win.lesson, win.lesson_panel
+        lesson, panel = win.lesson, win.lesson.panel
         while not lesson.step.question:
             qtbot.keyClick(win, Qt.Key.Key_PageDown)
             settle(qtbot, win)

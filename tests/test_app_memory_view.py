@@ -61,10 +61,10 @@ def test_the_sliding_window_line_flattens_at_its_window(qtbot):
 
 
 def test_m_shows_the_memory_view_beside_a_run(qtbot, app_model):
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
 
-    window = MainWindow(app_model, PROMPT, settings=app_settings())
+    window = open_window(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(window)
     window.show()
     qtbot.waitUntil(lambda: window.session.plan is not None, timeout=60_000)
@@ -242,10 +242,10 @@ def test_linear_axes_show_the_growth_as_straight_lines_from_zero(qtbot, shown, e
 
 
 def test_at_1280x720_the_memory_column_shows_the_whole_plot(qtbot, app_model):
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
 
-    window = MainWindow(app_model, PROMPT, settings=app_settings())
+    window = open_window(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(window)
     window.show()
     qtbot.waitUntil(lambda: window.session.plan is not None, timeout=60_000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QMessageBox
 
+from kvviz.app.assembly import open_window
 from kvviz.app.settings import AppSettings, app_settings
 from kvviz.app.window.main_window import MainWindow
 
@@ -43,7 +44,7 @@ def test_the_remembered_precision_is_loaded_next_time(qtbot, app_model):
     store = app_settings()
     store.setValue("model/dtype", "bfloat16")
     store.sync()
-    win = MainWindow(app_model, PROMPT, settings=app_settings())
+    win = open_window(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(win)
     win.show()
     qtbot.waitUntil(lambda: win.session.model_info is not None and win.session.plan is not None, timeout=60_000)

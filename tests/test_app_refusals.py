@@ -8,6 +8,7 @@ import pytest
 from helpers_checkpoints import byte_level_tokenizer, save_kvviz_folder
 from PySide6.QtCore import Qt
 
+from kvviz.app.assembly import open_window
 from kvviz.app.settings import app_settings
 from kvviz.app.window.main_window import MainWindow
 
@@ -59,7 +60,7 @@ REFUSALS = {  # family -> the settings it refuses, each as the menu or key sets 
 
 @pytest.mark.parametrize("family", list(REFUSALS))
 def test_every_refused_setting_leaves_the_run_going_as_it_was(qtbot, models, family):
-    win = MainWindow(models[family], "Time flies", settings=app_settings())
+    win = open_window(models[family], "Time flies", settings=app_settings())
     qtbot.addWidget(win)
     win.show()
     try:
@@ -80,7 +81,7 @@ def test_every_refused_setting_leaves_the_run_going_as_it_was(qtbot, models, fam
 def test_leaving_a_quantized_lesson_leaves_one_precision_checked(qtbot, app_model):
     """The lesson's int8 step checks Run > KV cache precision > int8; Esc gives the free app its exact cache back,
     and the menu shows that one precision only (an exclusive group unchecks the others only through signals)."""
-    win = MainWindow(app_model, "Time flies", settings=app_settings(), lesson="kv-quantized")
+    win = open_window(app_model, "Time flies", settings=app_settings(), lesson="kv-quantized")
     qtbot.addWidget(win)
     win.show()
     try:

@@ -17,8 +17,8 @@ from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QMessageBox
 
+from kvviz.app.assembly import open_window
 from kvviz.app.settings import AppSettings, SettingsFile, app_settings, load_geometry, save_geometry
-from kvviz.app.window.main_window import MainWindow
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 REPO = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ def test_window_starts_with_absurd_settings_and_shows_them_clamped(qtbot, app_mo
                                           b'"run/top_k": 1e400, "run/temperature": NaN, "run/seed": -5, '
                                           b'"run/use_cache": "maybe", "view/zoom": null, "view/speed_index": 99, '
                                           b'"view/colour_blind": 2}')
-    win = MainWindow(app_model, None, settings=app_settings())
+    win = open_window(app_model, None, settings=app_settings())
     qtbot.addWidget(win)
     c = win.controls
     assert c.prompt_edit.text() == "Time flies fast"
@@ -135,7 +135,7 @@ NOT_SETTINGS = {
 def test_a_file_that_is_not_settings_starts_the_app_with_defaults_and_is_rewritten(qtbot, app_model,
                                                                                    _isolated_qt_settings, data):
     path = write_settings(_isolated_qt_settings, data)
-    win = MainWindow(app_model, None, settings=app_settings())
+    win = open_window(app_model, None, settings=app_settings())
     qtbot.addWidget(win)
     assert AppSettings.load(app_settings()) == AppSettings() or data.startswith(b"{")
     assert win.controls.seed_spin.value() == 0 and win.controls.prompt_edit.text() == AppSettings().prompt
@@ -148,7 +148,7 @@ def test_a_file_that_is_not_settings_starts_the_app_with_defaults_and_is_rewritt
 
 def test_a_settings_path_that_cannot_be_written_leaves_the_app_working(qtbot, app_model, _isolated_qt_settings):
     (_isolated_qt_settings / "kvviz.json").mkdir()  # taken by a folder: nothing can be read or written there
-    win = MainWindow(app_model, "Time flies", settings=app_settings())
+    win = open_window(app_model, "Time flies", settings=app_settings())
     qtbot.addWidget(win)
     win.show()
     qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)

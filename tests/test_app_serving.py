@@ -65,10 +65,10 @@ def test_the_serving_view_steps_a_shared_prefix_batch_by_clicker_and_exports(win
 
 
 def test_the_paging_lesson_reveals_the_blocks_measured_and_leaving_it_brings_the_run_back(qtbot, app_model):
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
 
-    win = MainWindow(app_model, "hello", settings=app_settings(), lesson="kv-paging")
+    win = open_window(app_model, "hello", settings=app_settings(), lesson="kv-paging")
     qtbot.addWidget(win)
     win.show()
     try:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kvviz.app.assembly import open_window as open_app_window
 from kvviz.app.settings import AppSettings, SettingsFile, app_settings
 from kvviz.app.window.main_window import MainWindow
 
@@ -29,7 +30,7 @@ def open_window(qtbot):
     windows = []
 
     def make(model: str | None, prompt: str = "Time flies fast") -> MainWindow:
-        win = MainWindow(model, prompt, settings=app_settings())
+        win = open_app_window(model, prompt, settings=app_settings())
         qtbot.addWidget(win)
         win.show()
         windows.append(win)

@@ -9,6 +9,7 @@ import threading
 import pytest
 from PySide6.QtCore import Qt
 
+from kvviz.app.assembly import open_window
 from kvviz.app.settings import app_settings
 from kvviz.app.window.main_window import MainWindow
 
@@ -35,7 +36,7 @@ def held(monkeypatch):
 
 
 def _window(qtbot, lesson=None) -> MainWindow:
-    win = MainWindow(None, "Time flies", settings=app_settings(), lesson=lesson)
+    win = open_window(None, "Time flies", settings=app_settings(), lesson=lesson)
     qtbot.addWidget(win)
     win.show()
     qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
@@ -100,7 +101,7 @@ def test_page_down_while_an_answer_is_measured_waits_for_it_then_goes_on(qtbot, 
     qtbot.keyClick(win, Qt.Key.Key_PageDown)  # the reveal: its step is held in the worker
     assert lesson.revealed and lesson.measured is None
     qtbot.keyClick(win, Qt.Key.Key_PageDown)  # too early: the lesson waits
-    assert lesson.slide == 1 and "measuring" in win.lesson_panel.hint.text()
+    assert lesson.slide == 1 and "measuring" in win.lesson.panel.hint.text()
     release.set()
     qtbot.waitUntil(lambda: lesson.slide == 2, timeout=30_000)  # once measured, it went on by itself
     win.close()

@@ -278,10 +278,10 @@ def background(widget) -> str:
 
 
 def test_view_theme_restyles_every_view_at_once_and_is_remembered(qtbot, app_model, tmp_path):
+    from kvviz.app.assembly import open_window
     from kvviz.app.export import export_widget
-    from kvviz.app.window.main_window import MainWindow
 
-    win = MainWindow(app_model, PROMPT, settings=app_settings())
+    win = open_window(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(win)
     win.show()
     qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
@@ -293,7 +293,7 @@ def test_view_theme_restyles_every_view_at_once_and_is_remembered(qtbot, app_mod
     pyqtgraph_views = (win.grid.plot_widget, win.chart.layout_widget, compare.cached_grid.plot_widget,
                        compare.uncached_grid.plot_widget, compare.time_plot.layout_widget)
     assert {background(v) for v in pyqtgraph_views} == {DARK.background}
-    sheets = {w: w.styleSheet() for w in (win, win.counter, win.lesson_panel, compare.counts, win.grid)}
+    sheets = {w: w.styleSheet() for w in (win, win.counter, win.lesson.panel, compare.counts, win.grid)}
     dark_grid = luminance(qimage_pixels(win.grid.grab().toImage())).mean()
 
     win.actions["theme_light"].trigger()  # View > Theme > Light
@@ -315,12 +315,12 @@ def test_view_theme_restyles_every_view_at_once_and_is_remembered(qtbot, app_mod
     assert luminance(chart).mean() > 180 and near(chart, LIGHT.amber).sum() > 20
     win.close()
 
-    again = MainWindow(app_model, None, settings=app_settings())
+    again = open_window(app_model, None, settings=app_settings())
     qtbot.addWidget(again)
     assert again.settings.theme == "light" and again.actions["theme_light"].isChecked()
     assert background(again.grid.plot_widget) == LIGHT.background
     again.close()
-    chosen = MainWindow(app_model, None, settings=app_settings(), theme_name="dark")  # kvviz --theme dark
+    chosen = open_window(app_model, None, settings=app_settings(), theme_name="dark")  # kvviz --theme dark
     qtbot.addWidget(chosen)
     assert theme.current() is DARK and background(chosen.chart.layout_widget) == DARK.background
     chosen.close()

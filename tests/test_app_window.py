@@ -12,10 +12,10 @@ from helpers_qt import geometries, settle_layouts
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
+from kvviz.app.assembly import open_window
 from kvviz.app.settings import app_settings
 from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, PENDING, REUSED
 from kvviz.app.views.labels import chip_text
-from kvviz.app.window.main_window import MainWindow
 
 PROMPT = "Time flies fast"  # 3 GPT-2 tokens
 N = 12
@@ -226,7 +226,7 @@ def test_keys_typed_in_prompt_do_not_step(qtbot, window):
 
 
 def test_close_during_autoplay_stops_the_thread(qtbot, app_model):
-    win = MainWindow(app_model, PROMPT, settings=app_settings())
+    win = open_window(app_model, PROMPT, settings=app_settings())
     qtbot.addWidget(win)
     win.show()
     qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
@@ -345,7 +345,7 @@ def test_presenter_mode_and_zoom(qtbot, window):
 
 
 def test_settings_are_remembered(qtbot, app_model, _isolated_qt_settings):
-    first = MainWindow(app_model, "Once upon a", settings=app_settings())
+    first = open_window(app_model, "Once upon a", settings=app_settings())
     qtbot.addWidget(first)
     first.show()
     qtbot.waitUntil(lambda: first.session.plan is not None, timeout=60_000)
@@ -354,7 +354,7 @@ def test_settings_are_remembered(qtbot, app_model, _isolated_qt_settings):
     first.actions['colour_blind'].setChecked(True)
     first.close()
     assert any(_isolated_qt_settings.rglob("*.json"))
-    second = MainWindow(app_model, None, settings=app_settings())
+    second = open_window(app_model, None, settings=app_settings())
     qtbot.addWidget(second)
     assert second.controls.prompt_edit.text() == "Once upon a"
     assert not second.controls.cache_check.isChecked() and second.controls.max_new_spin.value() == 7

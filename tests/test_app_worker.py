@@ -11,9 +11,9 @@ import pytest
 from helpers_qt import download_until_cancelled
 from PySide6.QtWidgets import QMessageBox
 
+from kvviz.app.assembly import open_window
 from kvviz.app.run.worker_failures import describe_load_error
 from kvviz.app.settings import app_settings
-from kvviz.app.window.main_window import MainWindow
 
 
 def test_gui_modules_do_not_import_torch():
@@ -39,7 +39,7 @@ def test_download_progress_and_cancel_keep_previous_model(qtbot, app_model, monk
     monkeypatch.setattr(kvviz.sources.weights, "download_hub_model", download_until_cancelled(lambda: win))
     errors: list[str] = []
     monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: errors.append(text))
-    win = MainWindow(app_model, "Time flies fast", settings=app_settings())
+    win = open_window(app_model, "Time flies fast", settings=app_settings())
     qtbot.addWidget(win)
     win.show()
     qtbot.waitUntil(lambda: win.session.plan is not None, timeout=60_000)
@@ -125,7 +125,7 @@ def test_gui_bench_makes_its_offscreen_screen_hold_the_window(tmp_path, app_mode
 def test_abort_reaches_inside_a_forward_pass(qtbot, app_model):
     """Closing sets the worker's abort flag; the model checks it before every block, so a pass stops
     mid-way: here the flag is set at layer 2 of a decode step, and the layers after it never run."""
-    win = MainWindow(app_model, "Time flies", settings=app_settings())
+    win = open_window(app_model, "Time flies", settings=app_settings())
     qtbot.addWidget(win)
     win.show()
     session = win.session

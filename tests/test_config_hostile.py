@@ -167,10 +167,10 @@ def test_a_prompt_a_word_level_tokenizer_cannot_encode_is_one_line(tmp_path, kvv
 def test_the_app_says_a_prompt_its_tokenizer_cannot_encode_and_runs_the_next(qtbot, tmp_path):
     """The app: the failing prompt is said (the run fails, nothing raised on the GUI thread), and a prompt of
     words the vocabulary holds then runs and steps."""
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
 
-    window = MainWindow(str(_word_level_folder(tmp_path / "words")), "Time crawls", settings=app_settings())
+    window = open_window(str(_word_level_folder(tmp_path / "words")), "Time crawls", settings=app_settings())
     qtbot.addWidget(window)
     failures = []
     window.session.run_failed.connect(lambda *args: failures.append(args))

@@ -119,11 +119,11 @@ def test_the_v2_lite_preset_measures_the_bytes_of_deepseek_v2_lite_on_its_refere
 def test_the_grid_opens_a_layer_into_its_latent_and_rope_key(mla, qtbot):
     from PySide6.QtCore import Qt
 
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
 
     _, folder, _ = mla
-    win = MainWindow(str(folder), "Time flies", settings=app_settings())
+    win = open_window(str(folder), "Time flies", settings=app_settings())
     qtbot.addWidget(win)
     win.show()
     try:

@@ -77,7 +77,7 @@ def test_the_quantized_lesson_measures_the_bytes_of_int8_and_names_its_kv_dtypes
     import re
 
     from kvviz.cli.parser import KV_DTYPE_NAMES
-    from kvviz.core.records import KV_DTYPES
+    from kvviz.core.formats import KV_DTYPES
 
     assert KV_DTYPE_NAMES == tuple(KV_DTYPES)
     done = kvviz_cli("lesson", "--file", "kv-quantized", "--export", str(tmp_path), "--format", "png",

@@ -243,11 +243,11 @@ def test_the_window_lesson_exports_the_bytes_its_windows_hold(tmp_path):
 def test_the_window_lesson_in_the_app_evicts_and_leaving_it_gives_the_free_app_its_full_cache(qtbot, app_model):
     from PySide6.QtCore import Qt
 
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
     from kvviz.app.views.grid.cell_states import EVICTED
-    from kvviz.app.window.main_window import MainWindow
 
-    win = MainWindow(app_model, "hello", settings=app_settings(), lesson="kv-window")
+    win = open_window(app_model, "hello", settings=app_settings(), lesson="kv-window")
     qtbot.addWidget(win)
     win.show()
     try:
@@ -390,11 +390,11 @@ def test_the_sink_step_opens_the_attention_view_answers_the_share_measured_and_t
     its weights give the 4 sinks, as the records the run made measured it; Page Down on closes what it opened."""
     from PySide6.QtCore import Qt
 
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import app_settings
-    from kvviz.app.window.main_window import MainWindow
     from kvviz.lessons.lesson import sink_attention_share
 
-    win = MainWindow(app_model, "hello", settings=app_settings(), lesson="kv-window")
+    win = open_window(app_model, "hello", settings=app_settings(), lesson="kv-window")
     qtbot.addWidget(win)
     win.show()
 
@@ -409,10 +409,10 @@ def test_the_sink_step_opens_the_attention_view_answers_the_share_measured_and_t
         assert win.run_view.attention.isVisible() and win.actions["attention"].isChecked()
         qtbot.keyClick(win, Qt.Key.Key_PageDown)  # reveal
         settle()
-        qtbot.waitUntil(lambda: "measured" in win.lesson_panel.answer_text(), timeout=60_000)
+        qtbot.waitUntil(lambda: "measured" in win.lesson.panel.answer_text(), timeout=60_000)
         record = win.session.last_record
         assert record.attention is not None and record.attention.positions == record.fed_stop
-        assert win.lesson_panel.answer_text().endswith(f"measured {sink_attention_share(record, 4):.1f} %")
+        assert win.lesson.panel.answer_text().endswith(f"measured {sink_attention_share(record, 4):.1f} %")
         qtbot.keyClick(win, Qt.Key.Key_PageDown)  # the next step: the view the sink step opened closes
         settle()
         assert not win.run_view.attention.isVisible() and not win.actions["attention"].isChecked()

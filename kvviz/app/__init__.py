@@ -140,9 +140,9 @@ def launch(model: str | None = None, prompt: str | None = None, lesson: str | No
     from kvviz.core.resources import icon_path
 
     app.setWindowIcon(QIcon(str(icon_path())))
-    from kvviz.app.window.main_window import MainWindow
+    from kvviz.app.assembly import open_window
 
-    window = MainWindow(model, prompt, lesson=lesson, theme_name=theme)
+    window = open_window(model, prompt, lesson=lesson, theme_name=theme)
     window.show()
     restore_interrupt = _close_on_interrupt(QApplication.closeAllWindows)
     previous_hook, sys.excepthook = sys.excepthook, lambda _kind, exc, _tb, shown=window: report_unexpected(shown, exc)

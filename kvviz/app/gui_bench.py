@@ -105,14 +105,14 @@ def _run_gui_bench(model: str | None, prompt: str, new_tokens: int, timeout_s: f
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
+    from kvviz.app.assembly import open_window
     from kvviz.app.settings import SettingsFile
     from kvviz.app.window.controls import SPEEDS
-    from kvviz.app.window.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     with tempfile.TemporaryDirectory(prefix="kvviz-bench-") as settings_dir:
         settings = SettingsFile(os.path.join(settings_dir, "bench.json"))
-        window = MainWindow(model, prompt, settings=settings, unattended=True)
+        window = open_window(model, prompt, settings=settings, unattended=True)
         if window_size is not None:
             window.resize(*window_size)
         window.show()

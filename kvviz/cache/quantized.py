@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kvviz.cache.layers import Held, LayerCache
-from kvviz.core.records import KV_DTYPES
+from kvviz.core.formats import KV_DTYPES
 
 
 class QuantizedLayer(LayerCache):

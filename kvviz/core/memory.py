@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kvviz.core.errors import KvvizError, visible
-from kvviz.core.records import KV_DTYPES
+from kvviz.core.formats import KV_DTYPES
 from kvviz.core.resources import resource_path
 
 if sys.version_info >= (3, 11):

@@ -38,13 +38,6 @@ class ModelInfo:
     dtype: str = "float32"  # the weights' and the cache's number type
 
 
-KV_DTYPES = {  # the number types a quantized KV cache stores keys and values in: bits a number, largest value
-    "int8": (8, 127.0),
-    "int4": (4, 7.0),
-    "fp8": (8, 448.0),  # float8 e4m3
-}
-
-
 @dataclass(frozen=True)
 class CachePolicy:
     """Which positions a cache keeps: every one (`window` 0), or the first `sinks` ever fed and the last `window`

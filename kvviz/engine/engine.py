@@ -11,10 +11,10 @@ from kvviz.cache.kv_cache import KVCache, build_cache, pass_cache
 from kvviz.cache.probe import PassProbe
 from kvviz.core.counting import kv_with_cache, kv_without_cache
 from kvviz.core.errors import GenerationError
+from kvviz.core.formats import KV_DTYPES
 from kvviz.core.records import (
     CACHE_FAULTS,
     EXACT,
-    KV_DTYPES,
     AttentionWeights,
     CachePolicy,
     Candidate,

@@ -21,8 +21,9 @@ except ModuleNotFoundError:  # Python 3.10
 from kvviz.core.batch_records import BatchRecord
 from kvviz.core.errors import KvvizError, control_characters, visible
 from kvviz.core.files import read_text_file, user_path
+from kvviz.core.formats import KV_DTYPES
 from kvviz.core.memory import format_bytes
-from kvviz.core.records import KV_DTYPES, StepRecord
+from kvviz.core.records import StepRecord
 
 QUESTIONS = {
     "next_kv_with_cache": "How many K/V computations per layer will the next step make with the cache?",

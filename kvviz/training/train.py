@@ -24,6 +24,7 @@ from kvviz.core.errors import KvvizError, first_line
 from kvviz.core.files import folder_problem, write_atomically
 from kvviz.core.resources import DEFAULT_MODEL_NAME
 from kvviz.models.families import PRESETS
+from kvviz.models.gpt2 import GPTConfig
 from kvviz.models.llama import Llama
 from kvviz.training.corpus import CORPUS_REQUIREMENT, CorpusError, encode_plays, load_corpus, split_corpus
 
@@ -296,7 +297,7 @@ def _architecture(config, parameters: int, size: int) -> str:
     """The card's Architecture paragraph for a GPT-2 or a Llama-style model."""
     c = config
     kv_bytes = 2 * c.n_layer * c.n_kv_head * c.head_dim * 4
-    if not hasattr(c, "intermediate_size"):
+    if isinstance(c, GPTConfig):
         return (f"GPT-2 (learned positions, pre-LayerNorm, GELU tanh, tied head): {c.n_layer} layers, "
                 f"{c.n_head} heads,\nwidth {c.n_embd}, context {c.n_ctx} tokens, {parameters:,} parameters. "
                 f"Stored as float16\nin the Hugging Face GPT-2 layout (`model.safetensors`, {size / 1e6:.1f} MB, "
@@ -317,7 +318,7 @@ def write_model_card(out_dir: Path, config, s: TrainSettings, f: dict) -> None:
                f"--block-size {s.block_size} --seed {s.seed}")
     threads = f.get("threads", torch.get_num_threads())
     machine = f"{platform.machine()}, {threads} thread{'s' if threads != 1 else ''}, {platform.processor() or 'cpu'}"
-    kind = "GPT-2" if not hasattr(config, "intermediate_size") else "Llama-style model with grouped-query attention"
+    kind = "GPT-2" if isinstance(config, GPTConfig) else "Llama-style model with grouped-query attention"
     pair = ""
     if "default_model_validation_loss" in f:
         pair = (f"| held-out plays, {DEFAULT_MODEL_NAME} (the GPT-2 of this shape, same data and steps) "

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from kvviz.app.window.actions import check_run_actions
 
 if TYPE_CHECKING:
-    from kvviz.app.lesson.mode import LessonHost
+    from kvviz.app.lesson.host import LessonHost
 
 
 @dataclass(frozen=True)

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QSignalBlocker, QTimer
-from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QWidget
 
 from kvviz.app.lesson.focus import LessonFocus
 from kvviz.app.lesson.free_app import FreeApp, give_back, keep_free_app
+from kvviz.app.lesson.host import LessonHost
 from kvviz.app.lesson.panel import LessonPanel
+from kvviz.app.lesson.step_state import plan_is_step, put_step_controls
 from kvviz.app.theme import Theme
-from kvviz.app.window.actions import check_run_actions, set_lesson_keys
+from kvviz.app.window.actions import set_lesson_keys
 from kvviz.app.window.dialogs import show_error
-from kvviz.core.records import ModelInfo, RunPlan, StepRecord
+from kvviz.core.records import ModelInfo, StepRecord
 from kvviz.lessons.lesson import (
     Lesson,
     LessonError,
@@ -27,32 +27,8 @@ from kvviz.lessons.lesson import (
 )
 
 if TYPE_CHECKING:
-    from kvviz.app.run.session import RunSession
-    from kvviz.app.settings import AppSettings
-    from kvviz.app.window.controls import RunControls
-    from kvviz.app.window.serving_mode import ServingMode
-    from kvviz.app.window.speed_panel import SpeedPanel
-    from kvviz.app.window.workspace import Workspace
+    pass
 
-
-class LessonHost(Protocol):
-    """What lesson mode uses of the window it walks through a lesson (kvviz.app.window.main_window.MainWindow)."""
-
-    session: RunSession
-    controls: RunControls
-    settings: AppSettings
-    workspace: Workspace
-    speed: SpeedPanel
-    serving: ServingMode
-    actions: dict[str, QAction]
-
-    def centralWidget(self) -> QWidget: ...
-
-    def load_model(self, source: str) -> None: ...
-
-    def focus_grid(self) -> None: ...
-
-    def show_speed(self, activate: bool = True) -> None: ...
 
 BUILTIN = ("", "builtin")  # lesson sources that mean the built-in lesson
 
@@ -137,7 +113,7 @@ class LessonMode(QObject):
         self._free = keep_free_app(w)
         self.active = True
         set_lesson_keys(w.actions, True)
-        self.panel.set_notes_action(w.actions["lesson_notes"])
+        self.panel.lecturer_notes.set_action(w.actions["lesson_notes"])
         self.panel.show()
         self._on_placed(self.panel.beside)
         self._show_active(True)
@@ -158,19 +134,15 @@ class LessonMode(QObject):
         self.focus.clear()
         self._show_active(False)
         w.focus_grid()
-        self._restore_free_app()
-
-    def _restore_free_app(self) -> None:
         free, self._free = self._free, None
         if free is not None:
-            give_back(self._window, free)
+            give_back(w, free)
 
     def escape(self) -> bool:
         """Esc: out of the lesson (a question's guess field too); False when there was nothing to leave."""
-        if self.active:
-            self.stop()
-            return True
-        return False
+        leaving = self.active
+        self.stop()
+        return leaving
 
     def _on_placed(self, beside: bool) -> None:
         if self.active:  # a strip above the views takes the run controls' place (the lesson sets them)
@@ -248,7 +220,7 @@ class LessonMode(QObject):
         if step.model is not None and step.model not in (w.session.source, self._model_asked):
             self._model_asked = step.model
             w.load_model(step.model)  # the step's run follows once it is loaded (_on_model_loaded)
-            w.session.start_run(w.controls.request(), self._target(step, revealed))  # if the load fails
+            w.session.start_run(w.controls.request(), step.advance_to + int(revealed))  # if the load fails
             return
         if forward and revealed and self._at_question(step):
             w.session.step()  # one generation step: its record holds the answer
@@ -277,15 +249,12 @@ class LessonMode(QObject):
             step = replace(step, text=step.text_with(result.headline() if result is not None else None))
         self.panel.show_step(step, index + 1, len(self.lesson.steps), self.revealed, self._guesses.get(index, ""))
 
-    def _target(self, step: LessonStep, revealed: bool) -> int:
-        return step.advance_to + (1 if revealed else 0)
-
     def _start_run(self) -> None:
         w = self._window
         if self.step.serving:
             self._start_batch()
             return
-        w.session.start_run(w.controls.request(), self._target(self.step, self.revealed))
+        w.session.start_run(w.controls.request(), self.step.advance_to + int(self.revealed))
 
     # ----- serving steps -----
     def _show_serving(self, on: bool) -> None:
@@ -312,29 +281,15 @@ class LessonMode(QObject):
     def _at_question(self, step: LessonStep) -> bool:
         """Whether the current run is the step's, at its `advance_to` (its records there in), and can step."""
         s = self._window.session
-        if not (self._plan_is(s.plan, step) and s.can_step and s.steps_done == step.advance_to):
+        if not (plan_is_step(s.plan, step) and s.can_step and s.steps_done == step.advance_to):
             return False
         return step.advance_to == 0 or s.record_at(step.advance_to) is not None
 
-    @staticmethod
-    def _plan_is(plan: RunPlan | None, step: LessonStep) -> bool:
-        return (plan is not None and plan.prompt == step.prompt and plan.use_cache == step.use_cache
-                and (plan.twin is not None) == step.compare and plan.max_new_tokens == step.max_new_tokens
-                and plan.sampling == "greedy" and not plan.cache_broken
-                and (not step.window or (plan.policy.window, plan.policy.sinks) == (step.window, step.sinks))
-                and plan.policy.kv_dtype == step.kv_dtype)
-
     def _set_controls(self, step: LessonStep) -> None:
-        c, actions = self._window.controls, self._window.actions
-        c.prompt_edit.setText(step.prompt)
-        c.break_cache = False  # the teaching switch is the lecturer's to turn on, never a step's
-        c.window, c.sinks = step.window, step.sinks
-        c.kv_dtype = step.kv_dtype
-        c.set_run_settings(use_cache=step.use_cache, max_new_tokens=step.max_new_tokens, temperature=0.0,
-                           compare=step.compare)
-        c.attention = attention = self.focus.attention_for(step, actions["attention"].isChecked())
-        self._window.workspace.run_view.show_attention(attention)
-        check_run_actions(actions, False, step.compare, attention, step.kv_dtype)
+        w = self._window
+        attention = self.focus.attention_for(step, w.actions["attention"].isChecked())
+        put_step_controls(w.controls, w.actions, step, attention)
+        w.workspace.run_view.show_attention(attention)
 
     def _on_speed_measured(self, _result: object) -> None:
         if self.active and self.step is not None and self.step.needs_speed:
@@ -343,15 +298,11 @@ class LessonMode(QObject):
     def set_theme(self, chosen: Theme) -> None:
         self.focus.set_theme(chosen)
 
-    def focus_target(self) -> QWidget | None:
-        """The view the current step points at (None: all of them)."""
-        return self.focus.target if self.active else None
-
     # ----- the session -----
     def _on_record_computed(self, record: StepRecord) -> None:
         step, plan = self.step, self._window.session.plan
         if not (self.active and self._revealing and step is not None and step.question
-                and record.new_tokens == step.advance_to + 1 and self._plan_is(plan, step)):
+                and record.new_tokens == step.advance_to + 1 and plan_is_step(plan, step)):
             return
         if record.token_id is not None and plan.pass_follows_in_step(record):
             return  # the last token: the pass that fills the cache belongs to the step, and the answer is after it
@@ -381,7 +332,7 @@ class LessonMode(QObject):
             target = step.passes if self.revealed else step.advance_to
             return (batch.plan is not None and tuple(r.prompt for r in batch.plan.requests) == step.prompts
                     and len(batch.records) == target and (not self.revealed or self.measured is not None))
-        if not self.active or step is None or not self._plan_is(s.plan, step):
+        if not self.active or step is None or not plan_is_step(s.plan, step):
             return False
-        target = min(self._target(step, self.revealed), s.plan.budget)
+        target = min(step.advance_to + int(self.revealed), s.plan.budget)
         return s.steps_done == target and (not self.revealed or self.measured is not None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, QRect, Qt, Signal
 from PySide6.QtGui import (
-    QAction,
     QFont,
     QFontMetrics,
     QResizeEvent,
@@ -71,8 +70,8 @@ class LessonPanel(QFrame):
         self.title.setWordWrap(True)
         self.position = QLabel()
         self.position.setObjectName("muted")
-        self._notes = LessonNotes()
-        self.notes_button = self._notes.button
+        self.lecturer_notes = LessonNotes()  # shown, hidden, detached in presenter mode: see LessonNotes
+        self.notes_button = self.lecturer_notes.button
         self.text = QLabel()
         self.text.setWordWrap(True)
         self.question = QLabel()
@@ -87,7 +86,7 @@ class LessonPanel(QFrame):
         self.answer.setObjectName("answer")
         self.hint = QLabel()  # after the reveal: the key that goes on
         self.hint.setObjectName("muted")
-        self.notes = self._notes.label
+        self.notes = self.lecturer_notes.label
 
         self.grid = QGridLayout(self)
         self.grid.setHorizontalSpacing(10)
@@ -107,7 +106,7 @@ class LessonPanel(QFrame):
         self.guess_edit.setText(guess)
         self._measured, self._measuring = None, revealed
         self._show_answer()
-        self._notes.set_text(keep_together(step.notes))
+        self.lecturer_notes.set_text(keep_together(step.notes))
         self._fit_text()
 
     def set_answer(self, measured: str | None) -> None:
@@ -158,29 +157,6 @@ class LessonPanel(QFrame):
         self.hint.setVisible(measured and not self._last)
         self.answer.style().unpolish(self.answer)
         self.answer.style().polish(self.answer)
-
-    # ----- notes -----
-    @property
-    def notes_shown(self) -> bool:
-        return self._notes.shown
-
-    def set_notes_action(self, action: QAction) -> None:
-        """Let `action` (checkable: Help > Lesson notes, N) show and hide the notes; the notes button
-        becomes its button."""
-        self._notes.set_action(action)
-
-    def set_notes_detached(self, main) -> None:
-        """Presenter mode: the notes, when shown, go in a window of their own, off the projected `main`; None: back
-        in the panel."""
-        self._notes.set_detached(main)
-
-    @property
-    def notes_window(self):
-        return self._notes.window
-
-    def set_notes_shown(self, shown: bool) -> None:
-        """Show or hide the notes (presenter mode hides them; N or the notes button shows them again)."""
-        self._notes.set_shown(shown)
 
     # ----- where it goes -----
     def set_places(self, above: QBoxLayout, index: int, beside: QBoxLayout) -> None:

@@ -37,6 +37,10 @@ class PrecisionMenu(QObject):
         session.model_load_cancelled.connect(self._show_loaded)
         self.show(session.dtype)
 
+    def show_in(self, show: Callable[[str], None]) -> None:
+        """Show each loaded model's precision in `show` too (a part added after the window was built)."""
+        self._shown_in += (show,)
+
     @property
     def dtype(self) -> str:
         """The precision checked in the menu."""

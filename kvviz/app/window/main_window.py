@@ -9,10 +9,7 @@ from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import QMainWindow, QWidget
 
 from kvviz.app import theme
-from kvviz.app.lesson.mode import LessonMode
-from kvviz.app.lesson.panel import LessonPanel
 from kvviz.app.run.batch_session import BatchSession
-from kvviz.app.run.loading import LoadingIndicator
 from kvviz.app.run.precision import PrecisionMenu
 from kvviz.app.run.redraw import Painter, RedrawScheduler
 from kvviz.app.run.session import RunSession
@@ -24,6 +21,8 @@ from kvviz.app.window.banner import Banner
 from kvviz.app.window.clipboard import ImageCopier
 from kvviz.app.window.controls import RunControls
 from kvviz.app.window.dialogs import AboutDialog, ShortcutsDialog, show_error
+from kvviz.app.window.lesson_slot import NO_LESSON, LessonSlot
+from kvviz.app.window.loading import LoadingIndicator
 from kvviz.app.window.model_picker import ModelPicker, source_label
 from kvviz.app.window.presentation import Presentation, fit_to_screen
 from kvviz.app.window.serving_mode import ServingMode
@@ -41,17 +40,17 @@ class MainWindow(QMainWindow):
     `session`, drawing in `scheduler` and the views, zoom and presenter mode in `presentation`.
 
     `model` is a `--model` value (None: the one remembered, else the embedded default); `prompt`
-    the starting prompt (None: the one remembered); `lesson` a lesson file to start in lesson mode with
-    ("" or "builtin": the built-in lesson; None: the free app); `theme_name` "dark" or "light" (None: the one
-    remembered). `unattended` (the GUI benchmark) sends errors to the banner, never to a dialog nobody can
-    close, and never falls back to the embedded model.
+    the starting prompt (None: the one remembered); `theme_name` "dark" or "light" (None: the one remembered).
+    Lesson mode is attached by the app once the window is built (kvviz.app.assembly); until then `lesson` is
+    NO_LESSON, the free app alone. `unattended` (the GUI benchmark) sends errors to the banner, never to a dialog
+    nobody can close, and never falls back to the embedded model.
     """
 
     run_prepared = Signal(object)  # RunPlan: a fresh run is ready (after a model load, Reset, Enter...)
     run_done = Signal(object)  # the final StepRecord of a run
 
     def __init__(self, model: str | None = None, prompt: str | None = None,
-                 settings: SettingsFile | None = None, unattended: bool = False, lesson: str | None = None,
+                 settings: SettingsFile | None = None, unattended: bool = False,
                  theme_name: str | None = None) -> None:
         super().__init__()
         self.setWindowTitle("KV cache visualiser")  # Qt adds " \u2014 kvviz", the application's display name
@@ -63,9 +62,8 @@ class MainWindow(QMainWindow):
         self.picker = ModelPicker()
         self.controls = RunControls(self.picker)
         self.banner = Banner()
-        self.lesson_panel = LessonPanel()  # lesson mode's step, beside the views
-        self.lesson_panel.hide()
-        self.workspace = Workspace(self.controls, self.banner, self.lesson_panel)
+        self.lesson: LessonSlot = NO_LESSON
+        self.workspace = Workspace(self.controls, self.banner)
         self.run_view = self.workspace.run_view
         self.token_strip, self.grid, self.chart, self.counter = self.run_view.views()
         self.setCentralWidget(self.workspace)
@@ -77,25 +75,20 @@ class MainWindow(QMainWindow):
         self.scheduler = RedrawScheduler(views, self.painter, self)
         chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
         self.speed = SpeedPanel(self)  # View > Speed: the sweep runs in a process of its own
-        self.presentation = Presentation(self, (*views, self.lesson_panel, self.speed.view), chrome)
+        self.presentation = Presentation(self, (*views, self.speed.view), chrome)
         self.serving = ServingMode(self, self.workspace, BatchSession(self.session.controller, self),
                                    self.banner.say, self.controls.set_state)  # View > Serving: a batch, paged
         self.presentation.add_view(self.workspace.serving)
         self.workspace.serving.on_built(lambda page: self.presentation.add_chrome(page.inputs))
-        self.lesson = LessonMode(self, self.lesson_panel, lesson)
-        self.workspace.focus_elsewhere = self.lesson.take_focus
         self.copier = ImageCopier(self, self.workspace)  # Ctrl+Shift+C, and "Copy image" on the plots
-        self.actions = build_actions(self, self._action_slots())
+        self.actions = build_actions(self, action_slots(self))
         self.session.dtype = self.settings.dtype
         self.precision = PrecisionMenu(self.session, self.actions,  # Run > Precision, shown where the run is
-                                       (self.status.set_precision, self.controls.show_precision,
-                                        self.lesson_panel.set_precision))
+                                       (self.status.set_precision, self.controls.show_precision))
         self.actions["kv_exact"].setChecked(True)
         self._wire()
         restore_window(self, self.store, self.settings, self.controls, self.actions, self.presentation, self.run_view,
                        prompt)
-        if lesson is not None:
-            self.lesson.open(lesson)
         source = self.settings.model_source if model is None else model
         self._initial_source: str | None = source
         self.grid.plot_widget.setFocus()
@@ -127,47 +120,7 @@ class MainWindow(QMainWindow):
             view.export_requested.connect(self.export)
         self.workspace.panel_built.connect(self._on_panel_built)
         self.presentation.presenter_changed.connect(self.actions["presenter"].setChecked)
-        # presenter mode: the notes hide, and N shows them in a window of their own, never on the projected one
-        self.presentation.presenter_changed.connect(lambda on: (self.lesson_panel.set_notes_shown(False),
-                                                                self.lesson_panel.set_notes_detached(
-                                                                    self if on else None)))
         c.set_state(False, False, False)
-
-    def _action_slots(self) -> dict[str, Callable]:
-        """What each action of actions.ACTIONS does in this window."""
-        s, c, p = self.session, self.controls, self.presentation
-        return {
-            "open_file": lambda: self.picker.open_checkpoint(False),
-            "open_folder": lambda: self.picker.open_checkpoint(True),
-            "choose_model": self.picker.pop_up, "export": self.export, "quit": self.close,
-            "copy_image": self.copier.copy_chart,
-            "step": lambda: self.serving.step() if self.serving.active else s.step(), "play": self.toggle_play,
-            "faster": lambda: c.change_speed(+1),
-            "slower": lambda: c.change_speed(-1),
-            "reset": lambda: self.serving.run() if self.serving.active else self.reset_run(),
-            "toggle_cache": c.cache_check.toggle,
-            "edit_prompt": c.focus_prompt, "escape": self.escape, "presenter": p.set_presenter,
-            "lesson": self.lesson.set_active, "lesson_sharing": lambda: self.lesson.switch("kv-sharing"),
-            "lesson_window": lambda: self.lesson.switch("kv-window"),
-            "lesson_paging": lambda: self.lesson.switch("kv-paging"),
-            "lesson_quantized": lambda: self.lesson.switch("kv-quantized"),
-            "lesson_next": self.lesson.next, "lesson_back": self.lesson.back,
-            "colour_blind": self.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
-            "sliding_window": self.choose_window,
-            **{f"kv_{name or 'exact'}": (lambda on, name=name: on and self.set_kv_dtype(name))
-               for name in ("", "int8", "int4", "fp8")},
-            "memory": lambda on: (self.workspace.show_memory(on), self.redraw()),
-            "attention": lambda on: (self.run_view.show_attention(on), c.set_attention(on)),
-            "heads": lambda: self.grid.toggle_heads(),
-            "speed": lambda: self.show_speed(),
-            "serving": self.serving_toggled,
-            "theme_dark": lambda on: on and self.set_theme("dark"),
-            "theme_light": lambda on: on and self.set_theme("light"),
-            "zoom_in": lambda: p.step_zoom(+1),
-            "zoom_out": lambda: p.step_zoom(-1), "zoom_reset": lambda: p.set_zoom(1.0),
-            "shortcuts": lambda: ShortcutsDialog(self.actions.values(), self).exec(),
-            "about": lambda: AboutDialog(self.session.model_info, self).exec(),
-        }
 
     def _on_panel_built(self, panel: QWidget) -> None:
         self.painter.find_plots()
@@ -382,3 +335,40 @@ class MainWindow(QMainWindow):
             self.session.wait()
         event.accept()
 
+
+def action_slots(w: MainWindow) -> dict[str, Callable]:
+    """What each action of actions.ACTIONS does in `w`."""
+    s, c, p = w.session, w.controls, w.presentation
+    return {
+        "open_file": lambda: w.picker.open_checkpoint(False),
+        "open_folder": lambda: w.picker.open_checkpoint(True),
+        "choose_model": w.picker.pop_up, "export": w.export, "quit": w.close,
+        "copy_image": w.copier.copy_chart,
+        "step": lambda: w.serving.step() if w.serving.active else s.step(), "play": w.toggle_play,
+        "faster": lambda: c.change_speed(+1),
+        "slower": lambda: c.change_speed(-1),
+        "reset": lambda: w.serving.run() if w.serving.active else w.reset_run(),
+        "toggle_cache": c.cache_check.toggle,
+        "edit_prompt": c.focus_prompt, "escape": w.escape, "presenter": p.set_presenter,
+        "lesson": lambda on: w.lesson.set_active(on),
+        "lesson_sharing": lambda: w.lesson.switch("kv-sharing"),
+        "lesson_window": lambda: w.lesson.switch("kv-window"),
+        "lesson_paging": lambda: w.lesson.switch("kv-paging"),
+        "lesson_quantized": lambda: w.lesson.switch("kv-quantized"),
+        "lesson_next": lambda: w.lesson.next(), "lesson_back": lambda: w.lesson.back(),
+        "colour_blind": w.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
+        "sliding_window": w.choose_window,
+        **{f"kv_{name or 'exact'}": (lambda on, name=name: on and w.set_kv_dtype(name))
+           for name in ("", "int8", "int4", "fp8")},
+        "memory": lambda on: (w.workspace.show_memory(on), w.redraw()),
+        "attention": lambda on: (w.run_view.show_attention(on), c.set_attention(on)),
+        "heads": lambda: w.grid.toggle_heads(),
+        "speed": lambda: w.show_speed(),
+        "serving": w.serving_toggled,
+        "theme_dark": lambda on: on and w.set_theme("dark"),
+        "theme_light": lambda on: on and w.set_theme("light"),
+        "zoom_in": lambda: p.step_zoom(+1),
+        "zoom_out": lambda: p.step_zoom(-1), "zoom_reset": lambda: p.set_zoom(1.0),
+        "shortcuts": lambda: ShortcutsDialog(w.actions.values(), w).exec(),
+        "about": lambda: AboutDialog(w.session.model_info, w).exec(),
+    }

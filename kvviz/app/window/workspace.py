@@ -1,5 +1,5 @@
 """The main window's central widget: the controls and the banner on top, the run's views below, and the
-memory and lesson columns beside them."""
+memory column and a side panel (lesson mode's, which the app attaches) beside them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from collections.abc import Callable
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
 
-from kvviz.app.lesson.panel import LessonPanel
 from kvviz.app.views.compare.compare_view import CompareView
 from kvviz.app.views.grid.kv_grid import KVGridView
 from kvviz.app.views.memory_view import MemoryView
@@ -25,14 +24,15 @@ class Workspace(QWidget):
 
     `run_view` (exported as "view") and `compare_view` take turns in one scrolled place, so that on a
     screen too small for every panel's useful size the panels scroll; `memory_view` (View > Memory) and
-    the lesson's panel are columns beside them, or the lesson a strip above when a column does not fit.
+    a side panel (`set_side_panel`: lesson mode's) are columns beside them, or the side panel a strip above when a
+    column does not fit.
     Compare mode's view and the memory view are built the first time they are asked for (`panel_built`
     then says so): the window opens without them.
     """
 
     panel_built = Signal(QWidget)  # compare_view or memory_view, just built and laid out (hidden)
 
-    def __init__(self, controls: RunControls, banner: Banner, lesson_panel: LessonPanel) -> None:
+    def __init__(self, controls: RunControls, banner: Banner) -> None:
         super().__init__()
         self.setObjectName("central")
         self.run_view = RunView()
@@ -46,7 +46,7 @@ class Workspace(QWidget):
         self.focus_elsewhere: Callable[[], bool] = lambda: False
         self._before_serving: QWidget | None = None  # the run's view or compare mode's, hidden while serving
         self._memory_scroll: QScrollArea | None = None
-        self._lesson_panel = lesson_panel
+        self._side: QWidget | None = None  # set_side_panel's
         for panel in (self._compare, self._memory):
             panel.on_built(self.panel_built.emit)
         panels = QWidget()
@@ -55,17 +55,23 @@ class Workspace(QWidget):
         self._panels_layout.addWidget(self.run_view)  # compare_view goes below it, in its place when shown
         scroll = _scrolled(panels, "runScroll")
         self.stale_cover = StaleCover(scroll)  # over the run's views while what they show is being replaced
-        self._beside = QHBoxLayout()  # the lesson's column beside the views, so that they keep their height
+        self._beside = QHBoxLayout()  # the side panel's column beside the views, so that they keep their height
         self._beside.setSpacing(8)
         self._beside.addWidget(scroll, 1)  # the memory view goes after it
-        self._beside.addWidget(lesson_panel)
-        layout = QVBoxLayout(self)
+        self._layout = layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 4)
         layout.setSpacing(6)
         layout.addWidget(controls)
         layout.addWidget(banner)
         layout.addLayout(self._beside, 1)
-        lesson_panel.set_places(layout, 2, self._beside)
+
+    def set_side_panel(self, panel: QWidget) -> None:
+        """A column after the views (and the memory view), which may move itself to a strip above them:
+        `panel.set_places(layout, index, beside)` gives it both places, `set_columns_beside(width)` the width other
+        columns take (lesson mode's panel, kvviz.app.lesson.panel.LessonPanel)."""
+        self._side = panel
+        self._beside.addWidget(panel)
+        panel.set_places(self._layout, 2, self._beside)
 
     def _lay_out(self, panel: QWidget, layout: QVBoxLayout | QHBoxLayout, index: int) -> QWidget:
         panel.hide()
@@ -110,14 +116,15 @@ class Workspace(QWidget):
 
     def show_memory(self, on: bool) -> None:
         """Show or hide the memory view: a column at its preferred width, the run's views taking the rest; where
-        the lesson's column would leave them too little beside it, the lesson goes above them."""
+        the side panel's column would leave them too little beside it, the side panel goes above them."""
         if on or self._memory.built:
             memory = self.memory_view
             scroll = self._memory_scroll
             bar = scroll.verticalScrollBar().sizeHint().width()
             scroll.setMinimumWidth(max(memory.minimumWidth(), memory.minimumSizeHint().width()) + bar)
             scroll.setVisible(on)
-            self._lesson_panel.set_columns_beside(scroll.minimumWidth() + self._beside.spacing() if on else 0)
+            if self._side is not None:
+                self._side.set_columns_beside(scroll.minimumWidth() + self._beside.spacing() if on else 0)
 
     def show_serving(self, on: bool) -> None:
         """View > Serving: the serving page in place of the run's views (or compare mode's), and back."""
