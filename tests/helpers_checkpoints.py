@@ -155,3 +155,26 @@ def peer_greedy(peer, prompt_ids: list[int], new_tokens: int) -> list[int]:
     with torch.no_grad():
         out = peer.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     return out[0, len(prompt_ids):].tolist()
+
+
+def plan_ids(engine, prompt_ids, max_new_tokens: int, use_cache: bool = True, sampling=None, *,
+             cache_fault: str = "", prompt: str = "", model_name: str = "", policy=None, **fields):
+    """`engine.plan` of a RunRequest for `prompt_ids`, as a test states it: its sampling as SamplingSettings, the
+    teaching bug by name, the rest of the request (`window`, `sinks`, `kv_dtype`, `attention`) as they are."""
+    from kvviz.core.records import RunRequest
+
+    t, k, seed = (sampling.temperature, sampling.top_k, sampling.seed) if sampling is not None else (0.0, None, None)
+    request = RunRequest(0, prompt, use_cache, max_new_tokens, t, k, seed, break_cache=bool(cache_fault), **fields)
+    return engine.plan(request, prompt_ids, model_name, policy=policy)
+
+
+def lockstep_ids(engine, prompt_ids, max_new_tokens: int, use_cache: bool = True, sampling=None, *,
+                 cache_fault: str = "", prompt: str = "", model_name: str = "", **fields):
+    """`plan_lockstep` of a RunRequest for `prompt_ids` (see plan_ids)."""
+    from kvviz.core.records import RunRequest
+    from kvviz.engine.compare import plan_lockstep
+
+    t, k, seed = (sampling.temperature, sampling.top_k, sampling.seed) if sampling is not None else (0.0, None, None)
+    request = RunRequest(0, prompt, use_cache, max_new_tokens, t, k, seed, break_cache=bool(cache_fault),
+                         compare=True, **fields)
+    return plan_lockstep(engine, request, prompt_ids, model_name)

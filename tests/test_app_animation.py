@@ -13,7 +13,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-from helpers_checkpoints import save_kvviz_folder, tiny_kvviz_model
+from helpers_checkpoints import plan_ids, save_kvviz_folder, tiny_kvviz_model
 from PIL import Image
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
@@ -73,7 +73,7 @@ def source() -> AnimationSource:
     from kvviz.engine.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=2, n_head=2, n_embd=32, n_ctx=64))
-    plan = engine.plan(engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name="tiny")
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name="tiny")
     return AnimationSource(plan, tuple(engine.run(plan)))
 
 

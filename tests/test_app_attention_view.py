@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers_checkpoints import plan_ids
 from PySide6.QtCore import QPointF, Qt
 
 from kvviz.app.views.attention_view import AttentionView
@@ -32,7 +33,7 @@ def _weights(layers: int, heads: int, positions: int, seed: int) -> AttentionWei
 
 
 def test_the_strip_shows_the_records_weights_of_the_chosen_layer(qtbot, engine):
-    plan = engine.plan(engine.encode_prompt(PROMPT), 3, True, prompt=PROMPT)
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), 3, True, prompt=PROMPT)
     plan = replace(plan, attention=True)
     heads = plan.n_head
     records = [replace(r, attention=_weights(plan.n_layer, heads, r.fed_stop, seed=r.step))
@@ -130,7 +131,7 @@ def test_the_grid_outlines_the_layer_the_attention_view_shows(qtbot, engine):
     for widget in (grid, view):
         qtbot.addWidget(widget)
     view.layer_shown.connect(grid.set_selected_layer)
-    plan = engine.plan(engine.encode_prompt(PROMPT), 3, True, prompt=PROMPT)
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), 3, True, prompt=PROMPT)
     for widget in (grid, view):
         widget.reset(plan)
     shown: list = []
@@ -147,7 +148,7 @@ def test_the_attention_view_exports_as_stills_and_as_an_animation(qtbot, engine,
     from kvviz.app.export import export_widget
     from kvviz.app.export.animation import AnimationSource, AnimationSpec, write_animation
 
-    plan = engine.plan(engine.encode_prompt(PROMPT), 3, True, prompt=PROMPT, attention=True)
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), 3, True, prompt=PROMPT, attention=True)
     records = tuple(engine.run(plan))
     assert all(r.attention is not None for r in records)
     view = AttentionView()
@@ -163,7 +164,7 @@ def test_the_attention_view_exports_as_stills_and_as_an_animation(qtbot, engine,
     assert export_widget(view, tmp_path / "attention.pdf").read_bytes().startswith(b"%PDF")
     source = AnimationSource(plan, records)
     assert "attention" in source.targets
-    assert "attention" not in AnimationSource(engine.plan(engine.encode_prompt(PROMPT), 3), records).targets
+    assert "attention" not in AnimationSource(plan_ids(engine, engine.encode_prompt(PROMPT), 3), records).targets
     paths = write_animation(source, "attention", [tmp_path / "attention.gif"], AnimationSpec(1, len(records), 2.0, 0.0,
                                                                                               320))
     assert paths == [tmp_path / "attention.gif"] and paths[0].read_bytes().startswith(b"GIF8")

@@ -8,6 +8,7 @@ import statistics
 
 import numpy as np
 import pytest
+from helpers_checkpoints import lockstep_ids, plan_ids
 from helpers_qt import settle_layouts
 from PySide6.QtCore import QEvent, QObject, QPointF, QRect
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea
@@ -35,14 +36,14 @@ def engine(app_model):
 @pytest.fixture(scope="module")
 def lockstep(engine):
     """lockstep(use_cache, cache_fault, n) -> (plan, records) of a lockstep run of PROMPT, computed once."""
-    from kvviz.engine.compare import Lockstep, plan_lockstep
+    from kvviz.engine.compare import Lockstep
 
     runs: dict[tuple, tuple] = {}
 
     def run(use_cache: bool = True, cache_fault: str = "", n: int = N):
         key = (use_cache, cache_fault, n)
         if key not in runs:
-            plan = plan_lockstep(engine, engine.encode_prompt(PROMPT), n, use_cache, cache_fault=cache_fault)
+            plan = lockstep_ids(engine, engine.encode_prompt(PROMPT), n, use_cache, cache_fault=cache_fault)
             runs[key] = plan, list(Lockstep(engine, plan).records())
         return runs[key]
 
@@ -156,7 +157,7 @@ def test_the_cached_grid_says_when_its_cache_is_broken_on_purpose(view, lockstep
 
 def test_a_lockstep_grid_alone_is_unchanged_for_single_runs(qtbot, engine):
     """The default grid shows the records it gets, as before; a lockstep grid refuses an unknown run."""
-    plan = engine.plan(engine.encode_prompt(PROMPT), 3, True)
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), 3, True)
     records = list(engine.run(plan))
     grid = KVGridView()
     qtbot.addWidget(grid)
@@ -209,11 +210,11 @@ def test_identity_strip_keeps_the_newest_step_in_view_and_paints_only_new_steps(
     """220 steps of a tiny model: the strip scrolls to the newest, and a new step repaints its column only."""
     from helpers_checkpoints import tiny_kvviz_model
 
-    from kvviz.engine.compare import Lockstep, plan_lockstep
+    from kvviz.engine.compare import Lockstep
     from kvviz.engine.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=1, n_head=1, n_embd=16, n_ctx=256))
-    plan = plan_lockstep(engine, engine.encode_prompt(PROMPT), 220, True)
+    plan = lockstep_ids(engine, engine.encode_prompt(PROMPT), 220, True)
     records = list(Lockstep(engine, plan).records())
     strip = IdentityStrip()
     qtbot.addWidget(strip)
@@ -313,13 +314,13 @@ def test_divergence_banner_and_strip_catch_logits_that_part_while_the_tokens_agr
     the logits part from step 2, the first step that reads what the prefill wrote into the cache."""
     from helpers_checkpoints import save_kvviz_folder
 
-    from kvviz.engine.compare import Lockstep, plan_lockstep
+    from kvviz.engine.compare import Lockstep
     from kvviz.engine.engine import Engine
     from kvviz.sources.weights import load_model
 
     folder = save_kvviz_folder(tmp_path / "tiny", n_layer=3, n_head=2, n_embd=32, n_ctx=48, seed=7)
     engine = Engine(load_model(str(folder)).model)
-    plan = plan_lockstep(engine, engine.encode_prompt(PROMPT), 12, True, cache_fault="late_write")
+    plan = lockstep_ids(engine, engine.encode_prompt(PROMPT), 12, True, cache_fault="late_write")
     records = list(Lockstep(engine, plan).records())
     assert first_divergence(records) is None, "the situation: the same tokens all along"
     view.reset(plan)
@@ -402,7 +403,7 @@ def test_counts_during_the_run_are_each_runs_latest_totals(view, lockstep):
 
 # ----- outside compare mode -----
 def test_a_plan_without_a_twin_leaves_every_compare_view_empty(view, engine):
-    plan = engine.plan(engine.encode_prompt(PROMPT), 4, True)
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), 4, True)
     records = list(engine.run(plan))
     view.reset(plan)
     view.apply(records)
@@ -473,14 +474,14 @@ def test_compare_view_fits_a_projector_screen(qtbot, lockstep, screen):
 @pytest.fixture(scope="module")
 def lossy_lockstep(engine):
     """lossy_lockstep(**options) -> (plan, records) of the exact cache against a window or a quantized one."""
-    from kvviz.engine.compare import Lockstep, plan_lockstep
+    from kvviz.engine.compare import Lockstep
 
     runs: dict[tuple, tuple] = {}
 
     def run(**options):
         key = tuple(sorted(options.items()))
         if key not in runs:
-            plan = plan_lockstep(engine, engine.encode_prompt(PROMPT), N, True, **options)
+            plan = lockstep_ids(engine, engine.encode_prompt(PROMPT), N, True, **options)
             runs[key] = plan, list(Lockstep(engine, plan).records())
         return runs[key]
 

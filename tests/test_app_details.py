@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers_checkpoints import tiny_kvviz_model
+from helpers_checkpoints import plan_ids, tiny_kvviz_model
 from PySide6.QtGui import QImage
 
 from kvviz.app import theme
@@ -19,7 +19,8 @@ def run():
     from kvviz.engine.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=6, n_head=2, n_embd=32, n_ctx=64))
-    plan = engine.plan(engine.encode_prompt("Time flies fast"), 12, True, prompt="Time flies fast", model_name="tiny")
+    prompt = "Time flies fast"
+    plan = plan_ids(engine, engine.encode_prompt(prompt), 12, True, prompt=prompt, model_name="tiny")
     return plan, list(engine.run(plan))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_checkpoints import save_kvviz_folder, tiny_kvviz_model
+from helpers_checkpoints import plan_ids, save_kvviz_folder, tiny_kvviz_model
 from PySide6.QtCore import QPoint, QPointF, QRectF, Qt
 from PySide6.QtGui import QFont, QFontMetricsF, QImage, QPainter, QRawFont
 from PySide6.QtSvg import QSvgRenderer
@@ -79,7 +79,7 @@ def run():
     from kvviz.engine.engine import Engine
 
     engine = Engine(tiny_kvviz_model(n_layer=3, n_head=2, n_embd=32, n_ctx=64))
-    plan = engine.plan(engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name="tiny")
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name="tiny")
     return plan, list(engine.run(plan))
 
 
@@ -688,7 +688,7 @@ def test_whole_run_view_exports_each_format_at_its_step(qtbot, app_model, tmp_pa
 
     loaded = load_model(app_model)
     engine = Engine(loaded.model)
-    plan = engine.plan(engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name=loaded.name)
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), N, True, prompt=PROMPT, model_name=loaded.name)
     area = shown(qtbot, fed(RunView(), (plan, list(engine.run(plan))), 4), *VIEW_SIZE)
     caption = make_caption(PROMPT, loaded.name, 4, 4, True)
     targets = {"chart": area.chart, "grid": area.grid, "view": area}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pyqtgraph as pg
 import pytest
+from helpers_checkpoints import plan_ids
 from helpers_qt import settle_layouts
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -294,7 +295,7 @@ def test_the_attention_strip_keeps_tall_rows_and_its_top_list_apart_at_its_least
     from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)
-    plan = engine.plan(engine.encode_prompt("Time flies fast"), 3, True, prompt="Time flies fast", attention=True)
+    plan = plan_ids(engine, engine.encode_prompt("Time flies fast"), 3, True, prompt="Time flies fast", attention=True)
     records = tuple(engine.run(plan))
     view = AttentionView()
     qtbot.addWidget(view)

@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from helpers_checkpoints import lockstep_ids, plan_ids
 from helpers_qt import drawn_left_labels, geometries, settle_layouts
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtWidgets import QToolTip
@@ -42,7 +43,7 @@ def run(engine):
 
     def make(use_cache: bool = True):
         if use_cache not in runs:
-            plan = with_heads(engine, engine.plan(engine.encode_prompt(PROMPT), N, use_cache, prompt=PROMPT))
+            plan = with_heads(engine, plan_ids(engine, engine.encode_prompt(PROMPT), N, use_cache, prompt=PROMPT))
             runs[use_cache] = plan, list(engine.run(plan))
         return runs[use_cache]
 
@@ -346,9 +347,9 @@ def test_theme_patterns_and_font_scale_keep_the_head_rows(qtbot, grid, run):
 
 def test_compare_grids_expand_each_on_their_own(qtbot, engine):
     from kvviz.app.views.compare.compare_view import CompareView
-    from kvviz.engine.compare import Lockstep, plan_lockstep
+    from kvviz.engine.compare import Lockstep
 
-    plan = plan_lockstep(engine, engine.encode_prompt(PROMPT), 4, True)
+    plan = lockstep_ids(engine, engine.encode_prompt(PROMPT), 4, True)
     if not plan.n_head:
         plan = dataclasses.replace(with_heads(engine, plan), twin=with_heads(engine, plan.twin))
     view = CompareView()

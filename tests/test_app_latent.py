@@ -8,6 +8,7 @@ from the preset's sizes."""
 from __future__ import annotations
 
 import pytest
+from helpers_checkpoints import plan_ids
 from helpers_qt import drawn_left_labels
 
 from kvviz.app.views.counter import CounterPanel
@@ -32,7 +33,7 @@ def latent_run():
     model = Deepseek(config)
     model.init_weights(torch.Generator().manual_seed(0))
     engine = Engine(model.eval())
-    plan = engine.plan([5, 17, 42], 2)
+    plan = plan_ids(engine, [5, 17, 42], 2)
     return plan, list(engine.run(plan))
 
 
@@ -72,7 +73,7 @@ def test_a_cache_of_heads_keeps_its_k_v_words(qtbot, latent_grid, app_model):
     from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)
-    plan = engine.plan(engine.encode_prompt("Time flies"), 1)
+    plan = plan_ids(engine, engine.encode_prompt("Time flies"), 1)
     latent_grid.reset(plan)
     latent_grid.apply(list(engine.run(plan)))
     latent_grid.refresh()
@@ -120,7 +121,7 @@ def test_the_counter_of_a_cache_of_heads_has_no_latent_line(qtbot, app_model):
     from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)
-    plan = engine.plan(engine.encode_prompt("Time flies"), 1)
+    plan = plan_ids(engine, engine.encode_prompt("Time flies"), 1)
     counter = CounterPanel()
     qtbot.addWidget(counter)
     counter.show()

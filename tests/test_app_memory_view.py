@@ -8,6 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers_checkpoints import plan_ids
 from PySide6.QtCore import QPointF, Qt
 
 from kvviz.app.views.memory_view import SHOWN_REFERENCES, MemoryView
@@ -24,7 +25,7 @@ def engine(app_model):
 
 
 def test_measured_points_lie_on_the_models_line(qtbot, engine):
-    plan = engine.plan(engine.encode_prompt(PROMPT), 12, True)
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), 12, True)
     records = list(engine.run(plan))
     view = MemoryView()
     qtbot.addWidget(view)
@@ -188,7 +189,7 @@ def assert_named_at_their_ends(view: MemoryView) -> None:
 @pytest.fixture
 def shown(qtbot, engine):
     """A memory view of a 3-token run, at the size of its column."""
-    plan = engine.plan(engine.encode_prompt(PROMPT), 4, True)
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), 4, True)
     view = MemoryView()
     qtbot.addWidget(view)
     view.resize(460, 640)
@@ -278,7 +279,7 @@ def test_every_line_is_drawn_in_one_precision_and_the_axis_names_it(qtbot):
         for name, p in model.named_parameters():
             p.copy_(torch.ones_like(p) if "norm" in name else 0.02 * torch.randn_like(p))
     engine = Engine(model.eval())
-    plan = engine.plan([464, 290, 17], 1, True)
+    plan = plan_ids(engine, [464, 290, 17], 1, True)
     view = MemoryView()
     qtbot.addWidget(view)
     view.reset(plan)
@@ -304,7 +305,7 @@ def test_on_a_slide_the_gb_labels_stand_apart_and_axis_titles_and_controls_read_
     view.set_font_scale(1.9)  # a slide's
     view.show()
     qtbot.waitExposed(view)
-    plan = engine.plan(engine.encode_prompt(PROMPT), 2, True)
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), 2, True)
     view.reset(plan)
     view.refresh()
 

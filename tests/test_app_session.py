@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers_checkpoints import plan_ids
 
 from kvviz.app.assembly import open_window as open_app_window
 from kvviz.app.settings import AppSettings, SettingsFile, app_settings
@@ -92,7 +93,7 @@ def test_chart_frame_holds_the_with_cache_point_of_a_one_token_run(qtbot, app_mo
     from kvviz.sources.weights import load_model
 
     engine = Engine(load_model(app_model).model)
-    plan = engine.plan(engine.encode_prompt("Time flies fast"), 1, use_cache=True)
+    plan = plan_ids(engine, engine.encode_prompt("Time flies fast"), 1, use_cache=True)
     chart = WorkChart()
     qtbot.addWidget(chart)
     chart.reset(plan)
@@ -115,7 +116,7 @@ def test_plan_frames_the_memory_plot_with_the_final_cache_size(qtbot):
 
     with torch.device("meta"):  # gpt2's shape, no weights: planning reads the shape only
         engine = Engine(GPT(GPTConfig(n_ctx=1024, n_layer=12, n_head=12, n_embd=768)))
-    plan = engine.plan(engine.encode_prompt("Hello, I am"), 200)
+    plan = plan_ids(engine, engine.encode_prompt("Hello, I am"), 200)
     assert plan.cache_bytes_per_position == 73_728 and plan.final_cache_bytes == 73_728 * 204
     chart = WorkChart()
     qtbot.addWidget(chart)

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers_checkpoints import plan_ids
 from PySide6.QtCore import QEvent, QPoint, QPointF
 from PySide6.QtGui import QHelpEvent
 from PySide6.QtWidgets import QApplication, QToolTip
@@ -59,7 +60,7 @@ def grid(qtbot, engine):
     widget.resize(900, 560)
     widget.show()
     qtbot.waitExposed(widget)
-    plan = engine.plan(engine.encode_prompt(PROMPT), 4, True, prompt=PROMPT)
+    plan = plan_ids(engine, engine.encode_prompt(PROMPT), 4, True, prompt=PROMPT)
     widget.reset(plan)
     widget.apply(list(engine.run(plan))[:3])
     widget.refresh()
@@ -85,7 +86,7 @@ def test_the_tooltip_request_off_the_cells_shows_nothing(qtbot, grid):
 
 
 def test_an_attention_cells_tooltip_stays_while_the_mouse_rests(qtbot, engine):
-    plan = replace(engine.plan(engine.encode_prompt(PROMPT), 2, True, prompt=PROMPT), attention=True)
+    plan = replace(plan_ids(engine, engine.encode_prompt(PROMPT), 2, True, prompt=PROMPT), attention=True)
     rng = np.random.default_rng(0)
 
     def weights(positions: int) -> AttentionWeights:

@@ -9,12 +9,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_checkpoints import HELLO_IDS, gpt2_config, save_kvviz_folder, save_transformers_folder, tiny_kvviz_model
+from helpers_checkpoints import (
+    HELLO_IDS,
+    gpt2_config,
+    lockstep_ids,
+    plan_ids,
+    save_kvviz_folder,
+    save_transformers_folder,
+    tiny_kvviz_model,
+)
 
 from kvviz.cache.kv_cache import full_cache
 from kvviz.cache.probe import PassProbe
 from kvviz.cli.commands import main
-from kvviz.engine.compare import Lockstep, plan_lockstep
+from kvviz.engine.compare import Lockstep
 from kvviz.engine.engine import Engine, SamplingSettings
 from kvviz.models import gpt2_fast
 from kvviz.sources.weights import load_model
@@ -46,7 +54,7 @@ def _run(engine: Engine, prompt_ids: list[int], n: int, use_cache: bool, attenti
          sampling: SamplingSettings | None = None) -> tuple[list, list[torch.Tensor]]:
     """Every record of a run and the logits (V,) of its token passes."""
     logits: list[torch.Tensor] = []
-    plan = engine.plan(prompt_ids, n, use_cache, sampling, attention=attention)
+    plan = plan_ids(engine, prompt_ids, n, use_cache, sampling, attention=attention)
     records = list(engine.run(plan, sampling, watch_logits=lambda x: logits.append(x.clone())))
     return records, logits
 
@@ -142,10 +150,10 @@ def test_decode_one_and_forward_logits_are_bit_equal_with_recording_on_and_off()
 
 def test_the_plan_fills_the_head_shape_and_the_element_size():
     engine = Engine(load_model("random:kvviz-shakespeare").model)  # 6 layers, 6 heads, 192 wide
-    plan = engine.plan(HELLO_IDS, 3)
+    plan = plan_ids(engine, HELLO_IDS, 3)
     assert (plan.n_head, plan.head_dim, plan.dtype_bytes, plan.attention) == (6, 32, 4, False)
-    assert engine.plan(HELLO_IDS, 3, use_cache=False, attention=True).attention is True
-    bf16 = Engine(load_model("random:kvviz-shakespeare", dtype=torch.bfloat16).model).plan(HELLO_IDS, 3)
+    assert plan_ids(engine, HELLO_IDS, 3, use_cache=False, attention=True).attention is True
+    bf16 = plan_ids(Engine(load_model("random:kvviz-shakespeare", dtype=torch.bfloat16).model), HELLO_IDS, 3)
     assert (bf16.n_head, bf16.head_dim, bf16.dtype_bytes) == (6, 32, 2)
 
 
@@ -154,7 +162,7 @@ def test_the_plan_fills_the_head_shape_and_the_element_size():
 
 def test_both_runs_in_lockstep_record_the_same_weights():
     engine = Engine(tiny_kvviz_model(n_layer=3, n_head=4, n_embd=64, std=0.3))
-    plan = plan_lockstep(engine, PROMPT_IDS, 8, True, attention=True)
+    plan = lockstep_ids(engine, PROMPT_IDS, 8, True, attention=True)
     assert plan.attention and plan.twin is not None and plan.twin.attention
     steps = 0
     for record in Lockstep(engine, plan).records():
@@ -167,7 +175,7 @@ def test_both_runs_in_lockstep_record_the_same_weights():
         assert diff <= TOLERANCE, f"step {record.new_tokens}: cached and uncached weights differ by {diff:.3g}"
         steps += 1
     assert steps == 8
-    plain = plan_lockstep(engine, PROMPT_IDS, 8, True)
+    plain = lockstep_ids(engine, PROMPT_IDS, 8, True)
     assert not plain.attention and not plain.twin.attention
 
 

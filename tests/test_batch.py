@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from helpers_checkpoints import plan_ids
 
 from kvviz.cache.paged import PagedCache
 from kvviz.engine.engine import Engine, SamplingSettings
@@ -63,7 +64,7 @@ def test_a_llama_batch_of_different_lengths_and_budgets_equals_each_run_alone(te
     alone_logits: dict[int, list[torch.Tensor]] = {i: [] for i in range(3)}
     alone_ids = []
     for i, (ids, budget) in enumerate(zip(prompts, budgets, strict=True)):
-        plan = engine.plan(ids, budget, sampling=sampling)
+        plan = plan_ids(engine, ids, budget, sampling=sampling)
         records = engine.run(plan, sampling, 1, watch_logits=lambda lg, i=i: alone_logits[i].append(lg.clone()))
         alone_ids.append([r.token_id for r in records if r.token_id is not None])
     batch_logits: dict[int, list[torch.Tensor]] = {i: [] for i in range(3)}

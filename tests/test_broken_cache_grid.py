@@ -5,7 +5,7 @@ token's own slot, read but never written, marked stale."""
 from __future__ import annotations
 
 import pytest
-from helpers_checkpoints import HELLO_IDS, tiny_kvviz_model
+from helpers_checkpoints import HELLO_IDS, plan_ids, tiny_kvviz_model
 
 from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, PENDING, REUSED, STALE
 from kvviz.app.views.grid.grid_state import GridState
@@ -20,7 +20,7 @@ def engine() -> Engine:
 
 
 def _run(engine: Engine, use_cache: bool = True, fault: str = ""):
-    plan = engine.plan(HELLO_IDS, N, use_cache, cache_fault=fault)
+    plan = plan_ids(engine, HELLO_IDS, N, use_cache, cache_fault=fault)
     return plan, list(engine.run(plan))
 
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers_checkpoints import byte_level_tokenizer
+from helpers_checkpoints import byte_level_tokenizer, plan_ids
 
 from kvviz.engine.engine import Engine
 from kvviz.lessons.lesson import measured_answer
@@ -86,7 +86,7 @@ def measured(folder, kv_dtype: str = "") -> tuple[object, list]:
     from kvviz.sources.weights import load_checkpoint
 
     engine = Engine(load_checkpoint(folder))
-    plan = engine.plan(PROMPT_IDS, NEW_TOKENS, kv_dtype=kv_dtype)
+    plan = plan_ids(engine, PROMPT_IDS, NEW_TOKENS, kv_dtype=kv_dtype)
     return plan, list(engine.run(plan))
 
 

@@ -3,18 +3,21 @@ teaching switch that breaks the cache, and the summary."""
 
 from __future__ import annotations
 
-import pytest
-from helpers_checkpoints import HELLO_IDS, embedded_or_tiny_folder, tiny_kvviz_model
+import math
+from dataclasses import replace
 
-from kvviz.engine.compare import Lockstep, plan_lockstep, summarize
-from kvviz.engine.engine import Engine, GenerationError, SamplingSettings
+import pytest
+from helpers_checkpoints import HELLO_IDS, embedded_or_tiny_folder, lockstep_ids, plan_ids, tiny_kvviz_model
+
+from kvviz.engine.compare import Lockstep, summarize
+from kvviz.engine.engine import Engine, SamplingSettings
 from kvviz.sources.weights import load_model
 
 SAMPLINGS = [SamplingSettings(), SamplingSettings(temperature=0.9, top_k=50, seed=5)]
 
 
 def _lockstep(engine, prompt, n, use_cache=True, sampling=None, cache_fault=""):
-    plan = plan_lockstep(engine, prompt, n, use_cache, sampling, cache_fault=cache_fault)
+    plan = lockstep_ids(engine, prompt, n, use_cache, sampling, cache_fault=cache_fault)
     return plan, list(Lockstep(engine, plan, sampling).records())
 
 
@@ -54,8 +57,8 @@ def test_the_logit_statistic_is_the_largest_difference_of_the_two_runs_logits(en
     """Checked against logits collected from two separate runs, outside the lockstep."""
     logits = {True: [], False: []}
     for use_cache in (True, False):
-        run = engine.run(engine.plan(HELLO_IDS, 6, use_cache), watch_logits=lambda x, u=use_cache: logits[u].append(
-            x.float().clone()))
+        run = engine.run(plan_ids(engine, HELLO_IDS, 6, use_cache),
+                         watch_logits=lambda x, u=use_cache: logits[u].append(x.float().clone()))
         list(run)
     expected = [float((a - b).abs().max()) for a, b in zip(logits[True], logits[False], strict=True)]
     _, records = _lockstep(engine, HELLO_IDS, 6)
@@ -100,11 +103,15 @@ def test_a_broken_cache_diverges_and_says_where(engine, use_cache):
     assert summary.max_abs_logit_diff > 1e-2
 
 
-def test_unknown_fault_names_are_refused(engine):
-    with pytest.raises(GenerationError, match="unknown cache fault"):
-        engine.plan(HELLO_IDS, 3, cache_fault="off_by_two")
+def test_a_step_whose_logits_could_not_be_compared_keeps_the_summary_at_nan(engine):
+    """NaN says a step's logits could not be compared; a later step that could does not undo it."""
+    _, records = _lockstep(engine, HELLO_IDS, 3)
+    token_passes = [i for i, r in enumerate(records) if r.max_abs_logit_diff is not None]
+    records[token_passes[0]] = replace(records[token_passes[0]], max_abs_logit_diff=float("nan"))
+    records[token_passes[1]] = replace(records[token_passes[1]], max_abs_logit_diff=0.5)
+    assert math.isnan(summarize(records).max_abs_logit_diff)
 
 
 def test_a_plan_without_a_twin_cannot_run_in_lockstep(engine):
     with pytest.raises(ValueError, match="twin"):
-        Lockstep(engine, engine.plan(HELLO_IDS, 3))
+        Lockstep(engine, plan_ids(engine, HELLO_IDS, 3))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers_checkpoints import byte_level_tokenizer, peer_greedy, spread_peer
+from helpers_checkpoints import byte_level_tokenizer, peer_greedy, plan_ids, spread_peer
 
 from kvviz.cache.kv_cache import build_cache
 from kvviz.core.records import EXACT
@@ -44,8 +44,8 @@ def mla(tmp_path_factory):
 def test_mla_matches_transformers_greedy_for_30_tokens_cached_and_uncached(mla):
     peer, _, model = mla
     engine = Engine(model)
-    cached = list(engine.run(engine.plan(PROMPT_IDS, 30, use_cache=True)))
-    uncached = list(engine.run(engine.plan(PROMPT_IDS, 30, use_cache=False)))
+    cached = list(engine.run(plan_ids(engine, PROMPT_IDS, 30, use_cache=True)))
+    uncached = list(engine.run(plan_ids(engine, PROMPT_IDS, 30, use_cache=False)))
     with torch.no_grad():
         reference = peer_greedy(peer, PROMPT_IDS, 30)
         sequence = torch.tensor([PROMPT_IDS + reference])
@@ -110,7 +110,7 @@ def test_the_v2_lite_preset_measures_the_bytes_of_deepseek_v2_lite_on_its_refere
     from kvviz.sources.weights import load_model
 
     engine = Engine(load_model("random:deepseek-v2-lite-attention").model)
-    records = list(engine.run(engine.plan([464, 290, 17], 2)))
+    records = list(engine.run(plan_ids(engine, [464, 290, 17], 2)))
     assert records[-1].cache_bytes == 5 * 27 * 576 * 4
     contexts, line = reference_bytes("DeepSeek-V2-Lite", "float32", 1)
     assert np.interp(5, contexts, line) == pytest.approx(records[-1].cache_bytes)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_checkpoints import HELLO_IDS, save_kvviz_folder
+from helpers_checkpoints import HELLO_IDS, plan_ids, save_kvviz_folder
 
 from kvviz.core.errors import as_sentence
 from kvviz.sources.weights import (
@@ -431,7 +431,7 @@ def test_smollm2_135m_as_the_hub_publishes_it_downloads_generates_and_shows_30_l
     engine = Engine(loaded.model, tokenizer=loaded.tokenizer)
     prompt = engine.encode_prompt("Time flies")
     assert prompt[0] == 0 and len(prompt) > 2  # its own tokenizer: <s> first
-    plan = engine.plan(prompt, 3)
+    plan = plan_ids(engine, prompt, 3)
     records = list(engine.run(plan))
     assert records[-1].cache_bytes == 46_080 * (len(prompt) + 3)
     grid = KVGridView()

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers_checkpoints import save_kvviz_folder, tiny_kvviz_model
+from helpers_checkpoints import plan_ids, save_kvviz_folder, tiny_kvviz_model
 
 from kvviz.engine.engine import Engine
 from kvviz.lessons.lesson import QUESTIONS, LessonError, format_answer, load_lesson, measured_answer, parse_lesson
@@ -173,7 +173,7 @@ def engine() -> Engine:
 
 def token_steps(engine: Engine, prompt: str, use_cache: bool, budget: int) -> list[list]:
     """The run's records grouped by token step: [[pass, (filling pass)], ...]."""
-    plan = engine.plan(engine.encode_prompt(prompt), budget, use_cache)
+    plan = plan_ids(engine, engine.encode_prompt(prompt), budget, use_cache)
     steps: list[list] = []
     for record in engine.run(plan, top_candidates=1):
         if record.token_id is None:
@@ -267,7 +267,7 @@ def test_the_sink_share_is_the_mean_over_layers_and_heads_of_the_weight_on_the_f
     from kvviz.core.records import AttentionWeights
 
     engine = Engine(tiny_kvviz_model())
-    record = list(engine.run(engine.plan([1, 2], 1)))[-1]
+    record = list(engine.run(plan_ids(engine, [1, 2], 1)))[-1]
     weights = AttentionWeights(1, 2, 3, struct.pack("=6f", 0.5, 0.25, 0.25, 0.1, 0.2, 0.7))
     record = replace(record, attention=weights)
     assert measured_answer("sink_attention_share", None, record, 1) == pytest.approx(30.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoints import byte_level_tokenizer, peer_greedy, spread_peer
+from helpers_checkpoints import byte_level_tokenizer, peer_greedy, plan_ids, spread_peer
 
 from kvviz.cache.kv_cache import full_cache
 from kvviz.cache.probe import PassProbe
@@ -235,7 +235,7 @@ def test_the_grid_opens_a_layer_into_its_kv_heads_named_by_the_query_heads_that_
                               intermediate_size=64))
     model.init_weights(torch.Generator().manual_seed(0))
     engine = Engine(model)
-    plan = engine.plan(PROMPT_IDS[:3], 2)
+    plan = plan_ids(engine, PROMPT_IDS[:3], 2)
     assert (plan.n_head, plan.cache_heads, plan.query_group) == (6, 2, 3)
     grid = KVGridView()
     qtbot.addWidget(grid)
@@ -313,7 +313,7 @@ def test_the_attention_views_head_list_names_each_query_heads_kv_head(qtbot):
     model = Llama(LlamaConfig(vocab_size=1000, n_ctx=32, n_layer=1, n_head=4, n_kv_head=2, n_embd=32,
                               intermediate_size=64))
     model.init_weights(torch.Generator().manual_seed(0))
-    plan = Engine(model).plan(PROMPT_IDS[:3], 2, attention=True)
+    plan = plan_ids(Engine(model), PROMPT_IDS[:3], 2, attention=True)
     view = AttentionView()
     qtbot.addWidget(view)
     view.reset(plan)

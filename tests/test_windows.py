@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers_checkpoints import peer_greedy, spread_peer
+from helpers_checkpoints import peer_greedy, plan_ids, spread_peer
 
 from kvviz.engine.engine import Engine, GenerationError
 from kvviz.sources.weights import load_checkpoint, load_model
@@ -35,8 +35,8 @@ def test_a_mistral_window_of_8_over_40_tokens_matches_transformers_cached_and_un
     peer, model = mistral
     assert model.config.sliding_window == 8  # read from config.json
     engine = Engine(model)
-    cached = list(engine.run(engine.plan(PROMPT_IDS, 40, use_cache=True)))
-    uncached = list(engine.run(engine.plan(PROMPT_IDS, 40, use_cache=False)))
+    cached = list(engine.run(plan_ids(engine, PROMPT_IDS, 40, use_cache=True)))
+    uncached = list(engine.run(plan_ids(engine, PROMPT_IDS, 40, use_cache=False)))
     with torch.no_grad():
         reference = peer_greedy(peer, PROMPT_IDS, 40)
         sequence = torch.tensor([PROMPT_IDS + reference])
@@ -58,7 +58,7 @@ def test_sinks_and_a_window_keep_at_most_their_positions_cached_as_uncached(mode
 
     engine = Engine(load_model(model_name).model)
     for sampling in (SamplingSettings(), SamplingSettings(temperature=1.0, top_k=20, seed=3)):
-        runs = [list(engine.run(engine.plan(PROMPT_IDS, 30, use_cache, sampling, window=16, sinks=4), sampling))
+        runs = [list(engine.run(plan_ids(engine, PROMPT_IDS, 30, use_cache, sampling, window=16, sinks=4), sampling))
                 for use_cache in (True, False)]
         assert tokens(runs[0]) == tokens(runs[1]), (model_name, sampling)
         assert max(r.positions_held for r in runs[0]) == 20
@@ -77,14 +77,14 @@ def test_sinks_take_a_rope_model_past_its_context_and_gpt2_says_where_it_stops()
             if parameter.dim() > 1:
                 parameter.mul_(7.5)  # 0.15: tokens that differ from step to step
     engine = Engine(model.eval())
-    cached = list(engine.run(engine.plan(PROMPT_IDS, 80, True, window=16, sinks=4)))
-    uncached = list(engine.run(engine.plan(PROMPT_IDS, 80, False, window=16, sinks=4)))
+    cached = list(engine.run(plan_ids(engine, PROMPT_IDS, 80, True, window=16, sinks=4)))
+    uncached = list(engine.run(plan_ids(engine, PROMPT_IDS, 80, False, window=16, sinks=4)))
     assert len(tokens(cached)) == 80 and tokens(cached) == tokens(uncached)
     assert len(set(tokens(cached))) > 5
     assert max(r.positions_held for r in cached) == 20 and cached[-1].sequence_length == 87 > 32
 
     gpt2 = Engine(load_model("random:kvviz-shakespeare").model)  # 256 learned positions
-    plan = gpt2.plan(PROMPT_IDS, 400, True, window=16, sinks=4)
+    plan = plan_ids(gpt2, PROMPT_IDS, 400, True, window=16, sinks=4)
     assert plan.budget == 256 - len(PROMPT_IDS) and plan.stop_reason == "context_full"
 
 
@@ -96,14 +96,14 @@ def test_sinks_take_a_rope_model_past_its_context_and_gpt2_says_where_it_stops()
 def test_what_no_window_can_do_is_one_line(kwargs, message):
     engine = Engine(load_model("random:kvviz-shakespeare").model)
     with pytest.raises(GenerationError, match=message):
-        engine.plan(PROMPT_IDS, 4, **kwargs)
+        plan_ids(engine, PROMPT_IDS, 4, **kwargs)
 
 
 def test_no_window_changes_nothing():
     """An exact cache is the same as before: the same tokens, counts and bytes, with or without the policy."""
     engine = Engine(load_model("random:kvviz-shakespeare").model)
-    plain = list(engine.run(engine.plan(PROMPT_IDS, 12)))
-    assert engine.plan(PROMPT_IDS, 12).policy.evicts is False
+    plain = list(engine.run(plan_ids(engine, PROMPT_IDS, 12)))
+    assert plan_ids(engine, PROMPT_IDS, 12).policy.evicts is False
     assert plain[-1].cache_bytes == 19 * 9216 and plain[-1].positions_held == 19
     assert all(r.kv_evicted == (0, 0) for r in plain)
 
@@ -126,8 +126,8 @@ def test_generate_and_compare_take_a_window_and_report_what_it_evicted(kvviz_cli
     loaded = load_model("kvviz-shakespeare-gqa")
     engine = Engine(loaded.model, loaded.tokenizer)
     prompt = engine.encode_prompt("ROMEO:\nBut soft, what light")
-    full = tokens(engine.run(engine.plan(prompt, 24)))
-    windowed = tokens(engine.run(engine.plan(prompt, 24, window=6, sinks=2)))
+    full = tokens(engine.run(plan_ids(engine, prompt, 24)))
+    windowed = tokens(engine.run(plan_ids(engine, prompt, 24, window=6, sinks=2)))
     parted = next((i + 1 for i, (a, b) in enumerate(zip(full, windowed, strict=True)) if a != b), None)
     assert parted is not None and result["summary"]["first_divergence"] == parted
     assert [s["full_token_id"] for s in result["steps"]] == full
@@ -184,7 +184,7 @@ def test_the_memory_views_line_flattens_where_the_window_is_full():
 
     engine = Engine(load_model("random:kvviz-shakespeare-gqa").model)
     for window, sinks, top in ((0, 0, 131072), (16, 4, 20)):
-        plan = engine.plan(PROMPT_IDS, 30, True, window=window, sinks=sinks)
+        plan = plan_ids(engine, PROMPT_IDS, 30, True, window=window, sinks=sinks)
         state = MemoryState(plan)
         for record in engine.run(plan):
             state.apply(record)
@@ -207,7 +207,7 @@ def test_export_draws_a_windowed_run_and_its_grid_caption_counts_what_was_read(t
         "kvviz-chart-step21.png", "kvviz-grid-step21.png", "kvviz-view-step21.png"]
     loaded = load_model("kvviz-shakespeare-gqa")
     engine = Engine(loaded.model, loaded.tokenizer)
-    plan = engine.plan(engine.encode_prompt("ROMEO:"), 20, window=6, sinks=1)
+    plan = plan_ids(engine, engine.encode_prompt("ROMEO:"), 20, window=6, sinks=1)
     last = list(engine.run(plan))[-1]
     from kvviz.app import theme
 
@@ -312,7 +312,7 @@ def test_compare_mode_puts_the_full_cache_beside_the_window_and_words_the_partin
     loaded = load_model(window.session.source or None)  # the same model, each run on its own, headless
     engine = Engine(loaded.model, loaded.tokenizer)
     prompt = engine.encode_prompt("Time flies fast")
-    runs = [tokens(engine.run(engine.plan(prompt, budget, **kw))) for kw in ({}, {"window": 2, "sinks": 1})]
+    runs = [tokens(engine.run(plan_ids(engine, prompt, budget, **kw))) for kw in ({}, {"window": 2, "sinks": 1})]
     labels = [[chip_text(engine.tokenizer.token_label(t)) for t in run] for run in runs]
     assert [e.cached for e in view.identity_strip.entries()] == labels[0]
     assert [e.uncached for e in view.identity_strip.entries()] == labels[1]
@@ -338,7 +338,7 @@ def test_a_qwen2_layer_types_list_is_honoured_or_refused_in_one_line(tmp_path, k
     assert (model.config.sliding_window, model.config.window_first_layer) == (4, 1)
     engine = Engine(model)
     reference = peer_greedy(peer, PROMPT_IDS, 20)
-    assert tokens(engine.run(engine.plan(PROMPT_IDS, 20))) == reference
+    assert tokens(engine.run(plan_ids(engine, PROMPT_IDS, 20))) == reference
     both = spread_peer(transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**{
         **peer.config.to_dict(), "layer_types": None, "max_window_layers": 0}), 6)
     assert peer_greedy(both, PROMPT_IDS, 20) != reference  # max_window_layers alone would give other tokens
@@ -362,13 +362,13 @@ def test_a_qwen2_window_on_every_layer_or_on_the_upper_ones_matches_transformers
     model = load_checkpoint(tmp_path / "qwen2")
     assert (model.config.sliding_window, model.config.window_first_layer) == (6, max_window_layers)
     engine = Engine(model)
-    cached = list(engine.run(engine.plan(PROMPT_IDS, 24)))
+    cached = list(engine.run(plan_ids(engine, PROMPT_IDS, 24)))
     with torch.no_grad():
         reference = peer_greedy(peer, PROMPT_IDS, 24)
         sequence = torch.tensor([PROMPT_IDS + reference])
         expected = peer(sequence).logits[0]  # (T, V)
         ours = model(sequence, kv_cache=engine._new_cache(sequence.shape[1], "", engine.policy()))[0]
-    assert tokens(cached) == tokens(engine.run(engine.plan(PROMPT_IDS, 24, False))) == reference
+    assert tokens(cached) == tokens(engine.run(plan_ids(engine, PROMPT_IDS, 24, False))) == reference
     assert torch.allclose(ours, expected, atol=1e-4, rtol=0)
     positions = len(PROMPT_IDS) + 24
     per_layer = 2 * 2 * 16 * 4  # K and V, 2 KV heads of 16 numbers, float32: 256 bytes a position and layer
@@ -377,7 +377,7 @@ def test_a_qwen2_window_on_every_layer_or_on_the_upper_ones_matches_transformers
     from kvviz.app.views.grid.cell_states import EVICTED
     from kvviz.app.views.grid.grid_state import GridState
 
-    grid = GridState(engine.plan(PROMPT_IDS, 24))
+    grid = GridState(plan_ids(engine, PROMPT_IDS, 24))
     for record in cached:
         grid.apply(record)
     evicted = (grid.states == EVICTED).sum(axis=1)  # per layer: a full layer evicts nothing

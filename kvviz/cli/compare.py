@@ -146,42 +146,45 @@ def _compare_window(args: argparse.Namespace, load: Callable, say: Callable[[str
     """`kvviz compare --window W [--sinks S]` or `--kv-dtype D`: the exact cache against the lossy one (a window,
     or quantized), in lockstep, each choosing its own tokens."""
     from kvviz.core.counting import plural
-    from kvviz.engine.compare import window_tradeoff
-    from kvviz.engine.engine import Engine, SamplingSettings
+    from kvviz.core.records import RunRequest
+    from kvviz.engine.engine import Engine
+    from kvviz.engine.run import start_run
 
     if args.break_cache:
         raise UsageError("--break-cache goes with an exact cache: leave out --window and --kv-dtype")
     loaded = load(args.model, args.device, args.dtype)
     engine = Engine(loaded.model, loaded.tokenizer, device=args.device)
-    policy = engine.policy(args.window, args.sinks, args.kv_dtype or "")
-    prompt_ids = engine.encode_prompt(args.prompt)
-    full, lossy, token_steps = window_tradeoff(engine, prompt_ids, args.new_tokens, policy,
-                                               SamplingSettings(args.temperature, args.top_k, args.seed))
+    request = RunRequest(0, args.prompt, True, args.new_tokens, args.temperature, args.top_k, args.seed,
+                         compare=True, window=args.window, sinks=args.sinks, kv_dtype=args.kv_dtype or "")
+    run = start_run(engine, request, loaded.name, top_candidates=1)  # the lossy run, the exact one its twin
+    lossy, full = run.plan, run.plan.twin
+    policy, prompt_ids = lossy.policy, list(lossy.prompt_ids)
     side, short = ("quantized", policy.kv_dtype) if policy.quantized else ("windowed", "window")
     exact_name = "exact cache" if policy.quantized else "full cache"
     label = engine.tokenizer.token_label
     steps: list[dict] = []
     first = None
-    for number, step in enumerate(token_steps, start=1):
-        entry = {"step": number, "full_token_id": step.full.token_id, f"{side}_token_id": step.windowed.token_id,
-                 "same": step.same, "max_abs_logit_diff": step.max_abs_logit_diff,
-                 "full_positions_held": step.full_after.positions_held,
-                 f"{side}_positions_held": step.windowed_after.positions_held}
+    for number, passes in enumerate(run.token_steps(), start=1):
+        step, exact = passes[0], passes[0].twin  # the lossy run's token pass, and the exact run's passes
+        same = step.token_id == exact[0].token_id
+        entry = {"step": number, "full_token_id": exact[0].token_id, f"{side}_token_id": step.token_id,
+                 "same": same, "max_abs_logit_diff": step.max_abs_logit_diff,
+                 "full_positions_held": exact[-1].positions_held, f"{side}_positions_held": passes[-1].positions_held}
         if policy.evicts:
-            entry["windowed_evicted"] = list(range(*step.windowed.kv_evicted))
+            entry["windowed_evicted"] = list(range(*step.kv_evicted))
         steps.append(entry)
-        if not step.same and first is None:
-            first = (number, label(step.full.token_id), label(step.windowed.token_id))
+        if not same and first is None:
+            first = (number, label(exact[0].token_id), label(step.token_id))
         if not args.json:
             if number == 1:
                 print(f"kvviz compare: {visible(loaded.name)}, {plural(len(prompt_ids), 'prompt token')}, "
                       f"{plural(full.budget, 'new token')}: the {exact_name} against one that keeps "
                       f"{policy.describe()}")
                 print(f"{'step':>5}  {exact_name:<16}  {short:<16}  same  {'max |Δlogit|':>12}  held")
-            mark = "yes" if step.same else "NO"
-            print(f"{number:>5}  {visible(label(step.full.token_id))[:16]:<16}  "
-                  f"{visible(label(step.windowed.token_id))[:16]:<16}  {mark:<4}  {step.max_abs_logit_diff:>12.3g}"
-                  f"  {step.full_after.positions_held}/{step.windowed_after.positions_held}")
+            mark = "yes" if same else "NO"
+            print(f"{number:>5}  {visible(label(exact[0].token_id))[:16]:<16}  "
+                  f"{visible(label(step.token_id))[:16]:<16}  {mark:<4}  {step.max_abs_logit_diff:>12.3g}"
+                  f"  {exact[-1].positions_held}/{passes[-1].positions_held}")
             sys.stdout.flush()
     largest = max((s["max_abs_logit_diff"] for s in steps), default=0.0)
     last = steps[-1] if steps else {}
@@ -222,7 +225,7 @@ def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None
     loaded = load(args.model, args.device, args.dtype)
     engine = Engine(loaded.model, loaded.tokenizer, device=args.device)
     request = RunRequest(0, args.prompt, True, args.new_tokens, args.temperature, args.top_k, args.seed,
-                         compare=True, break_cache=args.break_cache, window=args.window, sinks=args.sinks)
+                         compare=True, break_cache=args.break_cache)
     run = start_run(engine, request, loaded.name, top_candidates=1)
     plan, prompt_ids = run.plan, list(run.plan.prompt_ids)
     fault = plan.cache_fault

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from kvviz.core.ratios import RatioEstimate, paired_ratio
-from kvviz.core.records import EXACT, CachePolicy, RunPlan, StepRecord
+from kvviz.core.records import EXACT, RunPlan, RunRequest, StepRecord
 from kvviz.engine.engine import Engine, SamplingSettings
 
 MAX_SEED = 2**63 - 1
@@ -46,31 +46,18 @@ def lockstep_sampling(sampling: SamplingSettings) -> SamplingSettings:
     return replace(sampling, seed=random.SystemRandom().randrange(MAX_SEED))
 
 
-def plan_lockstep(
-    engine: Engine,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    use_cache: bool = True,
-    sampling: SamplingSettings | None = None,
-    cache_fault: str = "",
-    attention: bool = False,
-    **plan_options,
-) -> RunPlan:
-    """The plan of the run in `use_cache`'s mode, with the other mode's run as its `twin`. Both plans
-    describe the same request; `cache_fault` breaks the cached one's cache; with `attention` both runs'
-    records carry their newest query's attention weights."""
-    if plan_options.get("window") or plan_options.get("kv_dtype"):  # a lossy cache: the exact one against it
-        full = engine.plan(prompt_ids, max_new_tokens, True, sampling, cache_fault=cache_fault, attention=attention,
-                           **{**plan_options, "policy": EXACT})
-        windowed = engine.plan(prompt_ids, full.budget, True, sampling, cache_fault=cache_fault,
-                               attention=attention, **plan_options)
-        return replace(windowed, twin=full)
-    plans = {
-        cached: engine.plan(prompt_ids, max_new_tokens, cached, sampling, cache_fault=cache_fault,
-                            attention=attention, **plan_options)
-        for cached in (True, False)
-    }
-    return replace(plans[use_cache], twin=plans[not use_cache])
+def plan_lockstep(engine: Engine, request: RunRequest, prompt_ids: Sequence[int] | None = None,
+                  model_name: str = "") -> RunPlan:
+    """The plan of `request`'s run, with the other run of compare mode as its `twin`: the other mode's (cached
+    or not) for an exact cache, the exact cache's for a lossy one (a window, or quantized), which stops where the
+    exact one must. Both describe the same request (see Engine.plan for `prompt_ids` and `model_name`)."""
+    if request.window or request.kv_dtype:  # a lossy cache: the exact one against it
+        full = engine.plan(replace(request, use_cache=True), prompt_ids, model_name, policy=EXACT)
+        lossy = engine.plan(replace(request, use_cache=True, max_new_tokens=full.budget), prompt_ids, model_name)
+        return replace(lossy, twin=full)
+    plans = {cached: engine.plan(replace(request, use_cache=cached), prompt_ids, model_name)
+             for cached in (True, False)}
+    return replace(plans[request.use_cache], twin=plans[not request.use_cache])
 
 
 class Lockstep:
@@ -156,7 +143,8 @@ def summarize(records: list[StepRecord]) -> CompareSummary:
                 step_seconds.setdefault(run_pass.new_tokens, [0.0, 0.0])[run] += run_pass.seconds
         if record.max_abs_logit_diff is not None:
             difference = record.max_abs_logit_diff
-            max_diff = difference if math.isnan(difference) or math.isnan(max_diff) else max(max_diff, difference)
+            if math.isnan(difference) or difference > max_diff:  # a NaN stays: nothing after it undoes it
+                max_diff = difference
             tolerance = max(tolerance, record.logit_tolerance or 0.0)
             if first_divergence is None and record.token_id != record.twin_token_id:
                 first_divergence = record.new_tokens
@@ -174,45 +162,3 @@ def summarize(records: list[StepRecord]) -> CompareSummary:
         kv_without_cache=uncached[-1].kv_computed_total if uncached else 0,
         time_estimate=paired_ratio([c for c, _ in step_seconds.values()], [u for _, u in step_seconds.values()]),
     )
-
-
-@dataclass(frozen=True)
-class TradeoffStep:
-    """One token step of a full cache's run and a windowed one's, side by side: a cache that evicts changes what
-    the model attends to, so the two may part; how far is measured, not judged a bug."""
-
-    full: StepRecord  # the full cache's token pass
-    windowed: StepRecord  # the windowed cache's
-    max_abs_logit_diff: float
-    full_after: StepRecord  # each run's last pass of the step: after the last token, the one that fills the cache
-    windowed_after: StepRecord
-
-    @property
-    def same(self) -> bool:
-        return self.full.token_id == self.windowed.token_id
-
-
-def window_tradeoff(engine: Engine, prompt_ids: list[int], max_new_tokens: int, policy: CachePolicy,
-                    sampling: SamplingSettings | None = None) -> tuple[RunPlan, RunPlan, Iterator[TradeoffStep]]:
-    """The plans of a full cache's run and a `policy` one's of the same prompt (GenerationError now), and their
-    token steps in lockstep, each run choosing its own tokens from generators seeded alike. Both stop where the
-    full cache must (its context)."""
-    sampling = lockstep_sampling(sampling or SamplingSettings())
-    full = engine.plan(prompt_ids, max_new_tokens, True, sampling, policy=EXACT)
-    windowed = engine.plan(prompt_ids, full.budget, True, sampling, policy=policy)
-
-    def steps() -> Iterator[TradeoffStep]:
-        logits: dict[str, torch.Tensor] = {}
-
-        def keep(name: str):
-            return lambda step_logits: logits.__setitem__(name, step_logits.float().clone())
-
-        plans = {"full": full, "windowed": windowed}
-        runs = {name: engine.run(plan, sampling, 1, watch_logits=keep(name)) for name, plan in plans.items()}
-        for _ in range(full.budget):
-            passes = {name: plan.next_token_step(runs[name]) for name, plan in plans.items()}
-            difference = float((logits.pop("full") - logits.pop("windowed")).abs().max())
-            yield TradeoffStep(passes["full"][0], passes["windowed"][0], difference, passes["full"][-1],
-                               passes["windowed"][-1])
-
-    return full, windowed, steps()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -13,12 +13,13 @@ from kvviz.core.counting import kv_with_cache, kv_without_cache
 from kvviz.core.errors import GenerationError
 from kvviz.core.formats import KV_DTYPES
 from kvviz.core.records import (
-    CACHE_FAULTS,
+    BROKEN_CACHE_FAULT,
     EXACT,
     AttentionWeights,
     CachePolicy,
     Candidate,
     RunPlan,
+    RunRequest,
     StepRecord,
     describe_sampling,
 )
@@ -69,7 +70,8 @@ class Engine:
         prompt_tokens = max(1, min(tokens, self.n_ctx // 2))
         new_tokens = max(1, min(tokens, self.n_ctx - prompt_tokens))
         for use_cache in (True, False):
-            for _ in self.run(self.plan([0] * prompt_tokens, new_tokens, use_cache), top_candidates=1):
+            for _ in self.run(self.plan(RunRequest(0, "", use_cache, new_tokens), [0] * prompt_tokens),
+                              top_candidates=1):
                 pass
         self._warm = True
 
@@ -95,33 +97,23 @@ class Engine:
                       f"{self.model.config.name}: the model's logits hold NaN or infinite values in "
                       f"{str(self.dtype).removeprefix('torch.')}; its output means nothing")
 
-    def plan(
-        self,
-        prompt_ids: list[int],
-        max_new_tokens: int,
-        use_cache: bool = True,
-        sampling: SamplingSettings | None = None,
-        prompt: str | None = None,
-        model_name: str = "",
-        run_id: int = 0,
-        cache_fault: str = "",
-        attention: bool = False,
-        window: int = 0,
-        sinks: int = 0,
-        policy: CachePolicy | None = None,
-        kv_dtype: str = "",
-    ) -> RunPlan:
-        """Check a generation request now (GenerationError) and plan it: budget, passes, frames.
-        `cache_fault` (a key of CACHE_FAULTS) breaks a cached run's cache on purpose; with `attention`,
-        every record of the run carries its newest query's AttentionWeights. `window` keeps the last that many
-        positions (0: the model's own sliding window, if it has one), `sinks` the first ones too; every pass
-        attends to what that keeps, with the cache or without it. `policy`, given, is taken as it is (EXACT: every
-        position, even on a model with a window of its own). `kv_dtype` (a key of KV_DTYPES) stores the cache's
-        keys and values quantized."""
-        sampling = sampling or SamplingSettings()
-        policy = self.policy(window, sinks, kv_dtype) if policy is None else policy
-        if cache_fault and cache_fault not in CACHE_FAULTS:
-            raise GenerationError(f"unknown cache fault {cache_fault!r}; known: {', '.join(CACHE_FAULTS)}")
+    def plan(self, request: RunRequest, prompt_ids: Sequence[int] | None = None, model_name: str = "",
+             policy: CachePolicy | None = None) -> RunPlan:
+        """Check `request` now (GenerationError) and plan it: budget, passes, frames.
+
+        The prompt is `request.prompt` encoded, or `prompt_ids` where the caller has ids of its own (their text:
+        `request.prompt`, or the ids decoded). `request.break_cache` breaks a cached run's cache on purpose; with
+        `request.attention` every record carries its newest query's AttentionWeights; `request.window` keeps the
+        last that many positions (0: the model's own sliding window, if it has one), `request.sinks` the first ones
+        too, and every pass attends to what that keeps, with the cache or without it; `request.kv_dtype` (a key of
+        KV_DTYPES) stores the cache's keys and values quantized. `policy`, given, is taken as it is (compare mode's
+        exact twin: EXACT keeps every position, even on a model with a window of its own)."""
+        prompt_ids = self.encode_prompt(request.prompt) if prompt_ids is None else list(prompt_ids)
+        sampling = SamplingSettings(request.temperature, request.top_k, request.seed)
+        max_new_tokens, use_cache, run_id, attention = (request.max_new_tokens, request.use_cache, request.run_id,
+                                                         request.attention)
+        cache_fault = BROKEN_CACHE_FAULT if request.break_cache else ""
+        policy = self.policy(request.window, request.sinks, request.kv_dtype) if policy is None else policy
         unfit = [kind.kind for kind in self.model.config.cache_layers(policy) if kind.kind != "full"]
         if cache_fault and unfit:
             raise GenerationError(FAULT_REFUSALS[unfit[0]])
@@ -142,7 +134,7 @@ class Engine:
         budget = max_new_tokens if streams else min(max_new_tokens, self.n_ctx - P)
         cfg = self.model.config
         return RunPlan(
-            prompt=self.tokenizer.decode(list(prompt_ids)) if prompt is None else prompt,
+            prompt=request.prompt or self.tokenizer.decode(prompt_ids),
             prompt_ids=tuple(prompt_ids),
             prompt_labels=tuple(self.tokenizer.token_label(i) for i in prompt_ids),
             model_name=model_name or self.model.config.name,
@@ -210,8 +202,9 @@ class Engine:
         top_candidates: int = 5,
     ) -> Iterator[StepRecord]:
         """Check the request now (GenerationError), then return its records, one per forward pass."""
-        plan = self.plan(prompt_ids, max_new_tokens, use_cache, sampling)
-        return self.run(plan, sampling, top_candidates)
+        s = sampling or SamplingSettings()
+        plan = self.plan(RunRequest(0, "", use_cache, max_new_tokens, s.temperature, s.top_k, s.seed), prompt_ids)
+        return self.run(plan, s, top_candidates)
 
     def run(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator, Sequence
 
-from kvviz.core.records import BROKEN_CACHE_FAULT, RunPlan, RunRequest, StepRecord
+from kvviz.core.records import RunPlan, RunRequest, StepRecord
 from kvviz.engine.compare import Lockstep, plan_lockstep
 from kvviz.engine.engine import Engine, SamplingSettings
 
@@ -52,14 +52,9 @@ def start_run(
     or with `request.compare` the cached and the uncached run in lockstep. `prompt_ids` stand for the
     encoded prompt where the caller has ids of its own; each pass keeps its `top_candidates` likeliest tokens."""
     sampling = SamplingSettings(request.temperature, request.top_k, request.seed)
-    ids = list(engine.encode_prompt(request.prompt) if prompt_ids is None else prompt_ids)
-    fault = BROKEN_CACHE_FAULT if request.break_cache else ""
-    options = dict(prompt=request.prompt if prompt_ids is None else None, model_name=model_name,
-                   run_id=request.run_id, cache_fault=fault, attention=request.attention, window=request.window,
-                   sinks=request.sinks, kv_dtype=request.kv_dtype)
     if request.compare:
-        plan = plan_lockstep(engine, ids, request.max_new_tokens, request.use_cache, sampling, **options)
+        plan = plan_lockstep(engine, request, prompt_ids, model_name)
         lockstep = Lockstep(engine, plan, sampling, top_candidates)
         return Run(plan, lockstep.sampling, lockstep.records())
-    plan = engine.plan(ids, request.max_new_tokens, request.use_cache, sampling, **options)
+    plan = engine.plan(request, prompt_ids, model_name)
     return Run(plan, sampling, engine.run(plan, sampling, top_candidates))

@@ -12,7 +12,7 @@ from kvviz.cache.paged import PagedCache
 from kvviz.cache.probe import PassProbe
 from kvviz.core.batch_records import BatchPlan, BatchRecord, BatchRequestPlan, BatchSpeed, BlockState
 from kvviz.core.counting import plural
-from kvviz.core.records import EXACT, describe_sampling
+from kvviz.core.records import EXACT, RunRequest, describe_sampling
 from kvviz.engine.engine import Engine, GenerationError, SamplingSettings
 from kvviz.engine.sampling import sampling_generator
 from kvviz.models.cache_shape import cache_shape
@@ -41,7 +41,7 @@ def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | l
                               "position, so kvviz batch does not run it")
     requests = []
     for i, (ids, budget) in enumerate(zip(prompts, budgets, strict=True)):
-        plan = engine.plan(list(ids), budget, sampling=sampling)  # the checks of a single run
+        plan = engine.plan(_request(budget, sampling), ids)  # the checks of a single run
         if len(ids) + budget > engine.n_ctx:
             raise GenerationError(f"request {i + 1}: {plural(len(ids), 'prompt token')} and {budget} new do not "
                                   f"fit the model's context of {engine.n_ctx}")
@@ -137,9 +137,10 @@ def run_one_at_a_time(engine: Engine, plan: BatchPlan, sampling: SamplingSetting
                       ) -> tuple[list[list[int]], float]:
     """The same requests as separate cached runs, one after another (the engine's own decode): their tokens and
     the seconds their passes took."""
+    sampling = sampling or SamplingSettings()
     outputs, seconds = [], 0.0
     for request in plan.requests:
-        run_plan = engine.plan(list(request.prompt_ids), request.budget, sampling=sampling)
+        run_plan = engine.plan(_request(request.budget, sampling), request.prompt_ids)
         watch = None if watch_logits is None else (lambda logits, i=request.index: watch_logits(i, logits))
         ids = []
         for step in engine.run(run_plan, sampling, top_candidates=1, watch_logits=watch):
@@ -162,3 +163,8 @@ def measure_speed(engine: Engine, plan: BatchPlan, turns: int = 2, sampling: Sam
     tokens = sum(r.budget for r in plan.requests)
     return BatchSpeed(len(plan.requests), tokens / batched, tokens / sequential, turns,
                       tuple(s / b for b, s in timed if b > 0))
+
+
+def _request(budget: int, sampling: SamplingSettings) -> RunRequest:
+    """A batch's request as a single run of its budget and sampling asks for it."""
+    return RunRequest(0, "", True, budget, sampling.temperature, sampling.top_k, sampling.seed)

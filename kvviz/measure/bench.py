@@ -18,9 +18,12 @@ MAX_REPEAT = 100  # turns per configuration: more would only wait longer for the
 
 def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bool, kv_dtype: str = ""
            ) -> tuple[list[int], float, int]:
+    from kvviz.core.records import RunRequest
+    from kvviz.engine.run import start_run
+
     started = time.perf_counter()
-    plan = engine.plan(prompt_ids, new_tokens, use_cache, kv_dtype=kv_dtype)
-    records = list(engine.run(plan, top_candidates=1))
+    request = RunRequest(0, "", use_cache, new_tokens, kv_dtype=kv_dtype)
+    records = list(start_run(engine, request, prompt_ids=prompt_ids, top_candidates=1).passes())
     seconds = time.perf_counter() - started
     return [r.token_id for r in records if r.token_id is not None], seconds, records[-1].cache_bytes
 
