@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -162,18 +162,19 @@ def test_full_speed_run_shows_its_final_state_when_it_ends(qtbot, window):
     assert len(window.token_strip.tokens()) == final.sequence_length
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are a Linux feature")
-def test_worker_runs_below_the_gui_priority(window):
-    from kvviz.app.run.worker_failures import WORKER_NICENESS
-
-    worker_id = window.session.controller.worker.native_thread_id
-    assert worker_id is not None and worker_id != threading.get_native_id()
-    expected = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + WORKER_NICENESS)
-    assert os.getpriority(os.PRIO_PROCESS, worker_id) == expected
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == os.getpriority(os.PRIO_PROCESS, os.getpid())
-    # the idle class: the worker yields its core the moment the GUI thread wakes
-    assert os.sched_getscheduler(worker_id) == os.SCHED_IDLE
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+def test_the_run_plays_on_while_other_programs_keep_every_core_busy(qtbot, window):
+    """A video call or a screen recorder beside the lecture: here, a busy process on every core. The run still
+    plays to its end in seconds (a worker in Linux's idle scheduling class got a core only when nothing else wanted
+    one, and took minutes)."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        window.controls.speed_slider.setValue(window.controls.speed_slider.maximum())
+        with qtbot.waitSignal(window.run_done, timeout=30_000):
+            press(qtbot, window, Qt.Key.Key_P)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
 
 
 def test_redraw_slices_take_the_gil_back_quickly(qtbot, window):

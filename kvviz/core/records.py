@@ -175,7 +175,7 @@ class RunPlan:
     n_ctx: int
     use_cache: bool
     max_new_tokens: int  # as requested
-    budget: int  # tokens this run will generate: min(max_new_tokens, n_ctx - P)
+    budget: int  # tokens this run will generate: max_new_tokens, capped at n_ctx - P unless sinks stream past n_ctx
     passes: int  # forward passes: budget + 1 with the cache (the last fills it), budget without
     width: int  # positions the run reaches: P + budget
     final_with_cache: int  # K/V per layer a cached run has computed at the end: P + N

@@ -40,7 +40,6 @@ class WorkerController(QObject):
         self.shutdown_requested.connect(self.worker.shut_down)
         self.batch_requested.connect(self.worker.start_batch)
         self.batch_step_requested.connect(self.worker.step_batch)
-        self.thread.started.connect(self.worker.prepare_thread)
         self.thread.finished.connect(self.worker.deleteLater)
         WORKER_THREADS.add(self.thread)
         self.thread.start()

@@ -19,7 +19,6 @@ from kvviz.app.run.worker_failures import (
     describe_load_error,
     describe_run_error,
     log_unexpected,
-    lower_thread_priority,
 )
 from kvviz.core.errors import DownloadCancelled, as_sentence, first_line
 from kvviz.core.records import ModelInfo, RunRequest
@@ -79,14 +78,7 @@ class GenerationWorker(QObject):
         self._play_timer.setSingleShot(True)
         self._play_timer.timeout.connect(self._on_play_tick)
         self._playing = False
-        self.native_thread_id: int | None = None  # the worker thread's OS id, once it has started
         self._compute_threads_set = False
-
-    @Slot()
-    def prepare_thread(self) -> None:
-        """Runs first in the worker thread: below the GUI's priority, before torch starts its threads."""
-        self.native_thread_id = threading.get_native_id()
-        lower_thread_priority()
 
     @property
     def loaded_model(self):

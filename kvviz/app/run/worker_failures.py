@@ -1,35 +1,9 @@
-"""What the worker thread does besides running the engine: it lowers its own priority below the GUI's, checks
-that a model computes in the number type it was loaded in, and says in one sentence why a load or a step
-failed."""
+"""What the worker thread does besides running the engine: it checks that a model computes in the number type it
+was loaded in, and says in one sentence why a load or a step failed."""
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
-
 from kvviz.core.errors import as_sentence, first_line, is_out_of_memory
-
-WORKER_NICENESS = 10  # the model runs this far below the GUI's scheduling priority (Linux)
-
-
-def lower_thread_priority(niceness: int = WORKER_NICENESS) -> bool:
-    """Run the calling thread (and the compute threads torch starts from it, which inherit it) below
-    the GUI: in Linux's idle scheduling class, which yields a core to the GUI thread the moment it
-    wakes (a niced thread still holds it for milliseconds), and `niceness` steps below the process
-    where that class is refused. Linux only; True if done."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        target = os.getpriority(os.PRIO_PROCESS, os.getpid()) + niceness
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, target))
-    except OSError:
-        return False
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
-    except (OSError, AttributeError):
-        pass
-    return True
 
 
 def describe_load_error(source: str, exc: BaseException) -> str:
