@@ -356,9 +356,11 @@ def test_a_damaged_llama_folder_is_one_line(llama_folder, tmp_path, kvviz_cli, d
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_the_fast_decode_step_equals_the_teaching_forward_bit_for_bit(dtype):
-    """llama_fast.decode_one against Llama.forward on one token: logits, cache and attention weights equal bit
-    for bit, with grouped-query, multi-query (and biases) and multi-head attention (and an untied head)."""
+def test_the_fast_file_equals_the_teaching_forward(dtype):
+    """llama_fast.decode_one and llama_fast.forward against Llama.forward on one token: the same greedy token,
+    logits, cache and attention weights within float rounding (the fast file multiplies on other products), with
+    grouped-query, multi-query (and biases) and multi-head attention (and an untied head)."""
+    from kvviz.engine.compare import logit_tolerance
     from kvviz.models import llama_fast
     from kvviz.models.llama import Llama, LlamaConfig
 
@@ -381,10 +383,18 @@ def test_the_fast_decode_step_equals_the_teaching_forward_bit_for_bit(dtype):
                 probes = [PassProbe(cfg.n_layer, record_attention=True) for _ in range(2)]
                 token = ids[position]
                 expected = model(torch.tensor([[token]]), torch.tensor([position]), caches[0], probe=probes[0])[0]
-                got = llama_fast.decode_one(model, token, position, caches[1], probe=probes[1])  # (1, V)
-                assert got.dtype == dtype and torch.equal(got, expected), shape
-                assert all(torch.equal(a, b) for a, b in zip(*(p.attention for p in probes), strict=True))
-        assert torch.equal(*(torch.stack([layer.kv for layer in c.layers]) for c in caches))
+                if position % 2:
+                    got = llama_fast.decode_one(model, token, position, caches[1], probe=probes[1])  # (1, V)
+                else:
+                    got = llama_fast.forward(model, torch.tensor([[token]]), torch.tensor([position]), caches[1],
+                                             probe=probes[1])  # (1, V)
+                tolerance = logit_tolerance(dtype, float(expected.abs().max()))
+                assert got.dtype == dtype and (got.float() - expected.float()).abs().max() <= tolerance, shape
+                assert got.argmax() == expected.argmax(), shape
+                for a, b in zip(*(p.attention for p in probes), strict=True):
+                    assert (a - b).abs().max() <= (1e-2 if dtype != torch.float32 else 1e-5)
+        kv = [torch.stack([layer.kv for layer in c.layers]).float() for c in caches]
+        assert (kv[0] - kv[1]).abs().max() <= (2e-2 if dtype != torch.float32 else 1e-5) * kv[0].abs().max()
 
 
 def test_the_bench_peer_is_transformers_as_from_pretrained_makes_it_in_bfloat16(llama_folder):

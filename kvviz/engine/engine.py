@@ -89,6 +89,15 @@ class Engine:
         return build_cache(self.model.config.cache_layers(policy), capacity, dtype=self.dtype, device=self.device,
                            fault=fault)
 
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None, probe: PassProbe,
+                weights: object = None) -> torch.Tensor:
+        """Logits (B, V) of the last position of each row of `idx` (B, T): through the family's fast file where it
+        has one (every kind of pass on the same products, checked against the teaching file), else the teaching
+        model. `weights` are the fast file's `decode_weights`, gathered once per run."""
+        if self.fast is not None:
+            return self.fast.forward(self.model, idx, positions, kv_cache, weights, probe)
+        return self.model(idx, positions, kv_cache, last_only=True, probe=probe)[:, -1]
+
     def choose(
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
     ) -> tuple[int, tuple[Candidate, ...]]:
@@ -239,8 +248,9 @@ class Engine:
         model = self.model
         n_layer = model.config.n_layer
         tokens = list(plan.prompt_ids)
-        fast = self.fast if use_cache and not plan.policy.lossy else None
+        fast = self.fast
         decode_weights = fast.decode_weights(model) if fast is not None else None
+        one_token_fast = fast is not None and use_cache and not plan.policy.lossy  # decode_one: an exact cache
         uncached = None if use_cache else pass_cache(model.config.cache_layers(plan.policy))
         computed_total = reused_total = without_total = 0
         step = 0
@@ -258,13 +268,13 @@ class Engine:
             probe = PassProbe(n_layer, record_attention, self.before_block)
             attention = None
             started = time.perf_counter()
-            if fast is not None and len(fed) == 1:
+            if one_token_fast and len(fed) == 1:
                 logits = fast.decode_one(model, fed[0], fed_start, cache, decode_weights, probe)[0]  # (V,)
             else:
                 idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
                 positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
                 through = cache if use_cache else uncached  # an uncached pass under a window: masked as it says
-                logits = model(idx, positions, through, last_only=True, probe=probe)[0, -1]  # (V,)
+                logits = self.forward(idx, positions, through, probe, decode_weights)[0]  # (V,)
             if record_attention:
                 attention = _attention_weights(probe.attention, fed_stop)
             if flush:

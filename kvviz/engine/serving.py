@@ -105,11 +105,13 @@ def _passes(engine: Engine, plan: BatchPlan, cache: PagedCache, sampling: Sampli
             bytes_per_position=cache.bytes_per_position, seconds=seconds, final=all(finished),
             finished=tuple(finished))
 
+    weights = engine.fast.decode_weights(engine.model) if engine.fast is not None else None
+
     def forward(rows: list[int], fed: list[list[int]]) -> tuple[torch.Tensor, int]:
         positions = cache.prepare(rows, fed)  # (T,) for one row, (B, T) for several
         idx = torch.tensor(fed, dtype=torch.long, device=engine.device)  # (B, T)
         probe = PassProbe(plan.n_layer, False, engine.before_block)
-        logits = engine.model(idx, positions, cache, last_only=True, probe=probe)[:, -1]  # (B, V)
+        logits = engine.forward(idx, positions, cache, probe, weights)  # (B, V)
         return logits, probe.kv_rows[0]
 
     for request in requests:  # prefills, one request at a time: each finds the prefixes cached before it

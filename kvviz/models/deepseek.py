@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kvviz.cache.attention import attend
@@ -27,8 +28,6 @@ from kvviz.cache.layers import LayerKind
 from kvviz.cache.probe import PassProbe
 from kvviz.core.memory import Architecture
 from kvviz.core.records import CachePolicy
-from kvviz.models.llama import RMSNorm, SwiGLU
-from kvviz.models.products import Linear, tied_head
 
 
 @dataclass(frozen=True)
@@ -121,6 +120,33 @@ PRESETS: dict[str, DeepseekConfig] = {  # for untrained weights (random:<name>)
 }
 
 
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps), scaled per channel; computed in float32 whatever the weights' dtype."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: DeepseekConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
 def rope_pairs(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin (T, dim/2) at `positions` (T,): pair i turns by position * theta^(-2i/dim)."""
     inverse_frequencies = 1.0 / theta ** (torch.arange(0, dim, 2, device=positions.device).float() / dim)
@@ -145,17 +171,17 @@ class LatentAttention(nn.Module):
         self.config = config
         C, nh = config.n_embd, config.n_head
         if config.q_lora_rank:
-            self.q_a_proj = Linear(C, config.q_lora_rank, bias=False)
+            self.q_a_proj = nn.Linear(C, config.q_lora_rank, bias=False)
             self.q_a_layernorm = RMSNorm(config.q_lora_rank, 1e-6)
-            self.q_b_proj = Linear(config.q_lora_rank, nh * config.qk_head_dim, bias=False)
+            self.q_b_proj = nn.Linear(config.q_lora_rank, nh * config.qk_head_dim, bias=False)
         else:
-            self.q_proj = Linear(C, nh * config.qk_head_dim, bias=False)
+            self.q_proj = nn.Linear(C, nh * config.qk_head_dim, bias=False)
         # down: the hidden state to the latent and the shared RoPE key, which the cache keeps
-        self.kv_a_proj_with_mqa = Linear(C, config.kv_lora_rank + config.qk_rope_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(C, config.kv_lora_rank + config.qk_rope_head_dim, bias=False)
         self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, 1e-6)
         # up: the latent to every head's key (without RoPE) and value, rebuilt at every pass
-        self.kv_b_proj = Linear(config.kv_lora_rank, nh * (config.qk_nope_head_dim + config.v_head_dim), bias=False)
-        self.o_proj = Linear(nh * config.v_head_dim, C, bias=False)
+        self.kv_b_proj = nn.Linear(config.kv_lora_rank, nh * (config.qk_nope_head_dim + config.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(nh * config.v_head_dim, C, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: KVCache | None, probe: PassProbe | None = None) -> torch.Tensor:
@@ -215,7 +241,7 @@ class Deepseek(nn.Module):
             layers=nn.ModuleList(DecoderLayer(config, i) for i in range(config.n_layer)),
             norm=RMSNorm(config.n_embd, config.rms_norm_eps),
         ))
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.n_embd, config.vocab_size, bias=False)
 
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """Normal(0, 0.02) weights, unit norms (transformers' initializer_range)."""
@@ -259,7 +285,7 @@ class Deepseek(nn.Module):
                 last_only: bool = False, probe: PassProbe | None = None) -> torch.Tensor:
         """Logits (B, T, V) for `idx` (B, T) at `positions` (T,); with `kv_cache`, attend to cached latents too."""
         x = self.hidden_states(idx, positions, kv_cache, last_only, probe)  # (B, T, C)
-        return tied_head(x.flatten(0, 1), self.head_weight).view(*x.shape[:2], -1)  # (B, T, V)
+        return F.linear(x, self.head_weight)  # (B, T, V)
 
     @property
     def head_weight(self) -> torch.Tensor:

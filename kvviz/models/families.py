@@ -1,9 +1,10 @@
 """The model families kvviz runs, one line each in FAMILIES.
 
-A family is three files: its teaching model (nanoGPT-shaped, what runs when a student steps), its checkpoint
-format (transformers' `config.json` fields and tensor names), and, where there is one, the fast one-token decode
-the engine takes for cached steps, checked bit-equal against the teaching forward. Loading dispatches on the
-checkpoint's `model_type`; the engine on the model's class.
+A family is three files: its teaching model (nanoGPT-shaped, plain torch: the lesson), its checkpoint format
+(transformers' `config.json` fields and tensor names), and, where there is one, its fast file, which runs every
+pass the engine takes (prefill, uncached, one token) on the products that run fast on a CPU, checked against the
+teaching model token for token and logit for logit. Loading dispatches on the checkpoint's `model_type`; the
+engine on the model's class.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from kvviz.models.config_json import read_config, shown
 @dataclass(frozen=True)
 class Family:
     """One model family. `checkpoint` reads and writes its checkpoints (`config_from_json`, `config_to_json`,
-    `normalize_keys`, `infer_config`, `check_config_fits`, `column_major_keys`); `fast` holds `decode_weights`
-    and `decode_one`, or is None and every pass runs the teaching forward."""
+    `normalize_keys`, `infer_config`, `check_config_fits`, `column_major_keys`); `fast` holds `decode_weights`,
+    `forward` and `decode_one`, or is None and every pass runs the teaching forward."""
 
     model_types: tuple[str, ...]  # config.json's model_type values
     title: str  # for messages: "GPT-2"

@@ -1,8 +1,8 @@
 """GPT-2 in one readable file, with explicit positions and an optional KV cache.
 
-This is what runs when a student steps through a prompt (the prefill, every uncached pass); the engine's
-one-token cached steps take the same arithmetic in `gpt2_fast.py`, checked bit-equal against this file.
-How a product runs fast on a CPU (column blocks, packed bfloat16) is `products.py`'s business.
+This is the lesson: plain torch, a module per checkpoint key. The engine runs every pass (prefill, uncached,
+one token) through the same arithmetic in `gpt2_fast.py`, on the products that run fast on a CPU (column blocks,
+packed bfloat16: `products.py`); the tests check it against this file, token for token and logit for logit.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from kvviz.cache.layers import LayerKind, head_layers, head_refusal
 from kvviz.cache.probe import PassProbe
 from kvviz.core.memory import Architecture
 from kvviz.core.records import CachePolicy
-from kvviz.models.products import linear, tied_head
 
 
 @dataclass(frozen=True)
@@ -84,8 +83,7 @@ PRESETS: dict[str, GPTConfig] = {
 
 
 class Conv1D(nn.Module):
-    """Affine map whose weight is (in_features, out_features), as in GPT-2 checkpoints (stored column-major:
-    see `products.column_major`)."""
+    """Affine map whose weight is (in_features, out_features), as in GPT-2 checkpoints."""
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
@@ -93,7 +91,7 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)  # x @ weight + bias
+        return x @ self.weight + self.bias  # (..., out)
 
 
 class CausalSelfAttention(nn.Module):
@@ -221,5 +219,4 @@ class GPT(nn.Module):
         counts the K/V rows each layer projects and records what it is asked to.
         """
         x = self.hidden_states(idx, positions, kv_cache, last_only, probe)  # (B, T, C)
-        logits = tied_head(x.reshape(-1, x.shape[-1]), self.transformer.wte.weight)  # (B*T, V)
-        return logits.view(*x.shape[:-1], -1)  # (B, T, V)
+        return F.linear(x, self.transformer.wte.weight)  # (B, T, V): the head is the token embedding

@@ -1,7 +1,8 @@
 """GPT-2's one-token cached step, fast: the arithmetic of `gpt2.GPT.forward` on a (1, 1) input, written as
 plain tensor calls on weights gathered once per run. At one token, module calls, attribute look-ups and
 shape bookkeeping cost about a fifth of the step on CPU, more than everything but the matrix products.
-The tests check it against the teaching forward bit for bit, in every dtype."""
+`forward` runs every other pass (a prefill, an uncached pass, a batch, a lossy cache) on the same products.
+The tests check both against the teaching forward: the same tokens, logits within float rounding."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from kvviz.cache.attention import attend
 from kvviz.cache.kv_cache import KVCache
 from kvviz.cache.probe import PassProbe, newest_query_weights
 from kvviz.models.gpt2 import GPT
@@ -86,3 +88,37 @@ def decode_one(model: GPT, token: int, position: int, kv_cache: KVCache, weights
     ln_f = model.transformer.ln_f
     x = F.layer_norm(x, (C,), ln_f.weight, ln_f.bias, eps)
     return tied_head(x, wte)  # (1, V)
+
+
+def forward(model: GPT, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
+            weights: list[BlockWeights] | None = None, probe: PassProbe | None = None) -> torch.Tensor:
+    """Logits (B, V) of the last position of each row of `idx` (B, T) at `positions` ((T,), or (B, T) for rows at
+    positions of their own), attending through `kv_cache` (None: causally, over the pass's own rows): any pass the
+    engine runs, prefill, uncached or one token, on the products `decode_one` takes. Equal, within the rounding of
+    another order of sums, to `model(idx, positions, kv_cache, last_only=True, probe=probe)[:, -1]`."""
+    cfg = model.config
+    C, nh, hs, eps = cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.layer_norm_epsilon
+    B, T = idx.shape
+    if int(positions.max()) >= cfg.n_ctx:
+        raise ValueError(f"position {int(positions.max())} is past the context length {cfg.n_ctx}")
+    wte, wpe = model.transformer.wte.weight, model.transformer.wpe.weight
+    x = (wte[idx] + wpe[positions]).reshape(B * T, C)  # (B*T, C)
+    for i, w in enumerate(weights or decode_weights(model)):
+        if probe is not None:
+            probe.entering(i)
+        h = F.layer_norm(x, (C,), w.ln_1_weight, w.ln_1_bias, eps)
+        qkv = project(h, w.attn_weight, w.attn_bias, w.attn_packed)  # (B*T, 3C)
+        if probe is not None:
+            probe.projected(i, B * T)
+        q, k, v = qkv.view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)  # (B, nh, T, hs) each
+        held = None if kv_cache is None else kv_cache.update(i, positions, k, v)
+        if held is not None:
+            k, v = held.keys, held.values  # (B, nh, S, hs)
+        y = attend(q, k, v, held, positions, probe).transpose(1, 2).reshape(B * T, C)  # (B*T, C)
+        x = project(y, w.attn_proj_weight, w.attn_proj_bias, w.attn_proj_packed).add_(x)
+        h = F.layer_norm(x, (C,), w.ln_2_weight, w.ln_2_bias, eps)
+        h = F.gelu(project(h, w.fc_weight, w.fc_bias, w.fc_packed), approximate="tanh")  # (B*T, 4C)
+        x = project(h, w.mlp_proj_weight, w.mlp_proj_bias, w.mlp_proj_packed).add_(x)
+    ln_f = model.transformer.ln_f
+    x = F.layer_norm(x.view(B, T, C)[:, -1], (C,), ln_f.weight, ln_f.bias, eps)  # (B, C): each row's last
+    return tied_head(x, wte)  # (B, V)

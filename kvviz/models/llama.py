@@ -21,7 +21,6 @@ from kvviz.cache.layers import Held, LayerKind, head_layers, head_refusal
 from kvviz.cache.probe import PassProbe
 from kvviz.core.memory import Architecture
 from kvviz.core.records import CachePolicy
-from kvviz.models.products import Linear, tied_head
 
 
 @dataclass(frozen=True)
@@ -152,10 +151,10 @@ class Attention(nn.Module):
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         self.rope_theta = config.rope_theta
         C, hd, bias = config.n_embd, config.head_dim, config.qkv_bias
-        self.q_proj = Linear(C, config.n_head * hd, bias=bias)
-        self.k_proj = Linear(C, config.n_kv_head * hd, bias=bias)
-        self.v_proj = Linear(C, config.n_kv_head * hd, bias=bias)
-        self.o_proj = Linear(config.n_head * hd, C, bias=config.o_bias)
+        self.q_proj = nn.Linear(C, config.n_head * hd, bias=bias)
+        self.k_proj = nn.Linear(C, config.n_kv_head * hd, bias=bias)
+        self.v_proj = nn.Linear(C, config.n_kv_head * hd, bias=bias)
+        self.o_proj = nn.Linear(config.n_head * hd, C, bias=config.o_bias)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: KVCache | None, probe: PassProbe | None = None) -> torch.Tensor:
@@ -194,9 +193,9 @@ class SwiGLU(nn.Module):
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.gate_proj = Linear(config.n_embd, config.intermediate_size, bias=False)
-        self.up_proj = Linear(config.n_embd, config.intermediate_size, bias=False)
-        self.down_proj = Linear(config.intermediate_size, config.n_embd, bias=False)
+        self.gate_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.n_embd, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -230,7 +229,7 @@ class Llama(nn.Module):
             layers=nn.ModuleList(DecoderLayer(config, i) for i in range(config.n_layer)),
             norm=RMSNorm(config.n_embd, config.rms_norm_eps),
         ))
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.n_embd, config.vocab_size, bias=False)
 
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """Normal(0, 0.02) weights, zero biases, unit norms (transformers' initializer_range)."""
@@ -278,7 +277,7 @@ class Llama(nn.Module):
         """Logits (B, T, V) for `idx` (B, T) at `positions` (T,), or (B, T) for rows at different positions; with
         `kv_cache`, attend to cached keys too."""
         x = self.hidden_states(idx, positions, kv_cache, last_only, probe)  # (B, T, C)
-        return tied_head(x.flatten(0, 1), self.head_weight).view(*x.shape[:2], -1)  # (B, T, V)
+        return F.linear(x, self.head_weight)  # (B, T, V)
 
     @property
     def head_weight(self) -> torch.Tensor:

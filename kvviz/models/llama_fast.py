@@ -1,7 +1,8 @@
 """The Llama family's one-token cached step, fast: the arithmetic of `llama.Llama.forward` on a (1, 1) input,
 written as plain tensor calls on weights gathered once per run, with RoPE's angles computed once per step
 instead of once per layer and the query heads reading their group's K/V in place (no repeated copy).
-The tests check it against the teaching forward bit for bit, in every dtype."""
+`forward` runs every other pass (a prefill, an uncached pass, a batch, a lossy cache) on the same products.
+The tests check both against the teaching forward: the same tokens, logits within float rounding."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from kvviz.cache.attention import attend
 from kvviz.cache.kv_cache import KVCache
 from kvviz.cache.probe import PassProbe, newest_query_weights
 from kvviz.models.llama import Llama, rope_angles, rotate
@@ -92,3 +94,47 @@ def decode_one(model: Llama, token: int, position: int, kv_cache: KVCache, weigh
         x = x + w.down(F.silu(w.gate(h)) * w.up(h))
     x = rms_norm(x, model.model.norm.weight, eps)
     return tied_head(x, model.head_weight)  # (1, V)
+
+
+def forward(model: Llama, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
+            weights: list[LayerWeights] | None = None, probe: PassProbe | None = None) -> torch.Tensor:
+    """Logits (B, V) of the last position of each row of `idx` (B, T) at `positions` ((T,), or (B, T) for rows at
+    positions of their own), attending through `kv_cache` (None: causally, over the pass's own rows): any pass the
+    engine runs, prefill, uncached or one token, on the products `decode_one` takes. Equal, within the rounding of
+    another order of sums, to `model(idx, positions, kv_cache, last_only=True, probe=probe)[:, -1]`."""
+    cfg = model.config
+    nh, nkv, hd, eps = cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rms_norm_eps
+    B, T = idx.shape
+    streaming = kv_cache is not None and kv_cache.streams  # positions count within the cache
+    if int(positions.max()) >= cfg.n_ctx and not streaming:
+        raise ValueError(f"position {int(positions.max())} is past the context length {cfg.n_ctx}")
+    embeddings = model.model.embed_tokens.weight
+    cos, sin = rope_angles(positions.flatten(), hd, cfg.rope_theta, embeddings.dtype)  # (B*T or T, hd)
+    if positions.dim() == 2:  # a position per row of a batch: (B, 1, T, hd), every head alike
+        cos, sin = cos.view(B, 1, T, hd), sin.view(B, 1, T, hd)
+    x = embeddings[idx].reshape(B * T, -1)  # (B*T, C)
+    group = nh // nkv
+    for i, w in enumerate(weights or decode_weights(model)):
+        if probe is not None:
+            probe.entering(i)
+        h = rms_norm(x, w.input_norm, eps)
+        q_here = w.q(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        q = rotate(q_here, cos, sin)
+        k = rotate(w.k(h).view(B, T, nkv, hd).transpose(1, 2), cos, sin)  # (B, nkv, T, hd)
+        v = w.v(h).view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        if probe is not None:
+            probe.projected(i, B * T)
+        held = None if kv_cache is None else kv_cache.update(i, positions, k, v)
+        if held is not None:
+            k, v = held.keys, held.values  # (B, nkv, S, hd)
+        turned = None
+        if held is not None and held.sinks:  # StreamingLLM: the sinks' scores from the query's place in the cache
+            within = positions.clamp(max=held.sinks + held.window - 1)
+            turned = rotate(q_here, *rope_angles(within, hd, cfg.rope_theta, q.dtype))
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, nh, S, hd)
+        y = attend(q, k, v, held, positions, probe, turned).transpose(1, 2).reshape(B * T, nh * hd)
+        x = x + w.o(y)
+        h = rms_norm(x, w.post_norm, eps)
+        x = x + w.down(F.silu(w.gate(h)) * w.up(h))
+    x = rms_norm(x.view(B, T, -1)[:, -1], model.model.norm.weight, eps)  # (B, C): each row's last
+    return tied_head(x, model.head_weight)  # (B, V)
