@@ -491,3 +491,11 @@ def test_an_internal_error_is_one_line_pointing_at_its_traceback_in_the_log(tmp_
     text = log.read_text(encoding="utf-8")
     assert "kvviz count --prompt-tokens 3 --new-tokens 12" in text and "ZeroDivisionError" in text
     assert "Traceback (most recent call last)" in text
+
+
+def test_help_names_the_log_file(tmp_path, monkeypatch, kvviz_cli):
+    log = tmp_path / "elsewhere" / "kvviz.log"
+    monkeypatch.setenv("KVVIZ_LOG", str(log))
+    done = kvviz_cli("--help")
+    assert done.returncode == 0
+    assert str(log) in done.stdout.split()  # whole, on one line, so that it can be copied

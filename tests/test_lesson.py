@@ -1,5 +1,5 @@
 """Lessons (kvviz.lessons.lesson): the built-in lesson, one-line errors for every malformed file, answers measured
-from real records equal to hand counts, and the README's example lesson, parsed and exported."""
+from real records equal to hand counts, and the example lesson of docs/lessons.md, parsed and exported."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from helpers_checkpoints import plan_ids, save_kvviz_folder, tiny_kvviz_model
 from kvviz.engine.engine import Engine
 from kvviz.lessons.lesson import QUESTIONS, LessonError, format_answer, load_lesson, measured_answer, parse_lesson
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+LESSON_DOC = Path(__file__).resolve().parents[1] / "docs" / "lessons.md"
 SOURCE = "my-lesson.toml"
 STEP = """
 [[step]]
@@ -25,10 +25,10 @@ max_new_tokens = 4
 """
 
 
-def readme_example() -> str:
-    """The ```toml block after `<!-- lesson:example -->` in the README."""
-    match = re.search(r"<!-- lesson:example -->\s*```toml\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
-    assert match, "the README's Lessons section lost its example lesson"
+def documented_example() -> str:
+    """The ```toml block after `<!-- lesson:example -->` in docs/lessons.md."""
+    match = re.search(r"<!-- lesson:example -->\s*```toml\n(.*?)```", LESSON_DOC.read_text(encoding="utf-8"), re.DOTALL)
+    assert match, "docs/lessons.md lost its example lesson"
     return match.group(1)
 
 
@@ -154,8 +154,8 @@ def test_a_missing_file_and_a_lesson_without_steps_are_one_line(tmp_path):
         parse_lesson(STEP, SOURCE)
 
 
-def test_the_readme_example_parses():
-    lesson = parse_lesson(readme_example(), "README.md")
+def test_the_documented_example_parses():
+    lesson = parse_lesson(documented_example(), "docs/lessons.md")
     assert len(lesson.steps) == 3
     assert [step.cache for step in lesson.steps] == [False, True, "compare"]
     assert [step.question for step in lesson.steps] == ["next_kv_without_cache", "avoided_after_next", None]
@@ -212,14 +212,14 @@ def test_measured_answers_equal_hand_counts(engine):
     assert format_answer("cache_bytes_after_next", 15 * per_position) == f"{15 * per_position:,} bytes"
 
 
-# ----- the README's example, exported with the command line -----
+# ----- the documented example, exported with the command line -----
 
 
-def test_the_readme_example_exports_with_the_cli(qtbot, tmp_path, capsys):
+def test_the_documented_example_exports_with_the_cli(qtbot, tmp_path, capsys):
     from kvviz.cli.commands import main
 
     lesson_file = tmp_path / "example.toml"
-    lesson_file.write_text(readme_example(), encoding="utf-8")
+    lesson_file.write_text(documented_example(), encoding="utf-8")
     model = save_kvviz_folder(tmp_path / "tiny", n_layer=2, n_head=2, n_embd=32, n_ctx=64)
     out = tmp_path / "slides"
     assert main(["lesson", "--file", str(lesson_file), "--export", str(out), "--model", str(model),

@@ -105,9 +105,9 @@ def _bench_sweep(args: argparse.Namespace) -> int:
 
 
 def _run_in_the_background() -> None:
-    """This process, and the threads it starts, in Linux's idle scheduling class at the lowest priority, as the
-    app's worker runs: a sweep started by the app shares the machine with the window's runs, never starves
-    them. Elsewhere (or where refused) the lowest niceness only."""
+    """This process, and the threads it starts, in Linux's idle scheduling class at the lowest priority, below the
+    app's worker: a sweep started by the app measures in the background and never takes a core from the window's
+    runs (it is also paused while they compute). Elsewhere (or where refused) the lowest niceness only."""
     try:
         os.nice(19)
     except (AttributeError, OSError):

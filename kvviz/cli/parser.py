@@ -64,6 +64,17 @@ class OutputError(KvvizError):
     """Standard output is closed or cannot take more (a full disk, /dev/full): one line, exit status 2."""
 
 
+class WholePathsFormatter(argparse.HelpFormatter):
+    """argparse's help, wrapped without breaking a word at its hyphens: a path such as the log file's stays whole,
+    so that it can be copied."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False, break_long_words=False)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line on stderr and exits with status 2."""
 
@@ -118,12 +129,17 @@ def _add_sampling(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from kvviz.core.counting import MAX_COUNT
+    from kvviz.core.errors import visible
+    from kvviz.core.log import log_path
     from kvviz.lessons.lesson import BUILTIN_LESSONS
 
     parser = OneLineParser(
         prog="kvviz",
         description="See the KV cache of a GPT at work. With no command, opens the desktop app.",
-        epilog="Run 'kvviz COMMAND --help' for the options of a command.",
+        formatter_class=WholePathsFormatter,
+        epilog=("Run 'kvviz COMMAND --help' for the options of a command. An error that is kvviz's own fault "
+                f"leaves its traceback in {visible(str(log_path()))} ($KVVIZ_LOG names another file): attach it "
+                "to a bug report."),
     )
     parser.add_argument("--version", action="version", version=f"kvviz {_version()}")
     parser.add_argument("--model", dest="gui_model", type=_no_nul, default=None, metavar="M",
@@ -310,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("lesson", help="list a lesson's steps, or export it as slides (PNG, PDF)",
                             description="A lesson is a TOML file of steps, each a state of the app with a title, "
-                                        "a text and perhaps a question to predict (see the README, Lessons). "
+                                        "a text and perhaps a question to predict (see docs/lessons.md). "
                                         "--list prints its steps; --export writes one 16:9 image per slide (a "
                                         "question makes two: the question, then its measured answer) and one PDF "
                                         "deck with a page per slide.")
