@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -742,13 +740,6 @@ def test_parse_formats_one_parser_for_text_and_lists():
     assert isinstance(info.value, KvvizError)
     with pytest.raises(ExportError, match="no image format"):
         parse_formats(" , ")
-
-
-def test_importing_the_package_loads_no_torch():
-    code = "import sys, kvviz.app.export; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
-    assert out.stdout.strip() == "False"
 
 
 # ----- headless -----

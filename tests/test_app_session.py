@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -72,18 +71,6 @@ def test_a_request_the_model_cannot_run_fails_before_the_views_reset(qtbot, tmp_
     assert "outside the model's vocabulary" in failed.args[0] and failed.args[0].startswith("Prompt token")
     assert win.banner.isVisible() and "vocabulary" in win.banner.text()
     assert not win.controls.step_button.isEnabled()
-
-
-def test_worker_restores_the_gil_switch_interval_when_it_stops(qtbot):
-    from kvviz.app.run.controller import WorkerController
-    from kvviz.app.run.shared_interpreter import GIL_SWITCH_INTERVAL_S
-
-    before = sys.getswitchinterval()
-    assert before > GIL_SWITCH_INTERVAL_S  # Python's default, 5 ms
-    controller = WorkerController()
-    assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)
-    assert controller.stop(5000)
-    assert sys.getswitchinterval() == pytest.approx(before)
 
 
 def test_chart_frame_holds_the_with_cache_point_of_a_one_token_run(qtbot, app_model):
@@ -180,8 +167,6 @@ def test_garbage_is_collected_on_the_gui_thread_while_a_worker_exists(qtbot):
     finally:
         assert controller.stop(5000)
     assert gc.isenabled()
-
-
 
 
 def test_step_pressed_right_after_play_pauses_it(qtbot, open_window, app_model):

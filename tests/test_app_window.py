@@ -177,18 +177,6 @@ def test_the_run_plays_on_while_other_programs_keep_every_core_busy(qtbot, windo
             process.wait()
 
 
-def test_redraw_slices_take_the_gil_back_quickly(qtbot, window):
-    from kvviz.app.run.shared_interpreter import GIL_DRAWING_SWITCH_INTERVAL_S, GIL_SWITCH_INTERVAL_S
-
-    seen = []
-    refresh = window.grid.refresh
-    window.grid.refresh = lambda: (seen.append(sys.getswitchinterval()), refresh())
-    press(qtbot, window, Qt.Key.Key_Space)
-    qtbot.waitUntil(lambda: bool(seen) and not window.scheduler.pending, timeout=30_000)
-    assert seen and all(interval == pytest.approx(GIL_DRAWING_SWITCH_INTERVAL_S) for interval in seen)
-    assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)  # and back after the slice
-
-
 def test_steps_of_a_run_move_nothing_around_the_views(qtbot, window):
     """New numbers and captions change their labels only: nothing around them moves or changes its size (a
     label that grew resized, and fully repainted, the plots beside it)."""

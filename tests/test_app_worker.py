@@ -16,14 +16,6 @@ from kvviz.app.run.worker_failures import describe_load_error
 from kvviz.app.settings import app_settings
 
 
-def test_gui_modules_do_not_import_torch():
-    code = ("import sys, kvviz.app, kvviz.app.window.main_window, kvviz.app.gui_bench; "
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={"QT_QPA_PLATFORM": "offscreen", "PATH": ""})
-    assert result.returncode == 0, result.stderr
-
-
 def test_error_sentences():
     from kvviz.sources.weights import ModelLoadError
 

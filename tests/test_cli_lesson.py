@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from io import StringIO
 from pathlib import Path
 from unittest import mock
@@ -99,13 +97,6 @@ def test_list_prints_a_row_per_step(capsys, tmp_path):
     assert main(["lesson", "--list", "--file", str(path)]) == 0
     assert capsys.readouterr().out.splitlines() == [f"Mine ({path}): 1 step, 0 questions, 1 slide",
                                                    "  1  Only  question: none"]
-
-
-def test_list_loads_no_model():
-    code = ("import sys; from kvviz.cli.commands import main; status = main(['lesson', '--list', '--json']); "
-            "print(status, 'torch' in sys.modules, 'PySide6' in sys.modules, file=sys.stderr)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
-    assert result.stderr.split() == ["0", "False", "False"], result.stderr
 
 
 # ----- --export -----
@@ -396,8 +387,6 @@ def test_no_slide_carries_an_app_instruction(builtin_texts):
         assert not said, (number, said)
     first = " ".join(t.text for t in builtin_texts[0])
     assert "tokens ready" in first  # the grid's caption before the first step is there, without a key
-
-
 
 
 def test_the_builtin_lesson_exports_on_the_embedded_model(builtin_deck):

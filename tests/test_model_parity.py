@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import gc
-import weakref
-
 import pytest
 import torch
-from helpers_checkpoints import HELLO_IDS, gpt2_config, save_hub_file, save_transformers_folder, tiny_kvviz_model
+from helpers_checkpoints import HELLO_IDS, gpt2_config, save_transformers_folder, tiny_kvviz_model
 
 from kvviz.cache.kv_cache import full_cache
 from kvviz.cache.probe import PassProbe
@@ -181,22 +178,6 @@ def _conv1d_weights(model) -> list[torch.Tensor]:
     return [m.weight for m in model.modules() if type(m).__name__ == "Conv1D"]
 
 
-def test_projection_weights_are_column_major_however_the_model_is_made(tmp_path):
-    """Every Conv1D weight (in, out) is stored as an (out, in) matrix, whose row blocks the float32 product
-    spreads over threads: from a checkpoint folder, a hub file, a random preset, and in bfloat16."""
-    save_transformers_folder(tmp_path / "ckpt", gpt2_config(n_layer=2, n_head=2, n_embd=32), seed=2)
-    hf_model = save_transformers_folder(tmp_path / "h", gpt2_config(n_layer=2, n_head=2, n_embd=128), seed=3)
-    hub_file = save_hub_file(tmp_path / "hub" / "model.safetensors", hf_model)  # 128 wide: 2 heads of 64
-    models = [load_model(str(tmp_path / "ckpt")).model, load_model(str(hub_file)).model,
-              load_model("random:kvviz-shakespeare").model,
-              load_model("random:kvviz-shakespeare", dtype=torch.bfloat16).model]
-    for model in models:
-        weights = _conv1d_weights(model)
-        assert len(weights) == 4 * model.config.n_layer
-        for weight in weights:
-            assert not weight.is_contiguous() and weight.t().is_contiguous(), weight.shape
-
-
 def test_random_weights_do_not_depend_on_the_layout():
     """The seed gives the same weights as when Conv1D weights were row-major: values read off that build."""
     model = load_model("random:kvviz-shakespeare").model
@@ -228,51 +209,3 @@ def _packs_bfloat16() -> bool:
     from kvviz.models.products import pack_for_cpu
 
     return pack_for_cpu(torch.zeros(16, 16, dtype=torch.bfloat16)) is not None
-
-
-@pytest.mark.skipif(not _packs_bfloat16(), reason="this CPU has no oneDNN bfloat16 products")
-def test_bfloat16_inference_multiplies_packed_copies_and_releases_them():
-    """In bfloat16, inference multiplies by oneDNN's packed copies (a one-row product on the plain matrix
-    runs at about half the memory rate); the logits stay within bfloat16 rounding of the plain products,
-    training ignores the copies, and a copy goes with the model it was made for."""
-    from kvviz.models.products import packed_copy
-
-    model = load_model("random:kvviz-shakespeare", dtype=torch.bfloat16).model
-    ids = torch.tensor([HELLO_IDS])
-    with torch.inference_mode():
-        packed_logits = model(ids)
-    conv = model.blocks[0].attn.c_attn
-    copy = packed_copy(conv.weight)
-    assert copy is not None and copy.is_mkldnn and packed_copy(conv.weight) is copy  # made once
-    kept = weakref.ref(copy)
-    del copy
-    with torch.inference_mode():
-        x = torch.randn(3, conv.weight.shape[0], dtype=torch.bfloat16)
-        plain = torch.addmm(conv.bias, x, conv.weight)
-        assert (conv(x).float() - plain.float()).abs().max().item() <= 1e-2 * plain.float().abs().max().item()
-        assert torch.equal(model(ids), packed_logits)  # the same packed copies, the same products
-    with torch.enable_grad():
-        loss = model(ids).float().logsumexp(-1).sum()
-        loss.backward()
-    assert conv.weight.grad is not None
-    del model, conv, loss
-    gc.collect()
-    assert kept() is None
-
-
-def test_without_onednn_bfloat16_falls_back_to_plain_products(monkeypatch):
-    """Where torch lacks oneDNN's private bfloat16 ops (other builds, other versions), inference takes the
-    plain products: no packed copy, and the decode step still equals forward bit for bit."""
-    from kvviz.models import products
-
-    monkeypatch.setattr(products, "_PACKS_BFLOAT16", [False])  # what _cpu_packs_bfloat16 finds without the ops
-    model = load_model("random:kvviz-shakespeare", dtype=torch.bfloat16).model
-    assert products.packed_copy(model.blocks[0].attn.c_attn.weight) is None
-    cfg, ids = model.config, HELLO_IDS + [257, 1310]
-    caches = [full_cache(cfg.n_layer, cfg.n_head, cfg.head_dim, len(ids), dtype=torch.bfloat16) for _ in range(2)]
-    with torch.inference_mode():
-        for cache in caches:
-            model(torch.tensor([ids[:2]]), torch.arange(2), cache)
-        for pos in range(2, len(ids)):
-            reference = model(torch.tensor([[ids[pos]]]), torch.tensor([pos]), caches[0])[0]  # (1, V)
-            assert torch.equal(gpt2_fast.decode_one(model, ids[pos], pos, caches[1]), reference)
