@@ -25,6 +25,7 @@ from kvviz.app.window.lesson_slot import NO_LESSON, LessonSlot
 from kvviz.app.window.loading import LoadingIndicator
 from kvviz.app.window.model_picker import ModelPicker, source_label
 from kvviz.app.window.presentation import Presentation, fit_to_screen
+from kvviz.app.window.run_mode import Mode, RunMode
 from kvviz.app.window.serving_mode import ServingMode
 from kvviz.app.window.speed_panel import SpeedPanel
 from kvviz.app.window.window_state import restore_window, save_window
@@ -78,6 +79,8 @@ class MainWindow(QMainWindow):
         self.presentation = Presentation(self, (*views, self.speed.view), chrome)
         self.serving = ServingMode(self, self.workspace, BatchSession(self.session.controller, self),
                                    self.banner.say, self.controls.set_state)  # View > Serving: a batch, paged
+        self.run_mode = RunMode(self)
+        self.mode: Mode = self.run_mode  # what Step, Play, Reset and Export drive: the run, or serving
         self.presentation.add_view(self.workspace.serving)
         self.workspace.serving.on_built(lambda page: self.presentation.add_chrome(page.inputs))
         self.copier = ImageCopier(self, self.workspace)  # Ctrl+Shift+C, and "Copy image" on the plots
@@ -109,9 +112,9 @@ class MainWindow(QMainWindow):
         s.state_changed.connect(self._show_staleness)
         s.state_changed.connect(self._pause_the_sweep_while_busy)
         s.record_computed.connect(lambda _record: self._pause_the_sweep_while_busy())
-        c.step_clicked.connect(lambda: self.serving.step() if self.serving.active else s.step())
+        c.step_clicked.connect(lambda: self.mode.step())
         c.play_clicked.connect(self.toggle_play)
-        c.reset_clicked.connect(lambda: self.serving.run() if self.serving.active else self.reset_run())
+        c.reset_clicked.connect(lambda: self.mode.reset())
         c.prompt_entered.connect(self._on_prompt_entered)
         c.request_changed.connect(lambda: self.reset_run(replay_to=s.steps_target))
         c.speed_changed.connect(self._on_speed_changed)
@@ -174,18 +177,15 @@ class MainWindow(QMainWindow):
         self.session.start_run(self.controls.request(), replay_to)
 
     def toggle_play(self) -> None:
-        if self.serving.active:
-            self.serving.toggle_play(self.controls.interval_ms())
-        else:
-            self.session.toggle_play(self.controls.interval_ms())
+        self.mode.toggle_play(self.controls.interval_ms())
 
     def serving_toggled(self, on: bool) -> None:
         """View > Serving: the batch of prompts in place of the run's views; the run pauses meanwhile."""
         if on:
             self.session.pause()
+        self.mode = self.serving if on else self.run_mode
         self.serving.set_active(on)
-        if not on:
-            self._show_run_state()
+        self.mode.show_state()
 
     def _on_run_refused(self, message: str, request) -> None:
         """A setting the model cannot take: said in the banner, and every control and checkmark shows the run that
@@ -219,10 +219,8 @@ class MainWindow(QMainWindow):
         self.workspace.stale_cover.say(text)
 
     def _show_run_state(self) -> None:
-        """The run controls' Step, Play and Reset as the single run allows (serving mode shows the batch's)."""
-        s = self.session
-        if not self.serving.active:
-            self.controls.set_state(s.can_step, s.playing, s.can_reset)
+        """The run controls' Step, Play and Reset as the mode that is on allows."""
+        self.mode.show_state()
 
     def _on_run_started(self, plan: RunPlan) -> None:
         self.banner.say("")
@@ -316,13 +314,8 @@ class MainWindow(QMainWindow):
         return self.workspace.export_targets()
 
     def export(self) -> None:
-        if self.serving.active:
-            self.serving.export(self.status)
-            return
-        from kvviz.app.export import export_from_window
-
-        export_from_window(self, self.session, self.status, self.export_targets, self.controls.prompt_edit.text(),
-                           self.redraw)
+        """File > Export...: what the mode that is on shows."""
+        self.mode.export(self.status)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self._initial_source = None  # a window closed before its first load never starts one
@@ -338,16 +331,16 @@ class MainWindow(QMainWindow):
 
 def action_slots(w: MainWindow) -> dict[str, Callable]:
     """What each action of actions.ACTIONS does in `w`."""
-    s, c, p = w.session, w.controls, w.presentation
+    c, p = w.controls, w.presentation
     return {
         "open_file": lambda: w.picker.open_checkpoint(False),
         "open_folder": lambda: w.picker.open_checkpoint(True),
         "choose_model": w.picker.pop_up, "export": w.export, "quit": w.close,
         "copy_image": w.copier.copy_chart,
-        "step": lambda: w.serving.step() if w.serving.active else s.step(), "play": w.toggle_play,
+        "step": lambda: w.mode.step(), "play": w.toggle_play,
         "faster": lambda: c.change_speed(+1),
         "slower": lambda: c.change_speed(-1),
-        "reset": lambda: w.serving.run() if w.serving.active else w.reset_run(),
+        "reset": lambda: w.mode.reset(),
         "toggle_cache": c.cache_check.toggle,
         "edit_prompt": c.focus_prompt, "escape": w.escape, "presenter": p.set_presenter,
         "lesson": lambda on: w.lesson.set_active(on),

@@ -29,7 +29,7 @@ class ServingMode:
         batch.computed.connect(self._on_computed)
         batch.measured.connect(lambda speed: self._view().show_speed(speed))
         batch.failed.connect(lambda message: say(message, alert=True))
-        batch.state_changed.connect(self._show_state)
+        batch.state_changed.connect(self.show_state)
         window.session.model_loaded.connect(self._on_model_loaded)
 
     def _view(self) -> ServingView:
@@ -50,7 +50,7 @@ class ServingMode:
             return
         if self.batch.plan is None and not self.batch.records:
             self.run()
-        self._show_state()
+        self.show_state()
         self._show_status()
         self.workspace.focus_grid()
 
@@ -100,6 +100,10 @@ class ServingMode:
     def toggle_play(self, interval_ms: int = 300) -> None:
         self.batch.toggle_play(max(interval_ms, 150))
 
+    def reset(self) -> None:
+        """Reset: the batch planned anew from the page's inputs."""
+        self.run()
+
     def _on_computed(self, record) -> None:
         view = self._view()
         view.apply([record])
@@ -126,7 +130,7 @@ class ServingMode:
         self.window.status.show_message(f"{plan.model_name} \u00b7 serving {len(plan.requests)} requests \u00b7 "
                                         f"pass {done}/{plan.passes} \u00b7 {state}")
 
-    def _show_state(self) -> None:
+    def show_state(self) -> None:
         if self.active:
             self._show_controls(self.batch.can_step, self.batch.playing, True)
 
