@@ -16,6 +16,23 @@ from kvviz.app.run.worker_failures import describe_load_error
 from kvviz.app.settings import app_settings
 
 
+def test_the_window_is_on_screen_before_torch_is_imported(tmp_path):
+    """Importing torch takes seconds: the window shows first (the model loads on the worker thread after)."""
+    code = ("import sys\n"
+            "from PySide6.QtWidgets import QApplication\n"
+            "app = QApplication([])\n"
+            "from kvviz.app.assembly import open_window\n"
+            "window = open_window(lesson='')\n"
+            "window.show()\n"
+            "app.processEvents()\n"
+            "status = 2 if not window.isVisible() else 1 if 'torch' in sys.modules else 0\n"
+            "window.close()\n"
+            "sys.exit(status)\n")
+    env = {"QT_QPA_PLATFORM": "offscreen", "PATH": "", "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+
+
 def test_error_sentences():
     from kvviz.sources.weights import ModelLoadError
 

@@ -43,11 +43,6 @@ class LayerKind:
     rank: int = 0  # "latent": the latent's width ...
     rope_dim: int = 0  # ... and the shared RoPE key's
 
-    @property
-    def limit(self) -> int:
-        """The most positions the layer holds at once (0: no bound)."""
-        return self.sinks + self.window if self.kind == "window" else 0
-
 
 class LayerCache:
     """The contract of a layer's cache. `length` counts the positions fed so far (the next one is `length`);

@@ -127,10 +127,7 @@ def forward(model: Llama, idx: torch.Tensor, positions: torch.Tensor, kv_cache: 
         held = None if kv_cache is None else kv_cache.update(i, positions, k, v)
         if held is not None:
             k, v = held.keys, held.values  # (B, nkv, S, hd)
-        turned = None
-        if held is not None and held.sinks:  # StreamingLLM: the sinks' scores from the query's place in the cache
-            within = positions.clamp(max=held.sinks + held.window - 1)
-            turned = rotate(q_here, *rope_angles(within, hd, cfg.rope_theta, q.dtype))
+        turned = model.blocks[i].self_attn.turned_for_sinks(q_here, positions, held)  # StreamingLLM, or None
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, nh, S, hd)
         y = attend(q, k, v, held, positions, probe, turned).transpose(1, 2).reshape(B * T, nh * hd)
         x = x + w.o(y)
