@@ -168,3 +168,29 @@ def test_the_attention_view_exports_as_stills_and_as_an_animation(qtbot, engine,
     paths = write_animation(source, "attention", [tmp_path / "attention.gif"], AnimationSpec(1, len(records), 2.0, 0.0,
                                                                                               320))
     assert paths == [tmp_path / "attention.gif"] and paths[0].read_bytes().startswith(b"GIF8")
+
+
+def test_the_heading_keeps_a_reading_pace_while_records_pour_in_and_always_ends_on_the_last(qtbot, engine):
+    """Records redrawn as fast as they come: the heading changes a few times a second at most (nobody reads
+    faster), shows the last query once the records stop, and a layer chosen shows its heading at once."""
+    plan = replace(plan_ids(engine, engine.encode_prompt(PROMPT), 40, True, prompt=PROMPT), attention=True)
+    records = [replace(r, attention=_weights(plan.n_layer, plan.n_head, r.fed_stop, seed=r.step))
+               for r in engine.run(plan)]
+    view = AttentionView()
+    qtbot.addWidget(view)
+    view.reset(plan)
+    headings = []
+    view.heading.setText = lambda text, original=view.heading.setText: (headings.append(text), original(text))
+    for record in records:  # 41 redraws within a few ms
+        view.apply([record])
+        view.refresh()
+    assert len(headings) <= 2  # the first at once, the rest waits for the pace
+    last_query = f"(position {records[-1].fed_stop - 1})"
+    qtbot.waitUntil(lambda: last_query in headings[-1], timeout=2_000)  # the last state, once the pace allows
+    assert len(headings) <= 3
+    for record in records[-3:]:  # a few more redraws, the last of them held back by the pace
+        view.apply([record])
+        view.refresh()
+    layer = plan.n_layer - 1
+    view.set_layer(layer)
+    assert headings[-1].startswith(f"<b>Attention, layer {layer}</b>") and last_query in headings[-1]  # at once

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers_process import ctrl_c_as_on_a_terminal
 from helpers_qt import download_until_cancelled
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QTextDocument
@@ -256,7 +257,8 @@ def test_a_stop_signal_quits_like_ctrl_q(tmp_path, app_model, state, signum):
     args = [sys.executable, "-c", LAUNCHER, state, "--prompt", "Stop test"]
     if app_model is not None:
         args += ["--model", app_model]
-    proc = subprocess.Popen(args, env=gui_env(tmp_path), stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc = subprocess.Popen(args, env=gui_env(tmp_path), stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=ctrl_c_as_on_a_terminal)
     lines: list[str] = []
     ready = threading.Event()
 

@@ -16,7 +16,7 @@ def test_the_serving_view_steps_a_shared_prefix_batch_by_clicker_and_exports(win
     qtbot.waitUntil(lambda: mode.batch.plan is not None, timeout=30_000)
     plan = mode.batch.plan
     assert len(plan.requests) == 4 and plan.block_size == 8
-    with qtbot.waitSignal(mode.batch.measured, timeout=60_000) as measured:
+    with qtbot.waitSignal(mode.batch.run_measured, timeout=60_000) as measured:
         for n in range(plan.passes):
             qtbot.keyClick(window, Qt.Key.Key_PageDown)  # a presenter's clicker
             qtbot.waitUntil(lambda n=n: len(mode.batch.records) > n, timeout=30_000)
@@ -94,21 +94,25 @@ def test_the_paging_lesson_reveals_the_blocks_measured_and_leaving_it_brings_the
         win.close()
 
 
-def test_every_press_during_a_pass_gets_its_pass(window, qtbot, monkeypatch):
-    """Five presses of Space while the first pass computes give five passes, in turn (one was counted)."""
+def test_every_press_during_a_pass_gets_its_pass_and_none_goes_past_the_last(window, qtbot):
+    """Space pressed faster than the passes compute: each press is one pass, in turn, as a run's Step is one token
+    (the same session protocol); presses past the batch's last pass ask for nothing."""
     qtbot.keyClick(window, Qt.Key.Key_B, Qt.KeyboardModifier.ShiftModifier)  # View > Serving
     batch = window.serving.batch
     qtbot.waitUntil(lambda: batch.plan is not None, timeout=30_000)
-    asked = []
-    ask = batch.controller.step_batch
-    monkeypatch.setattr(batch.controller, "step_batch", lambda: asked.append(len(batch.records)))
-    for _ in range(5):  # the worker is held: every press lands while the first pass is on its way
+    for _ in range(5):  # all five before the first pass can have arrived
         qtbot.keyClick(window, Qt.Key.Key_Space)
-    assert asked == [0]  # one pass asked for at a time
-    monkeypatch.setattr(batch.controller, "step_batch", lambda: (asked.append(len(batch.records)), ask()))
-    ask()
     qtbot.waitUntil(lambda: len(batch.records) == 5, timeout=60_000)
-    assert asked == [0, 1, 2, 3, 4]  # each next pass asked for as the one before arrived, and no sixth
+    with qtbot.assertNotEmitted(batch.record_computed, wait=300):
+        pass  # no sixth
+    assert [r.step for r in batch.records] == [0, 1, 2, 3, 4]
+    passes = batch.plan.passes
+    for _ in range(passes + 3):
+        qtbot.keyClick(window, Qt.Key.Key_Space)
+    qtbot.waitUntil(lambda: batch.finished, timeout=60_000)
+    with qtbot.assertNotEmitted(window.session.controller.worker.computed, wait=300):
+        qtbot.keyClick(window, Qt.Key.Key_Space)
+    assert len(batch.records) == passes and batch.records[-1].final
 
 
 def test_the_speed_measured_after_a_batch_gives_way_to_the_next_request(window, qtbot, monkeypatch):

@@ -100,7 +100,7 @@ def test_space_steps_match_engine(qtbot, window, app_model):
     assert (states[:, :14] == REUSED).all() and (states[:, 14] == COMPUTED).all()
     # run_finished follows the record
     qtbot.waitUntil(lambda: not window.controls.step_button.isEnabled(), timeout=5_000)
-    with qtbot.assertNotEmitted(window.session.controller.worker.step_computed, wait=300):
+    with qtbot.assertNotEmitted(window.session.controller.worker.computed, wait=300):
         press(qtbot, window, Qt.Key.Key_Space)  # past the end: the worker is not even asked
     assert window.session.last_record.step == N
 
@@ -201,7 +201,7 @@ def test_keys_typed_in_prompt_do_not_step(qtbot, window):
     qtbot.waitUntil(window.controls.prompt_edit.hasFocus)
     window.controls.prompt_edit.clear()
     worker = window.session.controller.worker
-    with qtbot.assertNotEmitted(worker.step_computed, wait=300), qtbot.assertNotEmitted(worker.run_started):
+    with qtbot.assertNotEmitted(worker.computed, wait=300), qtbot.assertNotEmitted(worker.started):
         qtbot.keyClicks(window.controls.prompt_edit, "Pp Rr Cc [] ")
         qtbot.keyClick(window.controls.prompt_edit, Qt.Key.Key_Right)
     assert window.controls.prompt_edit.text() == "Pp Rr Cc [] "

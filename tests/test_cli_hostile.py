@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers_checkpoints import save_kvviz_folder
+from helpers_process import ctrl_c_as_on_a_terminal
 
 HUGE = str(10**30)
 TIMEOUT = 120
@@ -368,18 +369,22 @@ def test_an_interrupt_in_the_first_moments_is_one_line_and_status_130(place, tmp
     """The interrupt comes as soon as `ready` is imported, told by `-X importtime`'s line for it."""
     command = [sys.executable, "-X", "importtime", "-m", "kvviz", "train", "--corpus", place["texts"],
                "--out", str(tmp_path / "m"), "--steps", "100000", "--batch-size", "1", "--block-size", "8"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=ENV)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=ENV,
+                               preexec_fn=ctrl_c_as_on_a_terminal)
     said = []
-    for line in iter(process.stderr.readline, b""):
-        text = line.decode()
-        if not text.startswith(IMPORT_TIME):
-            said.append(text)
-        elif text.rsplit("|", 1)[-1].strip() == ready:
-            process.send_signal(signal.SIGINT)
-            break
-    else:
-        raise AssertionError(f"kvviz train never imported {ready}: {''.join(said)}")
-    _, rest = process.communicate(timeout=TIMEOUT)
+    try:
+        for line in iter(process.stderr.readline, b""):
+            text = line.decode()
+            if not text.startswith(IMPORT_TIME):
+                said.append(text)
+            elif text.rsplit("|", 1)[-1].strip() == ready:
+                process.send_signal(signal.SIGINT)
+                break
+        else:
+            raise AssertionError(f"kvviz train never imported {ready}: {''.join(said)}")
+        _, rest = process.communicate(timeout=TIMEOUT)
+    finally:
+        process.kill()  # a training that went on is no load on the tests after this one
     said += [line for line in rest.decode().splitlines(keepends=True) if not line.startswith(IMPORT_TIME)]
     assert (process.returncode, "".join(said)) == (130, "kvviz: interrupted\n")
     assert not (tmp_path / "m").exists()
@@ -419,7 +424,8 @@ def stopped_export(command: list[str], out: Path, earlier: dict[str, bytes], sig
     out.mkdir()
     for name, data in earlier.items():
         (out / name).write_bytes(data)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=ENV)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=ENV,
+                               preexec_fn=ctrl_c_as_on_a_terminal)
     try:
         for line in process.stdout:
             if line.startswith(marker):

@@ -8,6 +8,10 @@ import socket
 import sys
 from collections.abc import Callable, Mapping
 
+# superqt reaches Qt through qtpy, which takes the first Qt binding it finds: the app's is PySide6, whatever else is
+# installed
+os.environ.setdefault("QT_API", "pyside6")
+
 NO_DISPLAY = "no display to show the window on; set DISPLAY, or QT_QPA_PLATFORM=offscreen for a window nobody sees"
 
 

@@ -63,6 +63,15 @@ class BatchPlan:
     def passes(self) -> int:
         return len(self.requests) + max(r.budget for r in self.requests)
 
+    @property
+    def steps(self) -> int:
+        """Step presses from the first pass to the last: one a pass (the session protocol's word, as RunPlan's)."""
+        return self.passes
+
+    def steps_done(self, record: BatchRecord) -> int:
+        """Step presses that `record` of this batch answers."""
+        return record.step + 1
+
 
 @dataclass(frozen=True)
 class BlockState:

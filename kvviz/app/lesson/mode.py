@@ -70,7 +70,7 @@ class LessonMode(QObject):
         s = window.session
         s.record_computed.connect(self._on_record_computed)
         s.model_loaded.connect(self._on_model_loaded)
-        window.serving.batch.computed.connect(self._on_batch_computed)
+        window.serving.batch.record_computed.connect(self._on_batch_computed)
         window.speed.sweeper.finished.connect(self._on_speed_measured)
         panel.guess_entered.connect(self.next)
         panel.guess_edited.connect(self._on_guess_edited)

@@ -7,6 +7,7 @@ from PySide6.QtCore import QObject, QThread, Signal
 
 from kvviz.app.run.shared_interpreter import worker_thread_guards
 from kvviz.app.run.worker import WORKER_THREADS, GenerationWorker
+from kvviz.core.batch_records import BatchRequest
 from kvviz.core.records import RunRequest
 
 
@@ -14,14 +15,13 @@ class WorkerController(QObject):
     """The GUI side: owns the QThread and the worker, and turns method calls into queued commands."""
 
     load_requested = Signal(str, str)  # source, dtype
-    run_requested = Signal(object)
-    step_requested = Signal()
-    play_requested = Signal(int)
+    start_requested = Signal(str, object)  # lane, request (RunRequest, BatchRequest)
+    step_requested = Signal(str)  # lane
+    play_requested = Signal(str, int)  # lane, interval in ms
     pause_requested = Signal()
+    drop_requested = Signal(str)  # lane
     interval_changed = Signal(int)
     shutdown_requested = Signal()
-    batch_requested = Signal(object)  # BatchRequest
-    batch_step_requested = Signal()
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -32,41 +32,35 @@ class WorkerController(QObject):
         self.worker = GenerationWorker()
         self.worker.moveToThread(self.thread)
         self.load_requested.connect(self.worker.load_model)
-        self.run_requested.connect(self.worker.start_run)
+        self.start_requested.connect(self.worker.start)
         self.step_requested.connect(self.worker.step)
         self.play_requested.connect(self.worker.play)
         self.pause_requested.connect(self.worker.pause)
+        self.drop_requested.connect(self.worker.drop)
         self.interval_changed.connect(self.worker.set_interval)
         self.shutdown_requested.connect(self.worker.shut_down)
-        self.batch_requested.connect(self.worker.start_batch)
-        self.batch_step_requested.connect(self.worker.step_batch)
         self.thread.finished.connect(self.worker.deleteLater)
         WORKER_THREADS.add(self.thread)
         self.thread.start()
 
     def load(self, source: str, dtype: str = "float32") -> None:
-        self.worker.stop_measuring.set()
+        self.worker.posted += 1
         self.load_requested.emit(source, dtype)
 
-    def start_run(self, request: RunRequest) -> None:
+    def start(self, lane: str, request: RunRequest | BatchRequest) -> None:
         self.worker.abort.clear()
-        self.worker.stop_measuring.set()
-        self.run_requested.emit(request)
+        self.worker.posted += 1
+        self.start_requested.emit(lane, request)
 
-    def step(self) -> None:
-        self.worker.stop_measuring.set()
-        self.step_requested.emit()
+    def step(self, lane: str) -> None:
+        self.worker.posted += 1
+        self.step_requested.emit(lane)
 
-    def start_batch(self, request) -> None:
-        self.worker.abort.clear()
-        self.worker.stop_measuring.set()
-        self.batch_requested.emit(request)
+    def play(self, lane: str, interval_ms: int) -> None:
+        self.play_requested.emit(lane, interval_ms)
 
-    def step_batch(self) -> None:
-        self.batch_step_requested.emit()
-
-    def play(self, interval_ms: int) -> None:
-        self.play_requested.emit(interval_ms)
+    def drop(self, lane: str) -> None:
+        self.drop_requested.emit(lane)
 
     def pause(self) -> None:
         self.pause_requested.emit()

@@ -1,4 +1,5 @@
-"""The run session: which model is loaded or loading, which run is current, and where it stands."""
+"""The run session: which model is loaded or loading, which run is current, and where it stands. The single run's
+mode (and compare mode's) of the session protocol every mode keeps (kvviz.app.run.stream_session)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from PySide6.QtCore import QObject, Signal
 
 from kvviz.app.run.controller import WorkerController
 from kvviz.app.run.shared_interpreter import worker_thread_guards
+from kvviz.app.run.stream_session import StreamSession
 from kvviz.core.records import ModelInfo, RunPlan, RunRequest, StepRecord
 
 EMBEDDED = ""  # model source meaning the embedded default
 
 
-class RunSession(QObject):
+class RunSession(StreamSession):
     """The only owner of run state: run ids, replay, playing and finished, the loaded model's source.
 
     It has no widgets. It sends commands to the worker thread and passes on what comes back for
@@ -28,31 +30,23 @@ class RunSession(QObject):
     model_loaded = Signal(object)  # ModelInfo
     model_load_failed = Signal(str, str)  # source, one sentence
     model_load_cancelled = Signal(str)  # source
-    run_started = Signal(object)  # RunPlan
-    record_computed = Signal(object)  # StepRecord of the current run
-    run_finished = Signal(object)  # the final StepRecord
-    run_failed = Signal(str)  # one sentence
     run_refused = Signal(str, object)  # one sentence, the request of the run that goes on (its settings to show)
-    playing_changed = Signal(bool)
-    state_changed = Signal()  # can_step, loading, playing or finished changed
+    # and StreamSession's: run_started (RunPlan), record_computed (StepRecord), run_finished, run_failed,
+    # playing_changed, state_changed (also when loading changes)
 
     def __init__(self, parent: QObject | None = None, fall_back_to_embedded: bool = True) -> None:
-        super().__init__(parent)
+        controller = WorkerController()
+        super().__init__(controller, "run", parent)
+        controller.setParent(self)
         self.fall_back_to_embedded = fall_back_to_embedded
-        self.controller = WorkerController(self)
         self.model_info: ModelInfo | None = None
         self.source: str | None = None  # of the loaded model
         self.dtype = "float32"  # the precision of the last load asked for
         self.plan: RunPlan | None = None
-        self.records: list[StepRecord] = []  # the current run's, in order: its one history
-        self.playing = False
-        self._play_asked = False  # Play sent to the worker, which has not said it plays yet (see pause)
-        self.finished = False
+        self.records: list[StepRecord] = []
         self._pending_loads: list[str] = []
         self._fallback_tried = False
-        self._run_id = 0
         self._replay_target = 0
-        self._steps_requested = 0
         self._deferred_run: tuple[RunRequest, int] | None = None  # asked for while loading
         self.request: RunRequest | None = None  # of the current run, as it was accepted
         self._asked: RunRequest | None = None  # of the run asked for last, until it starts or is refused
@@ -66,11 +60,6 @@ class RunSession(QObject):
         w.model_loaded.connect(self._on_model_loaded)
         w.model_load_failed.connect(self._on_model_load_failed)
         w.model_load_cancelled.connect(self._on_model_load_cancelled)
-        w.run_started.connect(self._on_run_started)
-        w.run_failed.connect(self._on_run_failed)
-        w.step_computed.connect(self._on_step_computed)
-        w.run_finished.connect(self._on_run_finished)
-        w.playing_changed.connect(self._on_playing_changed)
 
     # ----- state -----
     @property
@@ -90,19 +79,9 @@ class RunSession(QObject):
     def can_reset(self) -> bool:
         return self.model_info is not None and not self.loading
 
-    @property
-    def last_record(self) -> StepRecord | None:
-        """The current run's latest record."""
-        return self.records[-1] if self.records else None
-
     def record_at(self, new_tokens: int) -> StepRecord | None:
         """The current run's latest record with `new_tokens` tokens generated, if it has come."""
         return next((r for r in reversed(self.records) if r.new_tokens == new_tokens), None)
-
-    @property
-    def steps_done(self) -> int:
-        """New tokens the current run has generated so far."""
-        return self.last_record.new_tokens if self.last_record is not None else 0
 
     @property
     def steps_target(self) -> int:
@@ -181,17 +160,11 @@ class RunSession(QObject):
             self._deferred_run = (request, replay_to)
             return
         self._deferred_run = None
-        self.pause()
         if self.plan is not None:  # the run going on, kept until the next one is accepted
             self._before = (self._run_id, self.plan, self.records, self._steps_requested, self.finished)
         self._asked = request
-        self._run_id += 1
         self._replay_target = replay_to
-        self._steps_requested = 0
-        self.finished = False
-        self.plan, self.records = None, []
-        self.controller.start_run(dataclasses.replace(request, run_id=self._run_id))
-        self.state_changed.emit()
+        self.start(request)
 
     @property
     def preparing(self) -> bool:
@@ -214,28 +187,14 @@ class RunSession(QObject):
                 self._queued_play = None
                 self.state_changed.emit()
             return
-        self.pause()
-        if self._steps_requested < self.plan.budget:
-            self._steps_requested += 1
-            self.controller.step()
+        super().step()
 
     def toggle_play(self, interval_ms: int) -> None:
-        if self.playing or self._play_asked:
-            self.pause()
-        elif self.can_step:
-            self._play_asked = True  # until the worker says it plays: a Step pressed meanwhile still pauses it
-            self.controller.play(interval_ms)
-        elif self.preparing and self.model_info is not None:  # queued, as Step is; pressed again, not
-            self._queued_play = None if self._queued_play is not None else interval_ms
+        if not (self.playing or self._play_asked or self.can_step) and self.preparing and self.model_info is not None:
+            self._queued_play = None if self._queued_play is not None else interval_ms  # queued, as Step is
             self.state_changed.emit()
-
-    def pause(self) -> None:
-        if self.playing or self._play_asked:
-            self._play_asked = False
-            self.controller.pause()
-
-    def set_interval(self, interval_ms: int) -> None:
-        self.controller.set_interval(interval_ms)
+            return
+        super().toggle_play(interval_ms)
 
     def stop(self, timeout_ms: int = 1000) -> bool:
         """Stop the worker thread (closing); True when it has ended."""
@@ -244,29 +203,28 @@ class RunSession(QObject):
     def wait(self) -> None:
         self.controller.wait()
 
-    def _on_run_started(self, plan: RunPlan) -> None:
-        if plan.run_id != self._run_id:
+    def _on_started(self, lane: str, plan: RunPlan) -> None:
+        if not self._ours(lane, plan.run_id):
             return
-        self.plan = plan
         self.request, self._asked, self._before = self._asked, None, None
         target, self._replay_target = min(self._replay_target, plan.budget), 0
-        self.run_started.emit(plan)
+        super()._on_started(lane, plan)
         for _ in range(target):
             self._steps_requested += 1
-            self.controller.step()
+            self.controller.step(self.lane)
         queued, play, self._queued_steps, self._queued_play = self._queued_steps, self._queued_play, 0, None
         for _ in range(min(queued, plan.budget - self._steps_requested)):  # the keys pressed while it was prepared
             self._steps_requested += 1
-            self.controller.step()
+            self.controller.step(self.lane)
         if play is not None:
-            self.controller.play(play)
+            self.controller.play(self.lane, play)
         self.state_changed.emit()
 
-    def _on_run_failed(self, run_id: int, message: str) -> None:
+    def _on_failed(self, lane: str, run_id: int, message: str) -> None:
         """One rule for every refused setting (a menu's, a key's): the run that was going on goes on, exactly as it
         was (its records, its step, its settings, which `run_refused` gives the window to show again). A run asked
         for with other text or numbers typed in the controls fails instead, keeping what was typed."""
-        if run_id != self._run_id:
+        if not self._ours(lane, run_id):
             return
         (before, self._before), (asked, self._asked) = (self._before, None), (self._asked, None)
         if before is not None and self.request is not None and asked is not None and _menu_change(self.request, asked):
@@ -274,32 +232,8 @@ class RunSession(QObject):
             self.run_refused.emit(message, self.request)
             self.state_changed.emit()
             return
-        self.plan = None
         self._queued_steps, self._queued_play = 0, None  # for a run that does not come
-        self.run_failed.emit(message)
-        self.state_changed.emit()
-
-    def _on_step_computed(self, run_id: int, record: StepRecord) -> None:
-        if run_id != self._run_id:
-            return
-        self.records.append(record)
-        if record.token_id is not None:
-            self._steps_requested = max(self._steps_requested, record.new_tokens)
-        self.record_computed.emit(record)
-
-    def _on_run_finished(self, run_id: int, record: StepRecord) -> None:
-        if run_id != self._run_id:
-            return
-        self.finished = True
-        self.run_finished.emit(record)
-        self.state_changed.emit()
-
-    def _on_playing_changed(self, playing: bool) -> None:
-        worker_thread_guards.hold_old_generations(playing)
-        self.playing = playing
-        self._play_asked = False  # the worker's own word from now on
-        self.playing_changed.emit(playing)
-        self.state_changed.emit()
+        super()._on_failed(lane, run_id, message)
 
 
 MAX_QUEUED_STEPS = 4096  # Step presses kept while a run is prepared (a run's budget caps what is taken)

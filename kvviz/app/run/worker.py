@@ -1,8 +1,16 @@
-"""The one background worker: loads models and runs the engine, one step per command, on a QThread.
+"""The one background worker: loads models and steps every mode's stream (a run, a serving batch), one step per
+command, on a QThread.
 
-The GUI never touches torch: it sends commands through queued signals and receives frozen
-records (ModelInfo, RunPlan, StepRecord from kvviz.core.records) back. torch, the engine and the weights are
-imported inside the worker thread, so the window shows before they load.
+The GUI never touches torch: it sends commands through queued signals and receives frozen records
+(kvviz.core.records, kvviz.core.batch_records) back. torch, the engine and the weights are imported inside the
+worker thread, so the window shows before they load.
+
+Why not superqt's GeneratorWorker (thread_worker), which runs a generator on Qt's thread pool: a lecturer's Step
+must compute exactly one token, and the model must stay loaded on one thread across runs, batches and loads.
+GeneratorWorker has no "one step" command: Step as resume-then-pause-at-the-next-yield computed 24 token steps for
+20 presses (the pause lands after the next step has begun: tokens nobody asked for), a press took 16.5 ms to its
+record against 10.5 ms here (median), and a paused worker polls (27 ms of CPU in 2 s, none here). Measured on the
+embedded model, 2026-12-04, by `python docs/measure_worker.py`.
 """
 
 from __future__ import annotations
@@ -21,11 +29,11 @@ from kvviz.app.run.worker_failures import (
     log_unexpected,
 )
 from kvviz.core.errors import DownloadCancelled, as_sentence, first_line
-from kvviz.core.records import ModelInfo, RunRequest
+from kvviz.core.records import ModelInfo
 
 if TYPE_CHECKING:
+    from kvviz.app.run.streams import Stream
     from kvviz.engine.engine import Engine
-    from kvviz.engine.run import Run
 
 WORKER_THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()  # every worker thread started (controller.py adds them)
 
@@ -42,8 +50,10 @@ class StepAborted(Exception):
 class GenerationWorker(QObject):
     """Owns the Engine. Slots run in the worker thread; results go out through signals.
 
-    Signals carry the `run_id` of the RunRequest that produced them, so the GUI can drop
-    records of a run it has already replaced.
+    Every mode's stream goes through the same four commands (`start`, `step`, `play`, `pause`) under a lane name
+    ("run": the single run and compare mode; "serving": the batch), each lane keeping its stream until its last
+    step, and one autoplay steps the lane it was asked for. Signals carry the lane and the `run_id` of the request
+    that planned the stream, so the GUI can drop records of a run it has already replaced.
     """
 
     model_loading = Signal(str)  # source being loaded
@@ -51,28 +61,28 @@ class GenerationWorker(QObject):
     model_loaded = Signal(str, object)  # source as requested, ModelInfo
     model_load_failed = Signal(str, str)  # source, one-sentence message
     model_load_cancelled = Signal(str)  # source
-    run_started = Signal(object)  # RunPlan (its run_id is the request's)
-    run_failed = Signal(int, str)  # run_id, one-sentence message
-    step_computed = Signal(int, object)  # run_id, StepRecord
-    run_finished = Signal(int, object)  # run_id, final StepRecord
-    playing_changed = Signal(bool)
-    batch_started = Signal(object)  # BatchPlan (its run_id is the request's)
-    batch_failed = Signal(int, str)  # run_id, one-sentence message
-    batch_computed = Signal(int, object)  # run_id, BatchRecord
-    batch_measured = Signal(int, object)  # run_id, BatchSpeed
+    # a stream's (a run's, a batch's): its lane first, then the run_id of the request that planned it
+    started = Signal(str, object)  # lane, plan (RunPlan, BatchPlan: its run_id is the request's)
+    failed = Signal(str, int, str)  # lane, run_id, one-sentence message
+    computed = Signal(str, int, object)  # lane, run_id, record (StepRecord, BatchRecord)
+    finished = Signal(str, int, object)  # lane, run_id, the final record
+    measured = Signal(str, int, object)  # lane, run_id, what it measured after its last step (BatchSpeed)
+    playing_changed = Signal(str, bool)  # the lane autoplay steps, playing
 
     def __init__(self) -> None:
         super().__init__()
         self.abort = threading.Event()  # set from the GUI thread when closing: stop mid-pass
         self.cancel_download = threading.Event()  # set from the GUI thread: stop a hub download
-        # set from the GUI thread when it asks for anything else: a batch's speed, measured after its last pass for
-        # up to a minute, gives way (a model switch, R or Step waited behind it); cleared when a batch starts
-        self.stop_measuring = threading.Event()
+        # What a stream measures after its last step (a batch's speed: up to a minute on a big model) gives way to
+        # any command the GUI sent after that step (a model switch, R, a Step): the GUI counts the commands it posts
+        # (`posted`, kvviz.app.run.controller), the worker those it has taken (`taken`).
+        self.posted = 0
+        self.taken = 0
         self._measuring = False
         self._engine: Engine | None = None
         self._loaded = None  # kvviz.sources.weights.LoadedModel
-        self._run: Run | None = None  # the run being stepped, until its last pass
-        self._batch = None  # (BatchPlan, its records' iterator) of the serving view, until its last pass
+        self._streams: dict[str, Stream] = {}  # each lane's stream being stepped, until its last step
+        self._play_lane = "run"  # the lane autoplay steps
         self._interval_ms = 0
         self._play_timer = QTimer(self)
         self._play_timer.setSingleShot(True)
@@ -93,6 +103,7 @@ class GenerationWorker(QObject):
     # ----- model -----
     @Slot(str, str)
     def load_model(self, source: str, dtype: str = "float32") -> None:
+        self.taken += 1
         self._set_playing(False)
         self.model_loading.emit(source)
         self.cancel_download.clear()
@@ -120,8 +131,7 @@ class GenerationWorker(QObject):
             return
         self._release_model()
         self._engine, self._loaded = engine, loaded
-        self._run = None
-        self._batch = None
+        self._streams.clear()
         engine.before_block = self._check_abort
         config = loaded.config
         self.model_loaded.emit(source, ModelInfo(
@@ -135,7 +145,7 @@ class GenerationWorker(QObject):
         self.download_progressed.emit(done, total)
 
     def _check_abort(self, layer: int) -> None:
-        if self.abort.is_set() or (self._measuring and self.stop_measuring.is_set()):
+        if self.abort.is_set() or (self._measuring and self.posted > self.taken):
             raise StepAborted()
 
     def _release_model(self) -> None:
@@ -143,125 +153,96 @@ class GenerationWorker(QObject):
         if self._engine is not None:
             self._engine.before_block = None
 
-    # ----- runs -----
-    @Slot(object)
-    def start_run(self, request: RunRequest) -> None:
-        """Prepare a fresh run; no forward pass happens until `step`. A request the engine refuses leaves the
-        run that was going as it was (the session gives it back to the window)."""
+    # ----- streams: a run, a batch -----
+    @Slot(str, object)
+    def start(self, lane: str, request) -> None:
+        """Plan a fresh stream in `lane` ("run": a RunRequest; "serving": a BatchRequest); no pass happens until
+        `step`. A request the engine refuses leaves the lane's stream as it was (the session gives the run that was
+        going back to the window). Autoplay stops."""
+        self.taken += 1
         self._set_playing(False)
         if self._engine is None:
-            self.run_failed.emit(request.run_id, "No model is loaded yet.")
+            self.failed.emit(lane, request.run_id, "No model is loaded yet.")
             return
+        from kvviz.app.run.streams import open_stream
         from kvviz.engine.engine import GenerationError
-        from kvviz.engine.run import start_run
 
-        try:  # every check runs here, before run_started: a bad request never resets the views
-            run = start_run(self._engine, request, self._loaded.name)
+        try:  # every check runs here, before `started`: a bad request never resets the views
+            stream = open_stream(self._engine, request, self._loaded.name)
         except GenerationError as exc:
-            self.run_failed.emit(request.run_id, as_sentence(first_line(exc)))
+            self.failed.emit(lane, request.run_id, as_sentence(first_line(exc)))
             return
-        self._run = run
-        self.run_started.emit(run.plan)
+        self._streams[lane] = stream
+        self.started.emit(lane, stream.plan)
 
-    @Slot()
-    def step(self) -> None:
-        """Compute one new token; after the last one, also the pass that fills the cache."""
-        if self._run is None:
+    @Slot(str)
+    def step(self, lane: str) -> None:
+        """One step of the lane's stream: a token step of a run, a pass of a batch; after its last, its end."""
+        self.taken += 1
+        self._advance(lane)
+
+    def _advance(self, lane: str) -> None:
+        stream = self._streams.get(lane)
+        if stream is None:
             self._set_playing(False)
             return
-        run = self._run
-        run_id = run.plan.run_id
+        plan = stream.plan
         try:
-            passes = run.next_token_step()
+            records = stream.advance()
         except StepAborted:
-            self._run = None
+            self._streams.pop(lane, None)
             return
         except StopIteration:
-            self._run = None
+            self._streams.pop(lane, None)
             self._set_playing(False)
             return
         except Exception as exc:  # out of memory mid-run, for instance
-            self._run = None
+            self._streams.pop(lane, None)
             self._set_playing(False)
-            log_unexpected(f"a run on {run.plan.model_name}", exc)
-            self.run_failed.emit(run_id, describe_run_error(run.plan.model_name, exc))
+            log_unexpected(f"a {lane} on {plan.model_name}", exc)
+            self.failed.emit(lane, plan.run_id, describe_run_error(plan.model_name, exc))
             return
-        for record in passes:
-            self.step_computed.emit(run_id, record)
-        if passes[-1].final:
-            self._run = None
+        for record in records:
+            self.computed.emit(lane, plan.run_id, record)
+        if records[-1].final:
+            self._streams.pop(lane, None)
             self._set_playing(False)
-            self.run_finished.emit(run_id, passes[-1])
+            self.finished.emit(lane, plan.run_id, records[-1])
+            self._measure(lane, stream)
 
-    # ----- a batch (the serving view) -----
-    @Slot(object)
-    def start_batch(self, request) -> None:
-        """Plan a batch of kvviz.core.batch_records.BatchRequest; no pass happens until `step_batch`."""
-        self._batch = None
-        self.stop_measuring.clear()  # this batch's speed is wanted once its last pass is in
-        if self._engine is None:
-            self.batch_failed.emit(request.run_id, "No model is loaded yet.")
-            return
-        from kvviz.engine.engine import GenerationError
-        from kvviz.engine.serving import plan_batch, run_batch
-
-        engine = self._engine
-        try:
-            ids = [engine.encode_prompt(p) for p in request.prompts]
-            plan = plan_batch(engine, ids, request.new_tokens, request.block_size, request.share_prefixes,
-                              texts=list(request.prompts), model_name=self._loaded.name, run_id=request.run_id)
-        except GenerationError as exc:
-            self.batch_failed.emit(request.run_id, as_sentence(first_line(exc)))
-            return
-        self._batch = (plan, run_batch(engine, plan))
-        self.batch_started.emit(plan)
-
-    @Slot()
-    def step_batch(self) -> None:
-        """One pass of the batch: a request's prefill, or a decode step of all; after the last, its speed."""
-        if self._batch is None:
-            return
-        plan, records = self._batch
-        try:
-            record = next(records)
-        except StopIteration:
-            self._batch = None
-            return
-        except StepAborted:
-            self._batch = None
-            return
-        except Exception as exc:
-            self._batch = None
-            log_unexpected(f"a batch on {plan.model_name}", exc)
-            self.batch_failed.emit(plan.run_id, describe_run_error(plan.model_name, exc))
-            return
-        self.batch_computed.emit(plan.run_id, record)
-        if record.final:
-            self._batch = None
-            self._measure_batch(plan)
-
-    def _measure_batch(self, plan) -> None:
-        """Time the batch against its requests one at a time (not while stepping: a click's wait is no pass's time)."""
-        from kvviz.engine.serving import measure_speed
-
+    def _measure(self, lane: str, stream) -> None:
+        """What the stream measures after its last step (a batch's speed), given way to any other command."""
         self._measuring = True
         try:
-            speed = measure_speed(self._engine, plan)
-        except StepAborted:  # closing, or the GUI asked for something else: the speed is not wanted any more
+            measured = stream.after_last()
+        except StepAborted:  # closing, or the GUI asked for something else: the figure is not wanted any more
             return
         except Exception as exc:
-            log_unexpected(f"a batch on {plan.model_name}", exc)
-            self.batch_failed.emit(plan.run_id, describe_run_error(plan.model_name, exc))
+            log_unexpected(f"measuring a {lane} on {stream.plan.model_name}", exc)
+            self.failed.emit(lane, stream.plan.run_id, describe_run_error(stream.plan.model_name, exc))
             return
         finally:
             self._measuring = False
-        self.batch_measured.emit(plan.run_id, speed)
+        if measured is not None:
+            self.measured.emit(lane, stream.plan.run_id, measured)
 
-    @Slot(int)
-    def play(self, interval_ms: int) -> None:
+    @Slot(str)
+    def drop(self, lane: str) -> None:
+        """Forget the lane's stream (its session has let it go)."""
+        if lane == self._play_lane:
+            self._set_playing(False)
+        self._streams.pop(lane, None)
+
+    @Slot(str, int)
+    def play(self, lane: str, interval_ms: int) -> None:
+        """Step the lane's stream on its own, a step every `interval_ms` at most (0: as fast as it computes): the
+        one autoplay of every mode."""
         self._interval_ms = max(0, interval_ms)
-        if self._run is None:
+        if self._streams.get(lane) is None:
             return
+        if lane != self._play_lane:
+            self._set_playing(False)
+            self._play_lane = lane
         self._set_playing(True)
         self._play_timer.start(0)
 
@@ -277,7 +258,7 @@ class GenerationWorker(QObject):
         if not self._playing or self.abort.is_set():
             return
         started = time.perf_counter()
-        self.step()
+        self._advance(self._play_lane)
         if self._playing:
             spent_ms = (time.perf_counter() - started) * 1000
             self._play_timer.start(max(0, int(self._interval_ms - spent_ms)))
@@ -287,14 +268,13 @@ class GenerationWorker(QObject):
             self._play_timer.stop()
         if playing != self._playing:
             self._playing = playing
-            self.playing_changed.emit(playing)
+            self.playing_changed.emit(self._play_lane, playing)
 
     @Slot()
     def shut_down(self) -> None:
         """Runs in the worker thread as its last job: stop timers, drop the model."""
         self._set_playing(False)
         self._release_model()
-        self._run = None
-        self._batch = None
+        self._streams.clear()
         self._engine = None
         self._loaded = None

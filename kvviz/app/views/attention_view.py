@@ -9,6 +9,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QFont, QFontMetrics, QHideEvent, QResizeEvent, QShowEvent
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+from superqt.utils import qthrottled
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
@@ -19,7 +20,6 @@ from kvviz.app.views.grid.kv_grid import least_plot_height, least_row_height
 from kvviz.app.views.head_box import ALL_HEADS, HeadBox
 from kvviz.app.views.live_label import LiveLabel
 from kvviz.app.views.strip_image import head_ticks
-from kvviz.app.views.text_pacer import TextPacer
 from kvviz.app.views.top_list import TopList
 from kvviz.core.records import RunPlan, StepRecord
 
@@ -50,7 +50,11 @@ class AttentionView(QWidget):
         self._plan: RunPlan | None = None
         self._state = AttentionState()  # the run's latest attention and tokens
         self._dirty = False
-        self._texts = TextPacer(self._show_texts, TEXT_UPDATES_PER_SECOND, self)  # the heading and the top list
+        # the heading and the top list: at most so many times a second while a run plays (nobody reads faster), the
+        # last state always; a choice (a layer, a head) or a new run shows at once
+        self._texts = qthrottled(self._show_texts, timeout=int(1000 / TEXT_UPDATES_PER_SECOND), parent=self)
+        self._texts_due = False  # the strip changed since the texts were last asked for
+        self._texts_now = False  # ... and they show at once, not throttled
         self._layer = 0
         self._head = ALL_HEADS
         self._strip = np.zeros((1, 1), dtype=np.float32)  # (heads, width) of the shown layer
@@ -95,7 +99,7 @@ class AttentionView(QWidget):
     # ----- the view protocol -----
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
-        self._texts.show_next_at_once()  # a new run's texts show at once
+        self._texts_now = True  # a new run's texts show at once
         self._state = AttentionState(plan)
         heads = max(1, plan.n_head)
         self.layer_spin.blockSignals(True)
@@ -128,16 +132,27 @@ class AttentionView(QWidget):
 
     def redraw_slices(self) -> list:
         """The strip, then the texts: one pass of the event loop each (see views.base.redraw_slices)."""
-        return [self._refresh_strip, self._texts.run]
+        return [self._refresh_strip, self._refresh_texts]
 
     def _refresh_strip(self) -> None:
         if not self._dirty:
             return
         self._dirty = False
-        self._texts.request()
+        self._texts_due = True
         self._strip = self._state.strip(self._layer)
         self._draw()
         self.tooltips.refresh()
+
+    def _refresh_texts(self) -> None:
+        if not self._texts_due:
+            return
+        self._texts_due = False
+        if self._texts_now:
+            self._texts_now = False
+            self._texts.cancel()
+            self._show_texts()
+        else:
+            self._texts()
 
     def _show_texts(self) -> None:
         """The heading and the top positions: at most TEXT_UPDATES_PER_SECOND while a run plays at full speed
@@ -213,7 +228,7 @@ class AttentionView(QWidget):
             self.layer_spin.setValue(layer)
             self.layer_spin.blockSignals(False)
             self._dirty = True
-            self._texts.show_next_at_once()  # a choice shows at once
+            self._texts_now = True  # a choice shows at once
             self.refresh()
             self.layer_shown.emit(layer)
 
@@ -281,14 +296,14 @@ class AttentionView(QWidget):
         if layer != self._layer:
             self._layer = layer
             self._dirty = True
-            self._texts.show_next_at_once()  # a choice shows at once
+            self._texts_now = True  # a choice shows at once
             self.refresh()
             self.layer_shown.emit(layer)
 
     def _on_head_box(self, _index: int) -> None:
         self._head = int(self.head_box.currentData())
         self._dirty = True
-        self._texts.show_next_at_once()
+        self._texts_now = True
         self.refresh()
 
     def showEvent(self, event: QShowEvent) -> None:

@@ -9,10 +9,10 @@ from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import QMainWindow, QWidget
 
 from kvviz.app import theme
-from kvviz.app.run.batch_session import BatchSession
 from kvviz.app.run.precision import PrecisionMenu
 from kvviz.app.run.redraw import Painter, RedrawScheduler
 from kvviz.app.run.session import RunSession
+from kvviz.app.run.stream_session import StreamSession
 from kvviz.app.settings import AppSettings, SettingsFile, app_settings
 from kvviz.app.views.grid.kv_grid import KVGridView
 from kvviz.app.views.status import StatusLine
@@ -77,7 +77,7 @@ class MainWindow(QMainWindow):
         chrome = (self.menuBar(), self.statusBar(), *self.controls.settings_widgets)  # hidden in presenter mode
         self.speed = SpeedPanel(self)  # View > Speed: the sweep runs in a process of its own
         self.presentation = Presentation(self, (*views, self.speed.view), chrome)
-        self.serving = ServingMode(self, self.workspace, BatchSession(self.session.controller, self),
+        self.serving = ServingMode(self, self.workspace, StreamSession(self.session.controller, "serving", self),
                                    self.banner.say, self.controls.set_state)  # View > Serving: a batch, paged
         self.run_mode = RunMode(self)
         self.mode: Mode = self.run_mode  # what Step, Play, Reset and Export drive: the run, or serving

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from PySide6.QtWidgets import QMainWindow
 
-from kvviz.app.run.batch_session import BatchSession
+from kvviz.app.run.stream_session import StreamSession
 from kvviz.app.views.on_demand import OnDemandView
 from kvviz.app.views.serving.serving_view import ServingView
 from kvviz.app.window.serving_page import ServingPage
@@ -17,7 +17,7 @@ from kvviz.app.window.workspace import Workspace
 class ServingMode:
     """Switches the window into serving mode and back, and drives its batch. The page is built on first use."""
 
-    def __init__(self, window: QMainWindow, workspace: Workspace, batch: BatchSession, say: Callable[..., None],
+    def __init__(self, window: QMainWindow, workspace: Workspace, batch: StreamSession, say: Callable[..., None],
                  show_state: Callable[[bool, bool, bool], None]) -> None:
         self.window, self.workspace, self.batch, self._say = window, workspace, batch, say
         self._show_controls = show_state  # the run controls' Step, Play and Reset: (can step, playing, can reset)
@@ -25,10 +25,10 @@ class ServingMode:
         self._target = 0  # passes to take on their own once the batch is planned (run_to)
         self.page_view: OnDemandView[ServingPage] = workspace.serving
         self.page_view.on_built(self._wire)
-        batch.started.connect(self._on_started)
-        batch.computed.connect(self._on_computed)
-        batch.measured.connect(lambda speed: self._view().show_speed(speed))
-        batch.failed.connect(lambda message: say(message, alert=True))
+        batch.run_started.connect(self._on_started)
+        batch.record_computed.connect(self._on_computed)
+        batch.run_measured.connect(lambda speed: self._view().show_speed(speed))
+        batch.run_failed.connect(lambda message: say(message, alert=True))
         batch.state_changed.connect(self.show_state)
         window.session.model_loaded.connect(self._on_model_loaded)
 
