@@ -225,7 +225,7 @@ def test_closing_a_panel_gives_the_grid_its_room_back(qtbot, screen_window):
     grid = window.grid
     before = grid.height()
     assert min(row_heights(window).values()) >= MIN_ROW
-    for name in ("attention", "memory", "compare", "lesson"):
+    for name in ("attention", "memory", "compare", "lesson", "serving"):  # the serving page is a mode's page
         window.actions[name].trigger()
         settle(qtbot, window)
         window.actions[name].trigger()

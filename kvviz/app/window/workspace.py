@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QFrame, QHBoxLayout, QScrollArea, QStackedWidget, QVBoxLayout, QWidget
 
 from kvviz.app.views.compare.compare_view import CompareView
 from kvviz.app.views.grid.kv_grid import KVGridView
@@ -20,14 +20,14 @@ from kvviz.app.window.stale_cover import StaleCover
 
 
 class Workspace(QWidget):
-    """Lays out what the window shows and switches between the single run and compare mode.
+    """Lays out what the window shows and switches between its modes' pages.
 
-    `run_view` (exported as "view") and `compare_view` take turns in one scrolled place, so that on a
-    screen too small for every panel's useful size the panels scroll; `memory_view` (View > Memory) and
-    a side panel (`set_side_panel`: lesson mode's) are columns beside them, or the side panel a strip above when a
-    column does not fit.
-    Compare mode's view and the memory view are built the first time they are asked for (`panel_built`
-    then says so): the window opens without them.
+    The modes' pages, `run_view` (exported as "view"), `compare_view` and the serving page, take turns in one
+    scrolled stack (`modes`), so that on a screen too small for every panel's useful size the panels scroll;
+    `memory_view` (View > Memory) and a side panel (`set_side_panel`: lesson mode's) are columns beside them, or the
+    side panel a strip above when a column does not fit.
+    Compare mode's view, the serving page and the memory view are built the first time they are asked for
+    (`panel_built` then says so of the first and the last): the window opens without them.
     """
 
     panel_built = Signal(QWidget)  # compare_view or memory_view, just built and laid out (hidden)
@@ -36,24 +36,21 @@ class Workspace(QWidget):
         super().__init__()
         self.setObjectName("central")
         self.run_view = RunView()
-        self._compare = OnDemandView(lambda: self._lay_out(CompareView(), self._panels_layout, 1))
+        self.modes = QStackedWidget()  # the modes' pages, one shown at a time
+        self.modes.setObjectName("modes")
+        self.modes.addWidget(self.run_view)
+        self._compare = OnDemandView(lambda: self._add_page(CompareView()))
         self._memory = OnDemandView(self._build_memory)
-        self.serving: OnDemandView[ServingPage] = OnDemandView(
-            lambda: self._lay_out(ServingPage(), self._panels_layout, -1))
-        self._serving_shown = False
+        self.serving: OnDemandView[ServingPage] = OnDemandView(lambda: self._add_page(ServingPage()))
+        self._run_page: QWidget = self.run_view  # the run's page (or compare mode's): serving goes back to it
         # who takes the keyboard instead of the grid, when someone does (a lesson's unanswered question: its guess
         # field); returns True when it took it
         self.focus_elsewhere: Callable[[], bool] = lambda: False
-        self._before_serving: QWidget | None = None  # the run's view or compare mode's, hidden while serving
         self._memory_scroll: QScrollArea | None = None
         self._side: QWidget | None = None  # set_side_panel's
         for panel in (self._compare, self._memory):
             panel.on_built(self.panel_built.emit)
-        panels = QWidget()
-        self._panels_layout = QVBoxLayout(panels)  # the hidden panel takes no room, and sets no minimum size
-        self._panels_layout.setContentsMargins(0, 0, 0, 0)
-        self._panels_layout.addWidget(self.run_view)  # compare_view goes below it, in its place when shown
-        scroll = _scrolled(panels, "runScroll")
+        scroll = _scrolled(self.modes, "runScroll")
         self.stale_cover = StaleCover(scroll)  # over the run's views while what they show is being replaced
         self._beside = QHBoxLayout()  # the side panel's column beside the views, so that they keep their height
         self._beside.setSpacing(8)
@@ -73,10 +70,9 @@ class Workspace(QWidget):
         self._beside.addWidget(panel)
         panel.set_places(self._layout, 2, self._beside)
 
-    def _lay_out(self, panel: QWidget, layout: QVBoxLayout | QHBoxLayout, index: int) -> QWidget:
-        panel.hide()
-        layout.insertWidget(index, panel)
-        return panel
+    def _add_page(self, page: QWidget) -> QWidget:
+        self.modes.addWidget(page)  # hidden until it is the shown page
+        return page
 
     def _build_memory(self) -> MemoryView:
         """The memory view, in a scrolled column of its own (at a large zoom it may need more than the screen)
@@ -112,7 +108,11 @@ class Workspace(QWidget):
     @property
     def comparing(self) -> bool:
         """Compare mode is the one shown."""
-        return self._compare.view is not None and self._compare.view.isVisibleTo(self)
+        return self._compare.view is not None and self.modes.currentWidget() is self._compare.view
+
+    @property
+    def _serving_shown(self) -> bool:
+        return self.serving.view is not None and self.modes.currentWidget() is self.serving.view
 
     def show_memory(self, on: bool) -> None:
         """Show or hide the memory view: a column at its preferred width, the run's views taking the rest; where
@@ -128,30 +128,19 @@ class Workspace(QWidget):
 
     def show_serving(self, on: bool) -> None:
         """View > Serving: the serving page in place of the run's views (or compare mode's), and back."""
-        if on == self._serving_shown:
-            return
-        self._serving_shown = on
-        page = self.serving.get()
-        if on:
-            self._before_serving = self.compare_view if self.comparing else self.run_view
-            self._before_serving.hide()
-            page.show()
-        else:
-            page.hide()
-            (self._before_serving or self.run_view).show()
+        if on != self._serving_shown:
+            self.modes.setCurrentWidget(self.serving.get() if on else self._run_page)
 
     def show_compare(self, comparing: bool) -> None:
-        """Show compare mode's view, or the single run's; the keyboard focus follows if it was in the other."""
-        if self._serving_shown:  # the run's views come back as the run left them
-            self._before_serving = self.compare_view if comparing else self.run_view
+        """Compare mode's page, or the single run's; the keyboard focus follows if it was in the other. While the
+        serving page shows, the run's page is the one it goes back to."""
+        self._run_page = self.compare_view if comparing else self.run_view
+        shown = self.modes.currentWidget()
+        if self._serving_shown or shown is self._run_page:
             return
-        if comparing == self.comparing:
-            return
-        leaving = self.run_view if comparing else self.compare_view
         focus = QApplication.focusWidget()
-        focus_was_there = leaving.isAncestorOf(focus) if focus is not None else True
-        self.run_view.setVisible(not comparing)
-        self.compare_view.setVisible(comparing)
+        focus_was_there = shown.isAncestorOf(focus) if focus is not None else True
+        self.modes.setCurrentWidget(self._run_page)
         if focus_was_there:  # else Qt hands the focus to the prompt field, and Space types into it
             self.focus_grid()
 
