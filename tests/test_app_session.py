@@ -175,7 +175,11 @@ def test_step_pressed_right_after_play_pauses_it(qtbot, open_window, app_model):
     win = open_window(app_model)
     session = win.session
     qtbot.waitUntil(lambda: session.can_step, timeout=60_000)
-    session.toggle_play(1000)  # (1 s a token: only the Space's token can come before the check)
+    session.toggle_play(1000)  # 1 s a token
     session.step()  # at once: the worker has not answered the Play yet
-    qtbot.waitUntil(lambda: session.steps_done >= 1, timeout=30_000)
-    assert not session.playing  # (the worker's answers come in order: played, paused, then the token)
+    qtbot.waitUntil(lambda: session.steps_done >= 1 and not session.playing, timeout=30_000)
+    # the Space's token, and autoplay's first where the worker took it before the pause reached it: two at most;
+    # autoplay going on would take a third within 2.5 s (a token a second)
+    with pytest.raises(qtbot.TimeoutError):
+        qtbot.waitUntil(lambda: session.steps_done > 2, timeout=2_500)
+    assert not session.playing

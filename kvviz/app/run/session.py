@@ -119,9 +119,10 @@ class RunSession(StreamSession):
     def _on_model_loaded(self, source: str, info: ModelInfo) -> None:
         self._take_pending(source)
         self._deferred_run = None
+        replaced = self.model_info is not None
         self.source, self.model_info = source, info
         self.plan, self.records = None, []
-        worker_thread_guards.settle()
+        worker_thread_guards.settle(replaced)
         self.model_loaded.emit(info)
         self.state_changed.emit()
 

@@ -30,7 +30,9 @@ class LiveLabel(QLabel):
         # as QLabel, centred vertically; a wrapped caption stays at the top of its room instead
         vertical = Qt.AlignmentFlag.AlignTop if wrap else Qt.AlignmentFlag.AlignVCenter
         self._alignment = Qt.AlignmentFlag.AlignLeft | vertical
-        self._sizes: dict[tuple[str, int | None], QSize] = {}  # the reserved text's measured sizes
+        # the measured sizes of the reserved text and the current one (a layout pass asks for the same width several
+        # times: a text document laid out each time was a tenth of the window's start)
+        self._sizes: dict[tuple[str, int | None], QSize] = {}
         self._document = self._new_document()
         if wrap:
             policy = self.sizePolicy()
@@ -46,6 +48,7 @@ class LiveLabel(QLabel):
     def setText(self, text: str) -> None:
         if text == self._text:
             return
+        self._sizes = {key: size for key, size in self._sizes.items() if key[0] == self._reserved}
         self._text = text
         self._fill(self._document, text)
         if self._needs_more_room():
@@ -152,8 +155,9 @@ class LiveLabel(QLabel):
         return flags | (int(Qt.TextFlag.TextWordWrap.value) if self._wrap else 0)
 
     def _measure(self, text: str, width: int | None) -> QSize:
-        if text == self._reserved and (text, width) in self._sizes:
-            return self._sizes[(text, width)]
+        known = self._sizes.get((text, width))
+        if known is not None:
+            return known
         if not self._rich:  # plain text: the font's metrics, much cheaper than a text document
             metrics = self.fontMetrics()
             bounds = QRect(0, 0, max(1, width) if width is not None else 1 << 20, 1 << 20)
@@ -169,7 +173,7 @@ class LiveLabel(QLabel):
             document.setTextWidth(max(1, width))
         size = document.size()
         measured = QSize(int(size.width() + 0.999), int(size.height() + 0.999))
-        if text == self._reserved:
+        if text in (self._reserved, self._text):
             self._sizes[(text, width)] = measured
         return measured
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from PySide6.QtWidgets import QMainWindow
 
+from kvviz.app.run.redraw import RedrawScheduler
 from kvviz.app.run.stream_session import StreamSession
 from kvviz.app.views.on_demand import OnDemandView
 from kvviz.app.views.serving.serving_view import ServingView
@@ -15,7 +16,9 @@ from kvviz.app.window.workspace import Workspace
 
 
 class ServingMode:
-    """Switches the window into serving mode and back, and drives its batch. The page is built on first use."""
+    """Switches the window into serving mode and back, and drives its batch: the session protocol (a
+    StreamSession in the worker's "serving" lane) and the view protocol (its view fed by a RedrawScheduler of its
+    own), as the single run's mode. The page is built on first use."""
 
     def __init__(self, window: QMainWindow, workspace: Workspace, batch: StreamSession, say: Callable[..., None],
                  show_state: Callable[[bool, bool, bool], None]) -> None:
@@ -23,11 +26,13 @@ class ServingMode:
         self._show_controls = show_state  # the run controls' Step, Play and Reset: (can step, playing, can reset)
         self.active = False
         self._target = 0  # passes to take on their own once the batch is planned (run_to)
+        self.scheduler: RedrawScheduler | None = None  # the serving view's, once the page is built
         self.page_view: OnDemandView[ServingPage] = workspace.serving
         self.page_view.on_built(self._wire)
         batch.run_started.connect(self._on_started)
         batch.record_computed.connect(self._on_computed)
         batch.run_measured.connect(lambda speed: self._view().show_speed(speed))
+        batch.run_finished.connect(lambda _record: self.scheduler.redraw_soon())
         batch.run_failed.connect(lambda message: say(message, alert=True))
         batch.state_changed.connect(self.show_state)
         window.session.model_loaded.connect(self._on_model_loaded)
@@ -37,6 +42,8 @@ class ServingMode:
 
     def _wire(self, page: ServingPage) -> None:
         page.run_requested.connect(self.run)
+        self.window.painter.find_plots()  # its chart, painted at each redraw as the run's are
+        self.scheduler = RedrawScheduler([page.view], self.window.painter, self.window)
 
     def set_active(self, on: bool) -> None:
         if on == self.active:
@@ -87,7 +94,8 @@ class ServingMode:
         self._show_status()
 
     def _on_started(self, plan) -> None:
-        self._view().reset(plan)
+        self.page_view.get()  # built, with its scheduler
+        self.scheduler.reset(plan)
         self._show_status()
         if self._target > 0:
             self.batch.step()
@@ -105,9 +113,7 @@ class ServingMode:
         self.run()
 
     def _on_computed(self, record) -> None:
-        view = self._view()
-        view.apply([record])
-        view.refresh()
+        self.scheduler.add(record)
         self._show_status()
         if len(self.batch.records) < self._target and not record.final:
             self.batch.step()
@@ -152,8 +158,7 @@ class ServingMode:
         from kvviz.app.export.window_export import say_where
 
         self.batch.pause()
-        view = self._view()
-        view.refresh()
+        self.scheduler.flush()
         records = self.batch.records
         dialog = ExportDialog(self.workspace.export_targets(), self.caption(), self.window,
                               step=records[-1].step + 1 if records else None)
