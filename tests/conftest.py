@@ -107,6 +107,10 @@ def _isolated_qt_settings(request, tmp_path, monkeypatch):
     # the window waits 100 ms after it is shown so that it paints before torch is imported; the tests' process
     # has torch imported already
     monkeypatch.setattr(main_window, "INITIAL_LOAD_DELAY_MS", 0)
+    # and fits itself to the screen once a window manager has framed it: offscreen, at once, not in the middle of a
+    # test that set its size (a window ready within 250 ms was shrunk to the offscreen screen after the test's
+    # resize)
+    monkeypatch.setattr(main_window, "FIT_TO_SCREEN_DELAY_MS", 0)
     folder = tmp_path / "settings"
     folder.mkdir()
     monkeypatch.setattr(settings, "settings_path", lambda: folder / settings.SETTINGS_FILE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -37,6 +38,9 @@ FAULT_REFUSALS = {  # why Break the cache cannot plant its bug in a layer of eac
 __all__ = ["Candidate", "Engine", "GenerationError", "RunPlan", "SamplingSettings", "StepRecord", "generate_ids"]
 
 
+_WARMED_MODELS: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # models an engine has warmed up
+
+
 class Engine:
     """Runs a model of any family (kvviz.models.families) and owns its KV cache; `generate` yields a StepRecord
     per forward pass. One-token cached steps take the family's fast decode where it has one."""
@@ -64,8 +68,10 @@ class Engine:
     def warm_up(self, tokens: int = 4) -> None:
         """Run each kind of pass once, untimed, so that no timed pass pays a one-time cost (kernel set-up,
         weight packing, first allocations): a prefill, cached one-token steps, and uncached passes. Only the
-        first call on an engine does anything."""
-        if self._warm:
+        first call for a model does anything: what it prepares stays with the model (its packed copies) and the
+        process (its kernels), whichever engine runs the model next."""
+        if self._warm or self.model in _WARMED_MODELS:
+            self._warm = True
             return
         prompt_tokens = max(1, min(tokens, self.n_ctx // 2))
         new_tokens = max(1, min(tokens, self.n_ctx - prompt_tokens))
@@ -74,6 +80,7 @@ class Engine:
                               top_candidates=1):
                 pass
         self._warm = True
+        _WARMED_MODELS.add(self.model)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """Prompt ids; an empty prompt starts from <|endoftext|>."""

@@ -33,6 +33,7 @@ from kvviz.app.window.workspace import Workspace
 from kvviz.core.records import ModelInfo, RunPlan, StepRecord
 
 INITIAL_LOAD_DELAY_MS = 100  # after the window is first shown, so it paints before torch is imported
+FIT_TO_SCREEN_DELAY_MS = 250  # after the window is first shown: once the window manager has framed it
 INITIAL_LOAD_FALLBACK_MS = 1000  # a window never shown (headless use) still loads its model
 
 
@@ -140,7 +141,7 @@ class MainWindow(QMainWindow):
     # ----- models -----
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
-        QTimer.singleShot(250, self, lambda: fit_to_screen(self))  # once the window manager has framed it
+        QTimer.singleShot(FIT_TO_SCREEN_DELAY_MS, self, lambda: fit_to_screen(self))
         QTimer.singleShot(0, self, self.focus_grid)  # a lesson that opens on a question: its guess takes the keys
         if self._initial_source is not None:
             QTimer.singleShot(INITIAL_LOAD_DELAY_MS, self, self._start_initial_load)
