@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from pyqtgraph import ImageItem
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMarginsF, QPoint, QRectF, QSize, QSizeF, Qt
 from PySide6.QtGui import (
     QColor,
@@ -159,8 +160,10 @@ def prepared_for_export(widget: QWidget, pen_scale: float = 1.0, vector: bool = 
                 if hasattr(item, "setExportMode"):
                     item.setExportMode(True, {"antialias": True})
                     restore.append(lambda item=item: item.setExportMode(False))
-                image = getattr(item, "qimage", None)
-                if vector and isinstance(image, QImage) and not getattr(item, "_renderRequired", True):
+                if vector and isinstance(item, ImageItem) and item.image is not None:
+                    item.render()  # its QImage made now from its data (pyqtgraph makes it when it paints)
+                image = item.qimage if isinstance(item, ImageItem) else None
+                if vector and isinstance(image, QImage):
                     larger = _upscaled_image(view, item, image)
                     if larger is not None:
                         item.qimage = larger  # pyqtgraph's ImageItem draws `qimage` into the image's own rect

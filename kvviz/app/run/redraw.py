@@ -9,7 +9,6 @@ from pyqtgraph import GraphicsView
 from PySide6.QtCore import QEvent, QObject, QTimer
 from PySide6.QtWidgets import QApplication, QWidget
 
-from kvviz.app.run.shared_interpreter import gui_thread_first
 from kvviz.app.views.base import RunViewProtocol, redraw_slices
 from kvviz.core.records import RunPlan, StepRecord
 
@@ -25,7 +24,11 @@ REDRAW_MAX_MS_FULL_SPEED = 1000
 
 class Painter:
     """Paints what the views in `window` just changed, now (the scheduler calls it after each slice, so that
-    the time a redraw takes is its whole cost). Call `find_plots()` again when a panel with plots joins."""
+    the time a redraw takes is its whole cost). Call `find_plots()` again when a panel with plots joins.
+
+    Without it Qt paints on its own schedule, outside the redraws the scheduler times and spaces: GUI autoplay
+    then ran at 105 and 101 tokens/s against 116 and 115 with it (the embedded model, `kvviz bench --gui
+    --repeat 3`, best of 3, 2026-12-04), the stall alike (5.0, 5.6 ms against 8.9, 5.0 ms)."""
 
     def __init__(self, window: QWidget) -> None:
         self._window = window
@@ -125,10 +128,9 @@ class RedrawScheduler(QObject):
         self._slice_timer.stop()
         started = time.perf_counter()
         self._slices_left = []
-        with gui_thread_first():
-            for draw in self._slices():
-                draw()
-            self._paint_now()
+        for draw in self._slices():
+            draw()
+        self._paint_now()
         spent = time.perf_counter() - started
         self.max_slice_ms = max(self.max_slice_ms, spent * 1000)  # one pass of the event loop, all of it
         self._account(spent)
@@ -158,9 +160,8 @@ class RedrawScheduler(QObject):
         if not self._slices_left:
             return
         started = time.perf_counter()
-        with gui_thread_first():
-            self._slices_left.pop(0)()
-            self._paint_now()
+        self._slices_left.pop(0)()
+        self._paint_now()
         spent = time.perf_counter() - started
         self.max_slice_ms = max(self.max_slice_ms, spent * 1000)
         self._slices_seconds += spent

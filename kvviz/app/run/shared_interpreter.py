@@ -1,46 +1,39 @@
 """What the GUI thread and a worker thread need while they share one Python interpreter.
 
-- The GIL changes hands every GIL_SWITCH_INTERVAL_S instead of Python's 5 ms, so neither thread waits
-  long for the other (GUI stalls, slower tokens); while the GUI thread draws (`gui_thread_first`), every
-  GIL_DRAWING_SWITCH_INTERVAL_S: painting returns from Qt (which lets the GIL go) dozens of times a
-  slice and waited up to the whole interval for the worker at each return.
-- Python's automatic garbage collection is off and the GUI thread collects on a timer instead. The
-  automatic collector runs on whichever thread happens to allocate; when that is the worker, it
-  destroys Qt widgets caught in reference cycles (a closed window, a chart built for an export) on
-  the wrong thread, and Qt aborts or deadlocks. pyqtgraph's GarbageCollector does the same for the
-  same reason. After each model load everything alive is frozen (`settle`), so the full collections
-  the GUI thread makes later stay short.
+Python's automatic garbage collection is off and the GUI thread collects on a timer instead. The
+automatic collector runs on whichever thread happens to allocate; when that is the worker, it
+destroys Qt widgets caught in reference cycles (a closed window, a chart built for an export) on
+the wrong thread, and Qt aborts or deadlocks. pyqtgraph's GarbageCollector does the same for the
+same reason. After each model load everything alive is frozen (`settle`), so the full collections
+the GUI thread makes later stay short.
+
+The GIL keeps Python's own switch interval (5 ms). A shorter one (1 ms, and 0.1 ms while the GUI thread drew)
+was measured with `kvviz bench --gui` on 2026-12-04 and went: it changed neither the GUI's stall nor its speed
+(random:gpt2, 100 tokens: stall 8.1 and 7.8 ms with it, 6.5 and 7.4 ms without; GUI autoplay 26.3 and 26.1
+tokens/s with it, 26.8 and 29.4 without; the embedded model alike).
 """
 
 from __future__ import annotations
 
 import gc
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from PySide6.QtCore import QCoreApplication, QTimer
 
-GIL_SWITCH_INTERVAL_S = 0.001
-GIL_DRAWING_SWITCH_INTERVAL_S = 0.0001
 GUI_COLLECT_INTERVAL_MS = 50
 
 
 class WorkerThreadGuards:
-    """Both settings above while any worker thread exists, and Python's own once the last has ended.
+    """The collection above while any worker thread exists, and Python's own once the last has ended.
     Create and release it on the GUI thread."""
 
     def __init__(self) -> None:
         self._holders = 0
-        self._switch_interval_before = sys.getswitchinterval()
         self._gc_was_enabled = gc.isenabled()
         self._timer: QTimer | None = None
         self._collector: GuiThreadCollector | None = None
 
     def acquire(self) -> None:
         if self._holders == 0:
-            self._switch_interval_before = sys.getswitchinterval()
-            sys.setswitchinterval(min(self._switch_interval_before, GIL_SWITCH_INTERVAL_S))
             self._gc_was_enabled = gc.isenabled()
             gc.disable()
             self._collector = GuiThreadCollector()
@@ -86,7 +79,6 @@ class WorkerThreadGuards:
             return
         self._holders -= 1
         if self._holders == 0:
-            sys.setswitchinterval(self._switch_interval_before)
             if self._timer is not None:
                 self._timer.stop()
                 self._timer.deleteLater()
@@ -128,18 +120,3 @@ class GuiThreadCollector:
         return gc.collect(0) if counts[0] > 0 else 0
 
 worker_thread_guards = WorkerThreadGuards()
-
-
-@contextmanager
-def gui_thread_first() -> Iterator[None]:
-    """While a worker thread exists, a worker holding the GIL hands it to the GUI thread after
-    GIL_DRAWING_SWITCH_INTERVAL_S inside this block (a redraw slice) instead of GIL_SWITCH_INTERVAL_S."""
-    if not worker_thread_guards.active:
-        yield
-        return
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(GIL_DRAWING_SWITCH_INTERVAL_S)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
