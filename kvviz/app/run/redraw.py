@@ -116,6 +116,11 @@ class RedrawScheduler(QObject):
         if self._pending and not self._slices_left:
             self._timer.start(0)
 
+    def forget(self) -> None:
+        """Drop the records queued and any redraw under way: the run they belong to is gone."""
+        self.stop()
+        self._pending = []
+
     def stop(self) -> None:
         self._timer.stop()
         self._slice_timer.stop()

@@ -88,6 +88,7 @@ class ServingMode:
         one (or when the view opens next)."""
         self.batch.forget()
         if self.page_view.built:
+            self.scheduler.forget()  # a pass of the old batch still queued would draw over the cleared view
             self._view().clear(f"The batch is planned anew on {_info.name} when the serving view opens.")
         if self.active:
             self.run()
