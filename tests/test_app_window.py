@@ -232,9 +232,9 @@ def test_close_during_autoplay_stops_the_thread(qtbot, app_model):
     assert thread.isFinished()
 
 
-@pytest.mark.parametrize("kind", ["not-safetensors", "llama-rope-scaling"])
+@pytest.mark.parametrize("kind", ["not-safetensors", "llama-yarn-rope"])
 def test_bad_checkpoint_keeps_previous_model(qtbot, window, tmp_path, monkeypatch, kind):
-    """A file that is no checkpoint, and a Llama folder kvviz cannot run (Llama 3.1's rope scaling): a dialog
+    """A file that is no checkpoint, and a Llama folder kvviz cannot run (YaRN's rope scaling): a dialog
     of one sentence naming it, and the model before stays."""
     bad = tmp_path / "broken"
     bad.mkdir()
@@ -245,7 +245,7 @@ def test_bad_checkpoint_keeps_previous_model(qtbot, window, tmp_path, monkeypatc
         from safetensors.torch import save_file
 
         save_file({"model.embed_tokens.weight": torch.zeros(4, 4)}, str(bad / "model.safetensors"))
-        (bad / "config.json").write_text('{"model_type": "llama", "rope_scaling": {"rope_type": "llama3", '
+        (bad / "config.json").write_text('{"model_type": "llama", "rope_scaling": {"rope_type": "yarn", '
                                          '"factor": 8.0}, "rope_theta": 500000.0}')
     messages: list[str] = []
     monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: messages.append(text))
@@ -254,7 +254,7 @@ def test_bad_checkpoint_keeps_previous_model(qtbot, window, tmp_path, monkeypatc
     qtbot.waitUntil(lambda: bool(messages), timeout=30_000)
     assert len(messages) == 1
     assert "broken" in messages[0] and messages[0].count(". ") == 0 and "\n" not in messages[0]
-    assert kind != "llama-rope-scaling" or 'rope_type "llama3" is not supported' in messages[0]
+    assert kind != "llama-yarn-rope" or 'rope_type "yarn" is not supported' in messages[0]
     assert window.session.model_info == before
     assert window.picker.currentData() == window.session.source
     press(qtbot, window, Qt.Key.Key_Space)

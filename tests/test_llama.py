@@ -22,6 +22,10 @@ CASES = [
     ("llama", 4, 2, False, {}),
     ("llama", 4, 1, True, {"rope_theta": 500000.0}),
     ("llama", 4, 4, False, {"attention_bias": True}),
+    # Llama 3.1's RoPE scaling, its original context inside the test's positions: every kind of pair turns
+    ("llama", 4, 2, True, {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 16}}),
     ("qwen2", 4, 2, True, {}),
     ("qwen2", 4, 1, False, {"rope_theta": 1000000.0}),
     ("qwen2", 8, 2, True, {}),
@@ -36,7 +40,8 @@ CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config"
 def case_id(case) -> str:
     kind, heads, kv_heads, tied, extra = case
     attention = "mqa" if kv_heads == 1 else "mha" if kv_heads == heads else "gqa"
-    return f"{kind}-{attention}-{'tied' if tied else 'untied'}{'-bias' if extra.get('attention_bias') else ''}"
+    scaled = "-llama3" if extra.get("rope_parameters", {}).get("rope_type") == "llama3" else ""
+    return f"{kind}-{attention}-{'tied' if tied else 'untied'}{'-bias' if extra.get('attention_bias') else ''}{scaled}"
 
 
 @pytest.fixture(scope="module", params=CASES, ids=case_id)
@@ -127,8 +132,8 @@ def test_greedy_tokens_are_the_same_with_and_without_the_cache_and_in_transforme
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}},
-     'rope_type "llama3" is not supported; kvviz runs plain RoPE (rope_theta) only'),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 500000.0}},
+     'rope_type "yarn" is not supported; kvviz runs plain RoPE (rope_theta) and Llama 3\'s scaling (llama3)'),
     ({"hidden_act": "gelu"}, 'hidden_act "gelu" is not SwiGLU\'s silu'),
     ({"num_key_value_heads": 3}, "config n_head=4 is not a multiple of n_kv_head=3"),
     ({"num_hidden_layers": 10**9}, "num_hidden_layers=1000000000 is more than the weights in model.safetensors have"),

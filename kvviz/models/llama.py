@@ -9,6 +9,7 @@ bytes than in multi-head attention. Module names follow transformers' checkpoint
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -37,6 +38,9 @@ class LlamaConfig:
     head_size: int = 0  # head_dim; 0: n_embd // n_head
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Llama 3.1's RoPE scaling (rope_type "llama3"): (factor, low_freq_factor, high_freq_factor, the original
+    # context); () for plain RoPE
+    rope_scaling: tuple[float, float, float, float] = ()
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
     o_bias: bool = False  # a bias on the output projection too (Llama's attention_bias)
     tie_word_embeddings: bool = True  # the output head is the embedding matrix
@@ -126,10 +130,29 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def rope_angles(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos and sin (T, head_dim) of RoPE at `positions` (T,): pair i of a head turns by position * theta^(-2i/d)."""
-    inverse_frequencies = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
-    angles = positions.float()[:, None] * inverse_frequencies[None, :]  # (T, d/2)
+def rope_frequencies(head_dim: int, theta: float, scaling: tuple = (), device=None) -> torch.Tensor:
+    """The turn per position of each pair i of a head (head_dim / 2,): theta^(-2i/d).
+
+    With Llama 3's `scaling` (factor, low, high, original context L): a pair whose wavelength 2π/frequency is
+    longer than L / low turns `factor` times slower (it would see positions it never saw in training); one
+    shorter than L / high keeps its frequency; one between the two is blended, linearly in L / wavelength, from
+    the slow turn to its own."""
+    frequencies = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+    if not scaling:
+        return frequencies
+    factor, low, high, context = scaling
+    wavelengths = 2 * math.pi / frequencies
+    slow = frequencies / factor
+    blend = ((context / wavelengths - low) / (high - low)).clamp(0.0, 1.0)  # 0: slow, 1: as it was
+    blended = (1 - blend) * slow + blend * frequencies
+    return torch.where(wavelengths > context / low, slow, torch.where(wavelengths < context / high, frequencies,
+                                                                       blended))
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype, scaling: tuple = ()):
+    """cos and sin (T, head_dim) of RoPE at `positions` (T,): pair i of a head turns by position * its frequency
+    (`rope_frequencies`)."""
+    angles = positions.float()[:, None] * rope_frequencies(head_dim, theta, scaling, positions.device)[None, :]
     angles = torch.cat((angles, angles), dim=-1)  # (T, d): the halves of a head rotate together
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -149,7 +172,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_index = layer_index
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
-        self.rope_theta = config.rope_theta
+        self.rope_theta, self.rope_scaling = config.rope_theta, config.rope_scaling
         C, hd, bias = config.n_embd, config.head_dim, config.qkv_bias
         self.q_proj = nn.Linear(C, config.n_head * hd, bias=bias)
         self.k_proj = nn.Linear(C, config.n_kv_head * hd, bias=bias)
@@ -185,7 +208,7 @@ class Attention(nn.Module):
         if held is None or not held.sinks:
             return None
         within = positions.clamp(max=held.sinks + held.window - 1)  # (T,): the window's keys keep their distances
-        return rotate(q, *rope_angles(within, self.head_dim, self.rope_theta, q.dtype))
+        return rotate(q, *rope_angles(within, self.head_dim, self.rope_theta, q.dtype, self.rope_scaling))
 
 
 class SwiGLU(nn.Module):
@@ -261,7 +284,8 @@ class Llama(nn.Module):
         if int(positions.max()) >= self.config.n_ctx and not streaming:
             raise ValueError(f"position {int(positions.max())} is past the context length {self.config.n_ctx}")
         x = self.model.embed_tokens(idx)  # (B, T, C)
-        rope = rope_angles(positions.flatten(), self.config.head_dim, self.config.rope_theta, x.dtype)  # (T, hd)
+        rope = rope_angles(positions.flatten(), self.config.head_dim, self.config.rope_theta, x.dtype,
+                           self.config.rope_scaling)  # (T, hd)
         if positions.dim() == 2:  # a position per row of a batch: (B, 1, T, hd), every head alike
             rope = tuple(r.view(B, 1, T, -1) for r in rope)
         for i, layer in enumerate(self.blocks):

@@ -74,7 +74,7 @@ def decode_one(model: Llama, token: int, position: int, kv_cache: KVCache, weigh
         raise ValueError(f"position {position} is past the context length {cfg.n_ctx}")
     embeddings = model.model.embed_tokens.weight
     positions = torch.tensor([position], device=embeddings.device)
-    cos, sin = rope_angles(positions, hd, cfg.rope_theta, embeddings.dtype)  # (1, hd) each
+    cos, sin = rope_angles(positions, hd, cfg.rope_theta, embeddings.dtype, cfg.rope_scaling)  # (1, hd) each
     recording = probe is not None and probe.attention is not None
     x = embeddings[token].view(1, -1)  # (1, C)
     for i, w in enumerate(weights or decode_weights(model)):
@@ -109,7 +109,8 @@ def forward(model: Llama, idx: torch.Tensor, positions: torch.Tensor, kv_cache: 
     if int(positions.max()) >= cfg.n_ctx and not streaming:
         raise ValueError(f"position {int(positions.max())} is past the context length {cfg.n_ctx}")
     embeddings = model.model.embed_tokens.weight
-    cos, sin = rope_angles(positions.flatten(), hd, cfg.rope_theta, embeddings.dtype)  # (B*T or T, hd)
+    cos, sin = rope_angles(positions.flatten(), hd, cfg.rope_theta, embeddings.dtype,
+                           cfg.rope_scaling)  # (B*T or T, hd)
     if positions.dim() == 2:  # a position per row of a batch: (B, 1, T, hd), every head alike
         cos, sin = cos.view(B, 1, T, hd), sin.view(B, 1, T, hd)
     x = embeddings[idx].reshape(B * T, -1)  # (B*T, C)

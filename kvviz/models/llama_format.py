@@ -44,9 +44,17 @@ def config_from_json(path: Path) -> LlamaConfig:
     if not isinstance(rope, dict):
         raise ModelLoadError(f"{path}: the RoPE settings {shown(rope)} are not a JSON object")
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
+    if kind not in ("default", "llama3"):
         raise ModelLoadError(f"{path}: rope_type {shown(kind)} is not supported; kvviz runs plain RoPE "
-                             "(rope_theta) only")
+                             "(rope_theta) and Llama 3's scaling (llama3)")
+    scaling = ()
+    if kind == "llama3":
+        scaling = (_positive(rope, path, "factor", 8.0), _positive(rope, path, "low_freq_factor", 1.0),
+                   _positive(rope, path, "high_freq_factor", 4.0),
+                   float(_whole(rope, path, "original_max_position_embeddings", 8192)))
+        if scaling[2] <= scaling[1]:
+            raise ModelLoadError(f"{path}: high_freq_factor {scaling[2]:g} is not above low_freq_factor "
+                                 f"{scaling[1]:g}")
     theta_from = rope if "rope_theta" in rope else raw
     if raw.get("hidden_act", "silu") != "silu":
         raise ModelLoadError(f"{path}: hidden_act {shown(raw['hidden_act'])} is not SwiGLU's silu")
@@ -78,6 +86,7 @@ def config_from_json(path: Path) -> LlamaConfig:
             head_size=_whole(raw, path, "head_dim", 0) if raw.get("head_dim") is not None else 0,
             rms_norm_eps=_positive(raw, path, "rms_norm_eps", 1e-6),
             rope_theta=_positive(theta_from, path, "rope_theta", 10000.0),
+            rope_scaling=scaling,
             qkv_bias=True if model_type == "qwen2" else bool(raw.get("attention_bias", False)),
             o_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -106,6 +115,10 @@ def config_to_json(config: LlamaConfig, model_type: str = "llama") -> dict:
         "head_dim": config.head_dim,
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": config.rope_theta,
+        **({"rope_scaling": {"rope_type": "llama3", "factor": config.rope_scaling[0],
+                             "low_freq_factor": config.rope_scaling[1], "high_freq_factor": config.rope_scaling[2],
+                             "original_max_position_embeddings": int(config.rope_scaling[3])}}
+           if config.rope_scaling else {}),
         "attention_bias": config.qkv_bias and config.o_bias,
         "tie_word_embeddings": config.tie_word_embeddings,
         **({"sliding_window": config.sliding_window} if config.sliding_window else {}),
