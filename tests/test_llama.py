@@ -32,9 +32,11 @@ CASES = [
     ("mistral", 4, 2, False, {"sliding_window": None}),
     ("mistral", 4, 1, True, {"sliding_window": None}),
     ("mistral", 8, 2, False, {"sliding_window": None, "head_dim": 16}),
+    ("qwen3", 4, 2, True, {"head_dim": 16}),  # QK-norm: each head's query and key RMS-normed before RoPE
+    ("qwen3", 4, 1, False, {"head_dim": 32, "attention_bias": True}),
 ]
 CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-           "mistral": ("MistralConfig", "MistralForCausalLM")}
+           "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
 
 
 def case_id(case) -> str:

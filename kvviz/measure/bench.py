@@ -78,11 +78,12 @@ def _llama_peer(model):
     from kvviz.models import llama_format
 
     cfg = model.config
-    model_type = "qwen2" if cfg.qkv_bias and not cfg.o_bias else "llama"
+    model_type = "qwen3" if cfg.qk_norm else "qwen2" if cfg.qkv_bias and not cfg.o_bias else "llama"
     fields = {k: v for k, v in llama_format.config_to_json(cfg, model_type).items()
               if k not in ("architectures", "model_type", "torch_dtype")}
-    config_class, model_class = ((transformers.Qwen2Config, transformers.Qwen2ForCausalLM) if model_type == "qwen2"
-                                 else (transformers.LlamaConfig, transformers.LlamaForCausalLM))
+    config_class, model_class = {"qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+                                 "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}.get(
+        model_type, (transformers.LlamaConfig, transformers.LlamaForCausalLM))
     return _holding(model_class(config_class(**fields)), model)
 
 

@@ -42,6 +42,7 @@ class LlamaConfig:
     # context); () for plain RoPE
     rope_scaling: tuple[float, float, float, float] = ()
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
+    qk_norm: bool = False  # Qwen3's: each head's query and key RMS-normed (weights of head_dim) before RoPE
     o_bias: bool = False  # a bias on the output projection too (Llama's attention_bias)
     tie_word_embeddings: bool = True  # the output head is the embedding matrix
     sliding_window: int = 0  # Mistral's: each query attends to the last this many positions (0: to all)
@@ -178,6 +179,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(C, config.n_kv_head * hd, bias=bias)
         self.v_proj = nn.Linear(C, config.n_kv_head * hd, bias=bias)
         self.o_proj = nn.Linear(config.n_head * hd, C, bias=config.o_bias)
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:  # Qwen3: a query's and a key's size no longer grows with the projections' weights
+            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: KVCache | None, probe: PassProbe | None = None) -> torch.Tensor:
@@ -185,6 +190,8 @@ class Attention(nn.Module):
         hd = self.head_dim
         q = self.q_proj(x).view(B, T, self.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
         k = self.k_proj(x).view(B, T, self.n_kv_head, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)  # over each head's numbers
         v = self.v_proj(x).view(B, T, self.n_kv_head, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if probe is not None:
             probe.projected(self.layer_index, B * T)

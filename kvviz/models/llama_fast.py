@@ -38,6 +38,8 @@ class LayerWeights(NamedTuple):
     v: Projection
     o: Projection
     post_norm: torch.Tensor
+    q_norm: torch.Tensor | None  # Qwen3's per-head norms of queries and keys, or None
+    k_norm: torch.Tensor | None
     gate: Projection
     up: Projection
     down: Projection
@@ -52,7 +54,9 @@ def decode_weights(model: Llama) -> list[LayerWeights]:
     """Every layer's tensors for `decode_one`; take them again if the parameters are replaced."""
     return [LayerWeights(
         layer.input_layernorm.weight, *(_projection(getattr(layer.self_attn, f"{n}_proj")) for n in "qkvo"),
-        layer.post_attention_layernorm.weight, _projection(layer.mlp.gate_proj), _projection(layer.mlp.up_proj),
+        layer.post_attention_layernorm.weight,
+        *((layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight) if model.config.qk_norm else (None, None)),
+        _projection(layer.mlp.gate_proj), _projection(layer.mlp.up_proj),
         _projection(layer.mlp.down_proj),
     ) for layer in model.blocks]
 
@@ -81,8 +85,10 @@ def decode_one(model: Llama, token: int, position: int, kv_cache: KVCache, weigh
         if probe is not None:
             probe.entering(i)
         h = rms_norm(x, w.input_norm, eps)
-        q = rotate(w.q(h).view(1, nh, 1, hd), cos, sin)  # (1, nh, 1, hd)
-        k = rotate(w.k(h).view(1, nkv, 1, hd), cos, sin)  # (1, nkv, 1, hd)
+        q, k = w.q(h).view(1, nh, 1, hd), w.k(h).view(1, nkv, 1, hd)
+        if w.q_norm is not None:
+            q, k = rms_norm(q, w.q_norm, eps), rms_norm(k, w.k_norm, eps)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (1, nh, 1, hd), (1, nkv, 1, hd)
         if probe is not None:
             probe.projected(i, 1)
         keys, values, *_ = kv_cache.update(i, position, k, w.v(h).view(1, nkv, 1, hd))  # (1, nkv, S, hd) each
@@ -120,8 +126,11 @@ def forward(model: Llama, idx: torch.Tensor, positions: torch.Tensor, kv_cache: 
             probe.entering(i)
         h = rms_norm(x, w.input_norm, eps)
         q_here = w.q(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = w.k(h).view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        if w.q_norm is not None:
+            q_here, k = rms_norm(q_here, w.q_norm, eps), rms_norm(k, w.k_norm, eps)
         q = rotate(q_here, cos, sin)
-        k = rotate(w.k(h).view(B, T, nkv, hd).transpose(1, 2), cos, sin)  # (B, nkv, T, hd)
+        k = rotate(k, cos, sin)
         v = w.v(h).view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if probe is not None:
             probe.projected(i, B * T)

@@ -1,4 +1,4 @@
-"""The Llama family's checkpoint format: transformers' `config.json` of model_type llama, qwen2 or mistral, and
+"""The Llama family's checkpoint format: transformers' `config.json` of model_type llama, qwen2, mistral or qwen3,
 the state dict's keys (the same names as kvviz.models.llama's modules)."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from kvviz.models.config_json import read_config, shown
 from kvviz.models.config_json import whole as _whole
 from kvviz.models.llama import LlamaConfig
 
-MODEL_TYPES = ("llama", "qwen2", "mistral")
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # a buffer older checkpoints carry, recomputed from rope_theta
 
 
@@ -65,7 +66,7 @@ def config_from_json(path: Path) -> LlamaConfig:
         window = _whole(raw, path, "sliding_window", 0)
         window = window if 0 < window < _whole(raw, path, "max_position_embeddings", 2048) else 0
     first_layer = 0  # Qwen2 windows the layers from max_window_layers on; the ones below keep every position
-    if model_type == "qwen2" and raw.get("use_sliding_window"):
+    if model_type in ("qwen2", "qwen3") and raw.get("use_sliding_window"):
         layers, first = _whole(raw, path, "num_hidden_layers", 32), _whole(raw, path, "max_window_layers", 28)
         if raw.get("layer_types") is not None:  # transformers windows the layers it names, max_window_layers aside
             first = _first_windowed_layer(raw["layer_types"], layers, path)
@@ -88,6 +89,7 @@ def config_from_json(path: Path) -> LlamaConfig:
             rope_theta=_positive(theta_from, path, "rope_theta", 10000.0),
             rope_scaling=scaling,
             qkv_bias=True if model_type == "qwen2" else bool(raw.get("attention_bias", False)),
+            qk_norm=model_type == "qwen3",
             o_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             sliding_window=window,
@@ -101,7 +103,8 @@ def config_from_json(path: Path) -> LlamaConfig:
 
 
 def config_to_json(config: LlamaConfig, model_type: str = "llama") -> dict:
-    """The transformers `config.json` for `config`, loadable by LlamaForCausalLM."""
+    """The transformers `config.json` for `config`, loadable by LlamaForCausalLM (Qwen3ForCausalLM with QK-norm)."""
+    model_type = "qwen3" if config.qk_norm else model_type
     return {
         "architectures": [ARCHITECTURES[model_type]],
         "model_type": model_type,
