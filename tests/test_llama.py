@@ -140,7 +140,10 @@ def test_greedy_tokens_are_the_same_with_and_without_the_cache_and_in_transforme
     ({"num_key_value_heads": 3}, "config n_head=4 is not a multiple of n_kv_head=3"),
     ({"num_hidden_layers": 10**9}, "num_hidden_layers=1000000000 is more than the weights in model.safetensors have"),
     ({"num_key_value_heads": 4}, "num_key_value_heads=4 is more than the weights in model.safetensors have"),
-], ids=["rope-scaling", "activation", "heads", "a-billion-layers", "more-kv-heads"])
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 16, "rope_theta": 500000.0}},
+     "high_freq_factor 4 is not above low_freq_factor 4"),  # its blend would divide by zero
+], ids=["rope-scaling", "activation", "heads", "a-billion-layers", "more-kv-heads", "llama3-bands-crossed"])
 def test_what_kvviz_cannot_run_is_named_in_one_line(tmp_path, changes, message, kvviz_cli):
     import json
 

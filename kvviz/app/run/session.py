@@ -42,8 +42,6 @@ class RunSession(StreamSession):
         self.model_info: ModelInfo | None = None
         self.source: str | None = None  # of the loaded model
         self.dtype = "float32"  # the precision of the last load asked for
-        self.plan: RunPlan | None = None
-        self.records: list[StepRecord] = []
         self._pending_loads: list[str] = []
         self._fallback_tried = False
         self._replay_target = 0
