@@ -32,7 +32,9 @@ class Held(NamedTuple):
 
 @dataclass(frozen=True)
 class LayerKind:
-    """What a family asks one layer's cache to be: `kind` is "full", "window", "quantized" or "latent"."""
+    """What a family asks one layer's cache to be: `kind` is "full", "window", "quantized", "latent", "shared" (it
+    keeps nothing and reads layer `source`'s keys and values) or "state" (a linear-attention layer's fixed-size
+    tensors, of the shapes `state` lists a sequence)."""
 
     kind: str
     heads: int = 0  # KV heads a position stores (latent: 0)
@@ -42,6 +44,8 @@ class LayerKind:
     kv_dtype: str = ""  # "quantized": a key of kvviz.core.records.KV_DTYPES
     rank: int = 0  # "latent": the latent's width ...
     rope_dim: int = 0  # ... and the shared RoPE key's
+    source: int = -1  # "shared": the layer whose cache it reads
+    state: tuple[tuple[int, ...], ...] = ()  # "state": the shape of each of its tensors, one sequence's
 
 
 class LayerCache:
