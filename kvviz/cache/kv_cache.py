@@ -77,6 +77,11 @@ class KVCache:
         return sum(layer.bytes_held for layer in self.layers)
 
     @property
+    def layer_bytes(self) -> tuple[int, ...]:
+        """Bytes each layer holds, from the bottom layer, measured from its tensors."""
+        return tuple(layer.bytes_held for layer in self.layers)
+
+    @property
     def bytes_allocated(self) -> int:
         return sum(layer.bytes_allocated for layer in self.layers)
 

@@ -87,6 +87,8 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
             "sinks": run.plan.policy.sinks,
             "positions_held": last.positions_held,  # the top layer's: a windowed one where the model has a window
             "positions_held_per_layer": list(last.layer_positions_held) or None,
+            "cache_bytes_per_layer": list(last.layer_bytes) or None,  # measured, from the bottom layer
+            "layer_kinds": [run.plan.layer_kind(i) for i in range(last.n_layer)],
             "cache_precision": last.cache_precision or None,
             "evicted_per_pass": evicted if run.plan.policy.evicts and use_cache else None,
             "seconds": round(seconds, 4),

@@ -36,6 +36,28 @@ def model_architecture(source: str | None) -> Architecture:
     return cache_shape(config, visible(name), "the model's config")  # a folder's name may hold control bytes
 
 
+def layer_lines(arch: Architecture, context: int, precision: str, batch: int) -> list[str]:
+    """A line per run of alike layers: what they keep and their bytes at `context` tokens, e.g.
+    "layers 0-4  window (512): 512 tokens, 524,288 bytes each"."""
+    shapes, sizes = arch.layer_shapes, arch.layer_bytes(context, precision, batch)
+    lines, start = [], 0
+    for i in range(1, len(shapes) + 1):
+        if i < len(shapes) and shapes[i] == shapes[start] and sizes[i] == sizes[start]:
+            continue
+        shape, size = shapes[start], sizes[start]
+        layers = f"layer {start}" if i - start == 1 else f"layers {start}-{i - 1}"
+        if shape.kind == "shared":
+            what = f"shared: reads layer {shape.source}'s keys and values, keeps 0 bytes"
+        elif shape.kind == "state":
+            what = f"state: {size:,} bytes each, whatever the length"
+        else:
+            window = f" ({shape.window:,})" if shape.kind == "window" else ""
+            what = f"{shape.kind}{window}: {shape.tokens_held(context):,} tokens, {size:,} bytes each"
+        lines.append(f"{layers}  {what}")
+        start = i
+    return lines
+
+
 def cmd_memory(args: argparse.Namespace) -> int:
     if args.arch is not None and args.model is not None:
         raise KvvizError("give --model or --arch, not both")
@@ -50,6 +72,9 @@ def cmd_memory(args: argparse.Namespace) -> int:
                          "caches only")
     if precision == "int4" and arch.head_dim % 2:
         raise KvvizError(f"--kv-dtype int4 packs two numbers a byte; {arch.name}'s head size {arch.head_dim} is odd")
+    if precision != args.dtype and arch.differs:
+        raise KvvizError(f"--kv-dtype {precision}: {arch.name}'s layers differ; kvviz quantizes the caches of models "
+                         "whose layers are alike")
     per_token = arch.bytes_per_token(precision, args.batch)
     total = arch.cache_bytes(args.context, precision, args.batch)
     held = arch.layer_tokens_held(args.context)
@@ -71,6 +96,9 @@ def cmd_memory(args: argparse.Namespace) -> int:
             "context": args.context,
             "tokens_held": arch.tokens_held(args.context),  # a windowed layer's
             "tokens_held_per_layer": list(held),
+            "layer_kinds": list(arch.layer_kinds),
+            "bytes_per_layer": list(arch.layer_bytes(args.context, precision, args.batch)),
+            "fixed_bytes": arch.fixed_bytes(precision, args.batch),  # a linear-attention state's, whatever the length
             "model_context": arch.context,
             "bytes_per_token": per_token,
             "bytes": total,
@@ -86,6 +114,9 @@ def cmd_memory(args: argparse.Namespace) -> int:
         layers = "each layer" if windowed == arch.layers else f"{windowed} of {arch.layers} layers"
         window = f" ({layers} holds {arch.tokens_held(args.context):,} of them)"
     print(f"  at {args.context:,} tokens{window}: {total:,} bytes = {format_bytes(total)}")
+    if arch.differs:
+        for line in layer_lines(arch, args.context, precision, args.batch):
+            print(f"    {line}")
     if arch.context is not None and args.context > arch.context:
         print(f"  (a what-if: the model itself takes at most {arch.context:,} tokens)")
     if arch.source:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a plan carries one; records import no formulas at run time
-    from kvviz.core.memory import Architecture
+    from kvviz.core.memory import Architecture, LayerShape
 
 
 @dataclass(frozen=True)
@@ -199,6 +199,14 @@ class RunPlan:
     cache_precision: str = ""  # what its numbers are stored in: the weights' type ("float32") or a KV_DTYPES key
     head_key_value: tuple[int, int] = ()  # latent attention's: the numbers of each head's key and value that every
     # pass rebuilds from the latent (qk_head_dim, v_head_dim), e.g. (192, 128); () for a cache of heads
+    layer_shapes: tuple[LayerShape, ...] = ()  # what each layer keeps where the model's layers differ (a window,
+    # nothing but a shared source, a fixed state), with or without a cache; () where every layer is alike
+
+    def layer_kind(self, layer: int) -> str:
+        """What `layer` keeps: a key of kvviz.core.memory.LAYER_SHAPE_KINDS ("full" where the layers are alike)."""
+        if self.layer_shapes:
+            return self.layer_shapes[layer].kind
+        return "window" if self.policy.windows(layer) else "full"
 
     @property
     def multi_head_numbers(self) -> int:
@@ -345,6 +353,7 @@ class StepRecord:
     layer_positions_held: tuple[int, ...] = ()  # positions each layer's cache holds after this pass (() no cache)
     layer_capacity: tuple[int, ...] = ()  # the most positions each layer's cache ever holds (0: every one)
     cache_precision: str = ""  # what the cache's numbers are stored in: "float32", "bfloat16", "int8", ...
+    layer_bytes: tuple[int, ...] = ()  # bytes each layer's cache holds after this pass, measured (() no cache)
 
     @property
     def twin_token_id(self) -> int | None:

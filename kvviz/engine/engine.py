@@ -178,6 +178,7 @@ class Engine:
             policy=policy,
             cache_parts=cfg.cache_parts,
             head_key_value=cfg.head_key_value,
+            layer_shapes=run_cache_shape(cfg, policy).layer_shapes,
         )
 
     def _bytes_per_position(self, policy: CachePolicy) -> int:
@@ -330,6 +331,7 @@ class Engine:
                 layer_positions_held=cache.layer_positions_held if cache is not None else (),
                 layer_capacity=cache.layer_limits if cache is not None else (),
                 cache_precision=plan.cache_precision,
+                layer_bytes=cache.layer_bytes if cache is not None else (),
                 windowed=use_cache and plan.policy.evicts,
                 lossy=use_cache and plan.policy.lossy,
             )
