@@ -11,7 +11,7 @@ import pytest
 from helpers_checkpoints import plan_ids
 from PySide6.QtCore import QPointF, Qt
 
-from kvviz.app.views.memory_view import SHOWN_REFERENCES, MemoryView
+from kvviz.app.views.memory_view import PART_NAMES, SHOWN_REFERENCES, MemoryView
 
 PROMPT = "Time flies fast"  # 3 tokens
 
@@ -141,7 +141,10 @@ def test_every_line_has_a_colour_and_a_dash_of_its_own(qtbot, palette_name):
     qtbot.addWidget(view)
     view.set_theme(palette)
     drawn = pens(view)
-    assert set(drawn) == {"this model", *SHOWN_REFERENCES}
+    assert set(drawn) == {"this model", *PART_NAMES, *SHOWN_REFERENCES}
+    parts = {name: drawn.pop(name) for name in PART_NAMES}  # a hybrid model's two parts: its own colour, dashed
+    assert {pen.color().name().upper() for pen in parts.values()} == {palette.teal}
+    assert len({dashes(pen) for pen in parts.values()} - {()}) == 2
     colours = {name: pen.color().name().upper() for name, pen in drawn.items()}
     assert colours["this model"] == palette.teal and palette.amber not in colours.values()
     references = [name for name in drawn if name != "this model"]

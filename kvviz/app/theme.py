@@ -31,6 +31,8 @@ class Theme:
     grid_line: str  # between the grid's cells, and the colour-blind patterns on them
     alert: str  # errors, a broken cache, runs that part
     evicted: str  # K/V a window evicted from the cache
+    shared: str  # a layer that keeps no K/V of its own (it reads an earlier layer's)
+    state: str  # a linear-attention layer's fixed-size state
     # surfaces
     background: str  # the window, the plots, exported images and slides
     surface: str  # panels on the background: counter, lesson panel, menu and status bars, text areas
@@ -61,7 +63,8 @@ class Theme:
 DARK = Theme(
     name="dark",
     amber="#F5A623", teal="#1FA6A0", pending="#68707E", empty="#262A33", grid_line="#14161B", alert="#FF6B5B",
-    evicted="#CBB8FF", background="#1B1E24", surface="#20242B", field="#2A2F38", raised="#2E3440", pressed="#3A4150",
+    evicted="#CBB8FF", shared="#31363F", state="#5A7BD8",
+    background="#1B1E24", surface="#20242B", field="#2A2F38", raised="#2E3440", pressed="#3A4150",
     menu="#252A32", border="#3C4350", border_strong="#454D5C", chip="#3A404C", chip_edge="#6A7282",
     amber_tint="#3A2A12", alert_tint="#3A1815",
     foreground="#E6E8EC", muted="#9AA1AD", disabled="#646B78", on_amber="#1B1E24", banner_text="#F5A623",
@@ -71,7 +74,8 @@ DARK = Theme(
 LIGHT = Theme(
     name="light",
     amber="#C87400", teal="#129A93", pending="#8A919C", empty="#E6E9EE", grid_line="#FFFFFF", alert="#C62828",
-    evicted="#4E3596", background="#FFFFFF", surface="#F4F5F7", field="#FFFFFF", raised="#ECEEF2", pressed="#DCE0E6",
+    evicted="#4E3596", shared="#F4F5F7", state="#3B5BB5",
+    background="#FFFFFF", surface="#F4F5F7", field="#FFFFFF", raised="#ECEEF2", pressed="#DCE0E6",
     menu="#FFFFFF", border="#C9CED6", border_strong="#A9B0BB", chip="#E6E9EE", chip_edge="#A9B0BB",
     amber_tint="#FFF1DC", alert_tint="#FDECEA",
     foreground="#1B1E24", muted="#5B6270", disabled="#9AA1AD", on_amber="#1B1E24", banner_text="#7A4600",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvviz.app.theme import Theme
-from kvviz.core.memory import format_bytes, reference_architectures
+from kvviz.core.memory import DTYPE_BYTES, format_bytes, reference_architectures
 from kvviz.core.records import RunPlan, StepRecord
 
 MAX_CONTEXT = 131072  # the x axis ends at 128k tokens
@@ -60,6 +60,43 @@ class MemoryState:
         held = (first * x + (self.plan.n_layer - first) * held) / self.plan.n_layer
         return x, held * self.plan.cache_bytes_per_position
 
+    def parts(self, precision: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A model whose layers differ, with a part that grows and one that does not: positions, the bytes of its
+        full layers (the growing part) and of the rest (the flat part: windows once full, fixed states), which
+        sum to `model_line`. None for a model whose layers keep alike, or whose parts are all of one kind."""
+        plan = self.plan
+        shape = plan.cache_shape if plan is not None and plan.cache_bytes_per_position else None
+        if shape is None or not shape.differs:
+            return None
+        kinds = set(shape.layer_kinds)
+        if "full" not in kinds or not kinds & {"window", "state"}:
+            return None
+        x, total = self.model_line(precision)
+        precision = precision or self.precision
+        full = [i for i, kind in enumerate(shape.layer_kinds) if kind == "full"]
+        growing = np.array([sum(shape.layer_bytes(int(c), precision)[i] for i in full) for c in x], dtype=np.float64)
+        return x, growing, total - growing
+
+    def parts_text(self, precision: str) -> str:
+        """What the growing part and the flat part hold, e.g. "grows: 2 full layers, 1,024 bytes per token;
+        flat: 6 state layers, 73,728 bytes whatever the length" ("" where `parts` is None)."""
+        if self.parts(precision) is None:
+            return ""
+        shape = self.plan.cache_shape
+        per_position = shape.layer_bytes_per_position(precision)
+        full = [i for i, kind in enumerate(shape.layer_kinds) if kind == "full"]
+        windows = [s for s in shape.layer_shapes if s.kind == "window"]
+        states = [s for s in shape.layer_shapes if s.kind == "state"]
+        flat = []
+        if windows:
+            held = max(s.window + s.sinks for s in windows)
+            flat.append(f"{len(windows)} window layers, flat from {held:,} tokens at "
+                        f"{sum(s.elements_per_position() for s in windows) * held * DTYPE_BYTES[precision]:,} bytes")
+        if states:
+            flat.append(f"{len(states)} state layers, {shape.fixed_bytes(precision):,} bytes whatever the length")
+        return (f"grows: {len(full)} full layers, {sum(per_position[i] for i in full):,} bytes per token; "
+                f"flat: {' and '.join(flat)}")
+
     def measured(self) -> tuple[np.ndarray, np.ndarray]:
         """The measured points: positions filled, bytes read from the cache's tensors."""
         positions = sorted(self.points)
@@ -94,6 +131,9 @@ class MemoryState:
                 "linear axes: each token adds the same bytes, so every line is straight")
         window = (f", at most {plan.policy.capacity} positions held ({plan.policy.describe()})"
                   if plan.policy.evicts else "")
+        parts = self.parts_text(precision) if plan.cache_shape is not None else ""
+        if parts:  # a model whose layers differ: per token while every layer holds it, then its two parts
+            window = f" while every layer holds it ({parts})"
         return (f"{general}<br><span style='color:{theme.teal}'>{plan.model_name} in {precision}: "
                 f"{per_token:,} bytes per token{window}{measured}</span> "
                 f"<span style='color:{muted}'>(every line in {precision}; lines for other models: their published "

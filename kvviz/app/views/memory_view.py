@@ -34,6 +34,7 @@ SERIES_DASHES = ((), (7.0, 2.5), (3.0, 2.0), (1.0, 1.8), (5.0, 1.8, 1.0, 1.8), (
 REFERENCE_WIDTH = 2.5  # pixels
 MODEL_WIDTH = 4.5  # the loaded model's line, over the others
 SCALES = ("log", "linear")
+PART_NAMES = ("its growing part", "its flat part")  # a model whose layers differ: its line's two parts
 PLOT_HEIGHT = 300  # pixels the plot asks for: a short column fits the view whole; a taller one gives it more
 
 
@@ -109,9 +110,12 @@ class MemoryView(QWidget):
             curve.setZValue(z + 1)  # dashed lines over the solid one they may lie on
         self.model_curve = self.plot_item.plot([], [])
         self.model_curve.setZValue(0)  # wide, under the thin lines that may lie on it (Falcon-7B does)
+        # a model whose layers differ: the part of its line that grows (full layers) and the flat part (windows once
+        # full, linear-attention states), each named; they sum to the model's line
+        self.part_curves = {name: self.plot_item.plot([], []) for name in PART_NAMES}
         self.points_curve = self.plot_item.plot([], [], pen=None, symbol="o", symbolSize=8)
         self.points_curve.setZValue(len(SHOWN_REFERENCES) + 1)
-        self.line_names = LineNames(vb, ("this model", *SHOWN_REFERENCES), len(SHOWN_REFERENCES) + 2,
+        self.line_names = LineNames(vb, ("this model", *PART_NAMES, *SHOWN_REFERENCES), len(SHOWN_REFERENCES) + 2,
                                     QFont(self.font()))  # over the lines and the points
         self.budget_lines = []
         for gigabytes in MEMORY_BUDGETS_GB:
@@ -156,6 +160,7 @@ class MemoryView(QWidget):
         self._dirty = False
         plan = self._state.plan
         per_position = plan.cache_bytes_per_position if plan is not None else 0
+        parts = None
         if plan is None or per_position == 0:
             self.model_curve.setData([], [])
             self.points_curve.setData([], [])
@@ -163,6 +168,10 @@ class MemoryView(QWidget):
             x, y = self.model_line()
             self.model_curve.setData(x, y)
             self.points_curve.setData(*self.points())
+            parts = self.model_parts()
+        for curve, part in zip(self.part_curves.values(), parts[1:] if parts is not None else (None, None),
+                               strict=True):
+            curve.setData(*((parts[0], part) if part is not None else ([], [])))
         self.formula.setText(self._state.formula_text(self.scale(), self._theme, self.precision()))
         self._label_axes()
         self._frame()
@@ -229,6 +238,16 @@ class MemoryView(QWidget):
         x, y = self._state.model_line(self.precision())
         return x, y * self.batch_spin.value()
 
+    def model_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A model whose layers differ: positions, its line's growing part and its flat part (they sum to
+        `model_line`), in the chosen precision and batch; None where the model's line is one kind of growth."""
+        parts = self._state.parts(self.precision())
+        if parts is None:
+            return None
+        x, growing, flat = parts
+        batch = self.batch_spin.value()
+        return x, growing * batch, flat * batch
+
     def points(self) -> tuple[np.ndarray, np.ndarray]:
         """The run's measured points (positions filled, bytes read from the cache's tensors), where the chosen
         precision and batch are the run's (else none: they would not lie on a line of another precision)."""
@@ -246,7 +265,7 @@ class MemoryView(QWidget):
 
     def curves(self) -> dict[str, pg.PlotDataItem]:
         """Each line's curve by the name it is labelled with."""
-        return {"this model": self.model_curve, **self.reference_curves}
+        return {"this model": self.model_curve, **self.part_curves, **self.reference_curves}
 
     def _references_changed(self) -> None:
         self._draw_references()
@@ -310,6 +329,9 @@ class MemoryView(QWidget):
         style_plot(self.plot_item, theme)
         self.model_curve.setPen(line_pen(theme.teal, MODEL_WIDTH))
         colours = {"this model": theme.teal}
+        for name, curve, dashes in zip(PART_NAMES, self.part_curves.values(), ((4.0, 2.0), (1.0, 2.0)), strict=True):
+            curve.setPen(line_pen(theme.teal, REFERENCE_WIDTH, dashes))  # the model's colour, its parts dashed
+            colours[name] = theme.teal
         for (name, curve), colour, dashes in zip(self.reference_curves.items(), theme.series, SERIES_DASHES,
                                                  strict=True):
             curve.setPen(line_pen(colour, REFERENCE_WIDTH, dashes))

@@ -10,6 +10,8 @@ COMPUTED = 2  # K/V computed in this pass (amber)
 REUSED = 3  # K/V read from the cache in this pass (teal)
 STALE = 4  # read in this pass but never written by it: its K/V went one slot late (a cache broken on purpose)
 EVICTED = 5  # dropped from the cache by its window: no later pass reads it
+SHARED = 6  # a layer that keeps no K/V of its own: it reads an earlier layer's (cross-layer KV sharing)
+STATE = 7  # a linear-attention layer's fixed-size state, which every position's K/V is folded into
 
 STATE_NAMES = {
     EMPTY: "not generated yet",
@@ -18,6 +20,8 @@ STATE_NAMES = {
     REUSED: "K/V reused from the cache",
     STALE: "stale slot: this token's K/V went one slot late",
     EVICTED: "K/V evicted: outside the window",
+    SHARED: "no K/V of its own: reads an earlier layer's",
+    STATE: "fixed-size state: each K/V folded in, none kept",
 }
 # A latent cache (MLA) keeps a latent and a RoPE key a position, not K and V: every pass rebuilds each head's K and
 # V from the latent, so what a pass computes or reuses is the latent.

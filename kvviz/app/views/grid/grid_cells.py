@@ -22,7 +22,9 @@ from kvviz.app.views.grid.cell_states import (
     PENDING,
     REUSED,
     ROW_KINDS,
+    SHARED,
     STALE,
+    STATE,
     STATE_NAMES,
     state_names,
 )
@@ -36,7 +38,7 @@ MAX_IMAGE_PIXELS = 1800  # the grid's image size limit per axis, so a redraw sta
 def state_colours(theme: Theme) -> dict[int, str]:
     """Each cell state's colour in `theme`."""
     return {EMPTY: theme.empty, PENDING: theme.pending, COMPUTED: theme.amber, REUSED: theme.teal, STALE: theme.alert,
-            EVICTED: theme.evicted}
+            EVICTED: theme.evicted, SHARED: theme.shared, STATE: theme.state}
 
 
 def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int = LAYER_ROW) -> np.ndarray:
@@ -46,6 +48,9 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int 
     colour = np.array(themes.rgba(state_colours(theme)[state]), dtype=np.uint8)
     tile[:] = colour
     dark = np.array(themes.rgba(theme.grid_line), dtype=np.uint8)
+    if state == SHARED and size >= 5:  # hatched in every look: a row with no cells of its own
+        yy, xx = np.mgrid[0:size, 0:size]
+        tile[(xx - yy) % 5 == 0] = dark
     if colour_blind and size >= 5:
         yy, xx = np.mgrid[0:size, 0:size]
         if state == COMPUTED:  # diagonal stripes
@@ -59,6 +64,8 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int 
             tile[(xx == yy) | (xx + yy == size - 1)] = dark
         elif state == EVICTED:  # vertical stripes
             tile[xx % 3 == 1] = dark
+        elif state == STATE:  # a horizontal line through the block
+            tile[size // 3, :] = dark
     if size >= 4:
         gap = max(1, round(size * theme.cell_gap))
         if row == LAYER_ROW:
@@ -67,7 +74,8 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int 
             tile[-min(max(2 * gap, size // 4), max(gap, size // 3)):, :] = dark  # twice a layer's, or a quarter
         elif row == HEAD_ROW and size >= 6:  # halfway between the cell and the gap: heads of one layer, one band
             tile[-1, :] = (colour.astype(np.uint16) + dark) // 2
-        tile[:, -gap:] = dark
+        if state != STATE:  # a state is one block, not positions: no line between its cells
+            tile[:, -gap:] = dark
     return tile
 
 
@@ -84,14 +92,15 @@ class GridLegend(FlowLayout):
     """Each cell state's swatch and name, in a row that wraps on a narrow screen (a swatch stays with its
     words). `shown=False` hides every entry: a hidden legend takes no room. The stale slot's entry shows only
     for a run on a cache broken on purpose (`show_stale`), the evicted one for a run with a window
-    (`show_evicted`)."""
+    (`show_evicted`), the shared layer's and the state's for a model with such layers (`show_layer_kinds`)."""
 
     def __init__(self, shown: bool = True) -> None:
         super().__init__(spacing=14)
         self._shown = shown
         self._entries: list[tuple[QLabel, QLabel, int]] = []
         self._optional: dict[int, QWidget] = {}  # the entries shown for some runs only
-        for state in (COMPUTED, STALE, REUSED, EVICTED, PENDING, EMPTY):
+        optional = (STALE, EVICTED, SHARED, STATE)
+        for state in (COMPUTED, STALE, REUSED, EVICTED, SHARED, STATE, PENDING, EMPTY):
             swatch, text = QLabel(), QLabel(STATE_NAMES[state])
             text.setObjectName("muted")
             entry = QWidget()
@@ -99,9 +108,9 @@ class GridLegend(FlowLayout):
             entry_row.setContentsMargins(0, 0, 0, 0)
             entry_row.addWidget(swatch)
             entry_row.addWidget(text)
-            if not shown or state in (STALE, EVICTED):  # (a parentless widget told to show opens as a window)
+            if not shown or state in optional:  # (a parentless widget told to show opens as a window)
                 entry.hide()
-            if state in (STALE, EVICTED):
+            if state in optional:
                 self._optional[state] = entry
             self.addWidget(entry)
             self._entries.append((swatch, text, state))
@@ -113,6 +122,11 @@ class GridLegend(FlowLayout):
     def show_evicted(self, on: bool) -> None:
         """Show the evicted entry (a run whose cache has a window), or hide it."""
         self._show_optional(EVICTED, on)
+
+    def show_layer_kinds(self, kinds: tuple[str, ...]) -> None:
+        """Show the entries of the layer kinds a run's model has: a shared layer's, a linear-attention state's."""
+        self._show_optional(SHARED, "shared" in kinds)
+        self._show_optional(STATE, "state" in kinds)
 
     def _show_optional(self, state: int, on: bool) -> None:
         entry = self._optional[state]

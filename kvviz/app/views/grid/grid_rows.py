@@ -11,6 +11,7 @@ from PySide6.QtGui import QFont, QFontMetrics, QFontMetricsF
 
 from kvviz.app.views.grid.cell_states import HEAD_ROW, INNER_ROW, LAST_HEAD_ROW, LAYER_ROW
 from kvviz.app.views.grid.grid_state import GridState
+from kvviz.core.memory import format_bytes
 from kvviz.core.records import RunPlan
 
 TICK_LABEL_LIMIT = 40  # label columns with their tokens up to this many positions
@@ -21,11 +22,13 @@ MIN_LABEL_POINTS = 6.0  # the left labels shrink to fit their rows, down to this
 LABEL_SHARE = 0.8  # of a font's line height, what a label takes on the axis (as pyqtgraph measures it)
 
 
-def row_label(layer: int, head: int = -1, group: int = 1, parts: tuple[str, ...] = ()) -> str:
+def row_label(layer: int, head: int = -1, group: int = 1, parts: tuple[str, ...] = (), kind: str = "") -> str:
     """A row's label on the left axis: "L2" for layer 2, "L2 h0" for its head 0; a KV head that `group` query
-    heads share names them: "L2 kv0 ← q0 q1 q2"; latent attention's parts are named: "L2 latent c_kv"."""
+    heads share names them: "L2 kv0 ← q0 q1 q2"; latent attention's parts are named: "L2 latent c_kv". Where
+    a model's layers differ, a layer's `kind` follows its number: "L0 window 512", "L5 full", "L7 → L5" (it
+    reads layer 5's keys and values), "L0 state 12.0 KiB"."""
     if head < 0:
-        return f"L{layer}"
+        return f"L{layer} {kind}" if kind else f"L{layer}"
     if parts:
         return f"L{layer} {parts[head]}"
     if group == 1:
@@ -57,7 +60,7 @@ class GridRows:
     """
 
     def __init__(self, n_layer: int, n_head: int = 0, expanded: Collection[int] = (), group: int = 1,
-                 parts: tuple[str, ...] = (), sizes: tuple[int, ...] = ()) -> None:
+                 parts: tuple[str, ...] = (), sizes: tuple[int, ...] = (), layer_kinds: tuple[str, ...] = ()) -> None:
         tall = part_rows(sizes) if parts and len(sizes) == n_head else (1,) * n_head  # rows each head takes
         layers: list[int] = []
         heads: list[int] = []
@@ -76,6 +79,7 @@ class GridRows:
                     kinds += [INNER_ROW] * (rows - 1) + [HEAD_ROW if head < n_head - 1 else LAST_HEAD_ROW]
         self.n_layer = n_layer
         self.group = group  # query heads per cached head, for the labels
+        self.kinds_shown = layer_kinds  # each layer's kind for its label, where the layers differ (() where alike)
         self.parts = parts  # latent attention's part names instead of heads
         if parts and len(sizes) == n_head:  # their widths in the labels: the rows' heights are in proportion
             self.parts = tuple(part_label(name, numbers, rows, max(1, min(sizes)))
@@ -91,8 +95,11 @@ class GridRows:
     def labels(self) -> list[tuple[float, str]]:
         """Every row's label at its middle: "L2", then "L2 h0", "L2 h1"... when layer 2 is open; a part drawn
         several rows tall is labelled once, at its middle."""
-        return [(middle, row_label(int(self.layers[r]), int(self.heads[r]), self.group, self.parts))
-                for r, middle in self._blocks()]
+        return [(middle, row_label(int(self.layers[r]), int(self.heads[r]), self.group, self.parts,
+                                   self._kind(int(self.layers[r])))) for r, middle in self._blocks()]
+
+    def _kind(self, layer: int) -> str:
+        return self.kinds_shown[layer] if self.kinds_shown else ""
 
     def _blocks(self) -> list[tuple[int, float]]:
         """(first row, middle) of each run of rows that show one thing: a layer, a head, or a tall part."""
@@ -112,7 +119,8 @@ class GridRows:
         while step < self.n_layer and (np.diff(self.layer_rows[::step]) < gap).any():
             step += 1
         labelled = self.layer_rows[::step]
-        ticks = [(float(r) + 0.5, row_label(int(self.layers[r]))) for r in labelled]
+        ticks = [(float(r) + 0.5, row_label(int(self.layers[r]), kind=self._kind(int(self.layers[r]))))
+                 for r in labelled]
         last = -np.inf  # the row of the label above
         for r, middle in ((start, middle) for start, middle in self._blocks() if self.heads[start] >= 0):
             above = np.searchsorted(labelled, r)  # labelled[above] is the next layer label below r
@@ -129,7 +137,24 @@ class GridRows:
 def plan_rows(plan: RunPlan, expanded: Collection[int] = ()) -> GridRows:
     """The display rows of `plan`'s layers, the `expanded` ones opened into their cached heads (or latent parts)."""
     return GridRows(plan.n_layer, plan.cache_heads, expanded, plan.query_group,
-                    tuple(name for name, _ in plan.cache_parts), tuple(numbers for _, numbers in plan.cache_parts))
+                    tuple(name for name, _ in plan.cache_parts), tuple(numbers for _, numbers in plan.cache_parts),
+                    layer_kind_labels(plan))
+
+
+def layer_kind_labels(plan: RunPlan) -> tuple[str, ...]:
+    """What each layer keeps, as its row label says it where the model's layers differ: "window 512", "full",
+    "→ L5" (reads layer 5's keys and values), "state 12.0 KiB"; () where every layer is alike."""
+    labels = []
+    for shape in plan.layer_shapes:
+        if shape.kind == "window":
+            labels.append(f"window {shape.window:,}")
+        elif shape.kind == "shared":
+            labels.append(f"\u2192 L{shape.source}")
+        elif shape.kind == "state":
+            labels.append(f"state {format_bytes(shape.state_elements * plan.dtype_bytes)}")
+        else:
+            labels.append(shape.kind)
+    return tuple(labels)
 
 
 def fitting_font(font: QFont, pitch: float) -> QFont | None:

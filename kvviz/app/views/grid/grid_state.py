@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.app.views.grid.cell_states import COMPUTED, EMPTY, EVICTED, PENDING, REUSED, STALE, state_names
+from kvviz.app.views.grid.cell_states import (
+    COMPUTED,
+    EMPTY,
+    EVICTED,
+    PENDING,
+    REUSED,
+    SHARED,
+    STALE,
+    STATE,
+    state_names,
+)
 from kvviz.app.views.labels import chip_text
 from kvviz.core.records import RunPlan, StepRecord
 
@@ -38,6 +48,12 @@ class GridState:
         self.fed = np.zeros(shape, dtype=bool)  # the position's K/V has been computed (wherever it was written)
         self.evicted_at = np.full(shape, -1, dtype=np.int32)  # the pass (1-based) that evicted it, -1: none
         self.last: StepRecord | None = None
+        # where the model's layers differ (plan.layer_shapes): the layers a window evicts from, those that keep no
+        # K/V of their own, and those that keep a fixed-size state instead of positions
+        kinds = [shape.kind for shape in plan.layer_shapes] if plan is not None else []
+        self.shared_rows = np.array([kind == "shared" for kind in kinds], dtype=bool)
+        self.state_rows = np.array([kind == "state" for kind in kinds], dtype=bool)
+        self.window_rows = np.array([kind == "window" for kind in kinds], dtype=bool)
 
     @property
     def n_layer(self) -> int:
@@ -54,8 +70,11 @@ class GridState:
         written = record.written_positions(width) if record.kv_written is not None else fed
         computed = np.s_[:, written]  # every layer, the slots this pass wrote
         start, stop = record.kv_evicted  # a window's: gone before this pass read the cache
-        first = self.plan.policy.first_layer if self.plan is not None else 0  # layers below it keep every position
-        self.evicted_at[first:, min(start, width):min(stop, width)] = record.step + 1
+        if self.window_rows.size:  # the model's own windows, on the layers it gives one
+            self.evicted_at[self.window_rows, min(start, width):min(stop, width)] = record.step + 1
+        else:
+            first = self.plan.policy.first_layer if self.plan is not None else 0  # layers below keep every position
+            self.evicted_at[first:, min(start, width):min(stop, width)] = record.step + 1
         reused = np.zeros(self.states.shape, dtype=bool)
         reused[:, record.reused_positions(width)] = True
         reused &= self.evicted_at < 0  # what a window evicted is read no more
@@ -66,6 +85,10 @@ class GridState:
             states[:, fed] = STALE
         states[computed] = COMPUTED
         states[self.evicted_at >= 0] = EVICTED
+        if self.state_rows.any() and record.use_cache:  # one block, overwritten: this pass's K/V folded in
+            states[self.state_rows] = STATE
+            states[self.state_rows, fed] = COMPUTED
+        states[self.shared_rows] = SHARED  # computes queries only
         self.fed[:, fed] = True
         self.holds[computed] = np.arange(fed.start, fed.start + (written.stop - written.start))
         self.computed_at[computed] = record.step + 1
@@ -100,6 +123,17 @@ class GridState:
             name, numbers = plan.cache_parts[head]
             where = f"layer {layer}, its {name} ({numbers} numbers, shared by every head)"
         lines = [f"{where}, position {position}", f"token: {token}"]
+        kind = plan.layer_kind(layer)
+        if kind == "shared":
+            source = plan.layer_shapes[layer].source
+            lines.append(f"a shared layer: it computes queries only and reads layer {source}'s keys and values; "
+                         "it keeps none of its own (0 bytes)")
+            return "\n".join(lines)
+        if kind == "state" and plan.use_cache:
+            size = plan.layer_shapes[layer].state_elements * plan.dtype_bytes
+            lines.append(f"a linear-attention layer: every position's key and value are folded into one state of "
+                         f"{size:,} bytes, overwritten each step; it keeps no position")
+            return "\n".join(lines)
         kept = "latent" if plan.cache_parts else "K/V"  # latent attention computes and keeps a latent
         state = int(self.states[layer, position])
         at = int(self.computed_at[layer, position])

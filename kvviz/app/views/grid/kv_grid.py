@@ -152,7 +152,10 @@ class KVGridView(QWidget):
         self._run_name = names[0 if self.lockstep == "cached" else 1] if names and self.lockstep else None
         self._cells = GridState(shown)
         self.legend_row.show_stale(plan.cache_broken)  # compare mode: the legend under both grids
-        self.legend_row.show_evicted(plan.policy.evicts or (plan.twin is not None and plan.twin.policy.evicts))
+        kinds = tuple(shape.kind for shape in shown.layer_shapes)  # a model whose layers differ: what each keeps
+        self.legend_row.show_evicted(plan.policy.evicts or (plan.twin is not None and plan.twin.policy.evicts)
+                                     or "window" in kinds)
+        self.legend_row.show_layer_kinds(kinds)
         self.legend_row.show_latent(bool(shown.cache_parts))  # latent attention computes and reuses latents
         self._set_rows()
         self._plot.axes.reserve_width(self._plan)
