@@ -14,12 +14,26 @@ from kvviz.cache.window import WindowLayer
 from kvviz.core.records import CachePolicy
 from kvviz.engine.compare import logit_tolerance
 from kvviz.models.deepseek import Deepseek, DeepseekConfig
+from kvviz.models.gemma3 import Gemma3, Gemma3Config
+from kvviz.models.gemma4 import Gemma4, Gemma4Config
 from kvviz.models.llama import Llama, LlamaConfig
+from kvviz.models.qwen3_5 import Qwen35, Qwen35Config
 
 LLAMA = LlamaConfig(vocab_size=64, n_ctx=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=48,
                     name="tiny-llama")  # head_dim 8
 DEEPSEEK = DeepseekConfig(vocab_size=64, n_ctx=64, n_layer=2, n_head=2, n_embd=32, intermediate_size=48,
                           kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, name="tiny-mla")
+GEMMA3 = Gemma3Config(vocab_size=64, n_ctx=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=48,
+                      head_dim=8, layer_types=("sliding_attention", "full_attention"), sliding_window=4,
+                      name="tiny-gemma3")  # a local layer (window 4) under a global one
+GEMMA4 = Gemma4Config(vocab_size=64, n_ctx=64, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=48,
+                      head_size=8, global_head_dim=8, sliding_window=4, num_kv_shared_layers=2,
+                      layer_types=("sliding_attention", "full_attention") * 2,
+                      name="tiny-gemma4")  # layers 2 and 3 read layer 0's (window 4) and layer 1's keys and values
+QWEN35 = Qwen35Config(vocab_size=64, n_ctx=64, n_layer=2, n_head=4, n_kv_head=2, head_size=8, n_embd=32,
+                      intermediate_size=48, layer_types=("linear_attention", "full_attention"), linear_num_key_heads=2,
+                      linear_num_value_heads=4, linear_key_head_dim=4, linear_value_head_dim=4,
+                      partial_rotary_factor=0.5, name="tiny-deltanet")  # a Gated DeltaNet layer under attention
 PROMPT = [5, 17, 3, 42, 8, 29]  # P = 6
 NEW = 6  # tokens decoded before the crop
 CROP_TO = len(PROMPT) + 2  # back to two tokens after the prompt
@@ -34,11 +48,20 @@ KINDS = {
     "quantized": (LLAMA, CachePolicy(kv_dtype="int8"), "", 0, 12 * 96),
     # 2 layers x (latent 8 + RoPE key 4) x 4 bytes = 96 bytes a position
     "latent": (DEEPSEEK, CachePolicy(), "", 0, 12 * 96),
+    # the local layer's last 4 and 3 spare (7 of the 12), the global layer's 12: x (K, V) x 2 x 8 x 4 bytes
+    "gemma3": (GEMMA3, CachePolicy(), "", 3, (7 + 12) * 128),
+    # the attention layer's 12 positions x (K, V) x 2 x 8 x 4 bytes; the DeltaNet layer's state, (32 channels x 3 +
+    # 4 heads x 4 x 4) x 4 bytes, and the 4 snapshots it keeps to roll back 4 passes
+    "state": (QWEN35, CachePolicy(), "", 4, 12 * 128 + (1 + 4) * (32 * 3 + 4 * 4 * 4) * 4),
+    # the sliding layer's last 4 and 3 spare, the global layer's 12, x (K, V) x 2 x 8 x 4 bytes; the shared ones none
+    "shared": (GEMMA4, CachePolicy(), "", 3, (7 + 12) * 128 + 0 + 0),
 }
 
 
 def _model(config):
-    model = (Llama if isinstance(config, LlamaConfig) else Deepseek)(config)
+    model = (Llama if isinstance(config, LlamaConfig) else Gemma3 if isinstance(config, Gemma3Config) else
+             Qwen35 if isinstance(config, Qwen35Config) else Gemma4 if isinstance(config, Gemma4Config) else
+             Deepseek)(config)
     model.init_weights(torch.Generator().manual_seed(3))
     with torch.no_grad():  # wider weights than the initialisation's, so that the logits tell tokens apart
         for p in model.parameters():

@@ -267,8 +267,8 @@ def _edit_config(folder, **changes) -> None:
 def test_a_config_of_a_family_kvviz_does_not_run_is_refused(folder):
     _edit_config(folder, model_type="falcon")
     message = _load_error(str(folder))
-    assert message.endswith('config.json: model_type is "falcon", but kvviz runs GPT-2, Llama-family and '
-                            'DeepSeek-V2 checkpoints only')
+    assert message.endswith('config.json: model_type is "falcon", but kvviz runs GPT-2, Llama-family, DeepSeek-V2, '
+                            'Gemma 3, Gemma 4, gpt-oss and Qwen3.5 checkpoints only')
 
 
 @pytest.mark.parametrize("text", ["{not json", "", "[1, 2, 3]", "\xff\xfe"])

@@ -25,11 +25,14 @@ def visible(held: Held, positions: torch.Tensor) -> torch.Tensor:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, held: Held | None, positions: torch.Tensor,
            probe: PassProbe | None = None, q_for_sinks: torch.Tensor | None = None,
-           scale: float | None = None) -> torch.Tensor:
+           scale: float | None = None, sink_logits: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q·Kᵀ·scale + mask)·V for `q` (B, nh, T, d) over `k`, `v` (B, nh, S, d): a pass without a cache when
     `held` is None (causal over its own rows), else what the layer's cache returned, seen as `held` says.
     `q_for_sinks`, where given, is the query turned to its position within the cache (StreamingLLM on RoPE): the
-    sinks' scores use it. The probe records the newest query's weights, each key's at its position."""
+    sinks' scores use it. `sink_logits` (nh,), where given, are learned attention sinks (gpt-oss), which are no
+    positions: `_with_sink_logits`. The probe records the newest query's weights, each key's at its position."""
+    if sink_logits is not None:
+        return _with_sink_logits(q, k, v, held, positions, probe, scale, sink_logits)
     T = q.shape[2]
     if held is None:
         y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, scale=scale)
@@ -41,7 +44,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, held: Held | None,
         mask = visible(held, positions)  # (T, S) or (B, T, S)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dim() == 2 else mask[:, None], scale=scale)
     if probe is not None:
-        probe.attended(q, k)
+        probe.attended(q, k, scale)
     return y
 
 
@@ -61,3 +64,33 @@ def _windowed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, held: Held, pos
         keys = held.positions if held.positions is not None else torch.arange(k.shape[2], device=q.device)
         probe.attention.append(by_position.index_copy_(1, keys, weights))
     return torch.softmax(scores, dim=-1).to(v.dtype) @ v  # (B, nh, T, d)
+
+
+def _with_sink_logits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, held: Held | None, positions: torch.Tensor,
+                      probe: PassProbe | None, scale: float | None, sink_logits: torch.Tensor) -> torch.Tensor:
+    """Attention with a learned sink per head (gpt-oss): the head's sink logit joins every query's softmax as one
+    more column, which has no value, so a query can give part of its attention to nothing. The sink keeps no
+    cache entry and no position (StreamingLLM's sinks are positions a window keeps: `Held.sinks`). Scores are
+    written out: causal without a cache, as `held` says with one (windows included). `k` and `v` may hold fewer
+    heads than `q` (B, nkv, S, d): each group of nh // nkv query heads reads its KV head in place, its queries
+    stacked as rows against the same keys, so no key or value is copied for every query head."""
+    B, nh, T, d = q.shape
+    nkv, S = k.shape[1], k.shape[2]
+    group = nh // nkv  # query heads a KV head serves (query head h reads KV head h // group)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    rows = q.reshape(B, nkv, group * T, d)  # a group's queries, one after another, against its KV head's keys
+    scores = (rows @ k.transpose(-2, -1)).float().view(B, nh, T, S) * scale  # (B, nh, T, S)
+    seen = torch.ones(T, S, dtype=torch.bool, device=q.device).tril() if held is None else visible(held, positions)
+    scores = scores.masked_fill(~(seen if seen.dim() == 2 else seen[:, None]), float("-inf"))
+    sinks = sink_logits.float().view(1, nh, 1, 1).expand(B, nh, T, 1)  # (B, nh, T, 1): the same for every query
+    shares = torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)  # (B, nh, T, S + 1)
+    weights = shares[..., :-1]  # (B, nh, T, S): the sink's column is dropped; these rows sum to less than 1
+    if probe is not None and probe.attention is not None:  # the newest query's, each key's at its position
+        if B != 1:
+            raise ValueError(f"attention weights are recorded for one sequence, not a batch of {B}")
+        keys = held.positions if held is not None and held.positions is not None else torch.arange(S, device=q.device)
+        by_position = weights.new_zeros(nh, int(positions[-1]) + 1)  # (nh, positions)
+        probe.attention.append(by_position.index_copy_(1, keys, weights[0, :, -1, :]))
+        probe.sink_shares.append(shares[0, :, -1, -1])  # (nh,): what the positions' weights leave to 1
+    y = weights.reshape(B, nkv, group * T, S).to(v.dtype) @ v  # (B, nkv, group * T, d)
+    return y.view(B, nh, T, d)

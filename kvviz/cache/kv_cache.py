@@ -10,6 +10,8 @@ import torch
 from kvviz.cache.latent import LatentLayer
 from kvviz.cache.layers import FullLayer, Held, LateWriteLayer, LayerCache, LayerKind, PassLayer
 from kvviz.cache.quantized import QuantizedLayer
+from kvviz.cache.shared import SharedLayer
+from kvviz.cache.state import StateLayer
 from kvviz.cache.window import WindowLayer
 
 
@@ -49,7 +51,14 @@ class KVCache:
     @property
     def last_written(self) -> tuple[int, int]:
         """Where the top layer's latest update wrote: slots [start, stop) (a window layer's: positions)."""
-        return self.layers[-1].last_written
+        return self._top.last_written
+
+    @property
+    def _top(self) -> LayerCache:
+        """The top layer that keeps positions of its own: a shared layer keeps none (it reads another's), nor does a
+        linear-attention layer (it keeps a state)."""
+        return next((layer for layer in reversed(self.layers) if not isinstance(layer, (SharedLayer, StateLayer))),
+                    self.layers[-1])
 
     @property
     def evicted(self) -> tuple[int, int]:
@@ -59,7 +68,7 @@ class KVCache:
 
     @property
     def positions_held(self) -> int:
-        return self.layers[-1].positions_held
+        return self._top.positions_held
 
     @property
     def layer_positions_held(self) -> tuple[int, ...]:
@@ -105,6 +114,10 @@ def build_cache(kinds: Sequence[LayerKind], capacity: int, *, batch_size: int = 
             layers.append(QuantizedLayer(kind.heads, kind.head_dim, capacity, kind.kv_dtype, batch_size, dtype, device))
         elif kind.kind == "latent":
             layers.append(LatentLayer(kind.rank, kind.rope_dim, capacity, batch_size, dtype, device))
+        elif kind.kind == "state":  # a linear-attention layer's fixed state; `spare`: passes it can roll back
+            layers.append(StateLayer(*kind.state, batch_size=batch_size, dtype=dtype, device=device, spare=spare))
+        elif kind.kind == "shared":  # keeps nothing: reads layer `source`'s keys and values of the same pass
+            layers.append(SharedLayer(kind.source))
         else:
             raise ValueError(f"no layer cache of kind {kind.kind!r}")
     return KVCache(layers)
@@ -115,7 +128,8 @@ def pass_cache(kinds: Sequence[LayerKind]) -> KVCache | None:
     queries see what a cached run's would; None where no layer has a window (a plain causal pass)."""
     if not any(kind.kind == "window" for kind in kinds):
         return None
-    return KVCache([PassLayer(kind.window, kind.sinks) for kind in kinds])
+    return KVCache([SharedLayer(kind.source) if kind.kind == "shared" else PassLayer(kind.window, kind.sinks)
+                    for kind in kinds])
 
 
 def full_cache(n_layer: int, heads: int, head_dim: int, capacity: int, batch_size: int = 1,

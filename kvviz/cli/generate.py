@@ -66,6 +66,9 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
     if args.json:
         # per generated token: a list per layer, of a list per head, of a weight per position (outside the timing)
         extra = {"attention": [weights.as_lists() for weights in attention]} if args.attention else {}
+        if attention and attention[0].sinks:  # learned sinks (gpt-oss): each head's sink share, per layer
+            extra["attention_sink_shares"] = [[[weights.sink_share(layer, head) for head in range(weights.heads)]
+                                               for layer in range(weights.layers)] for weights in attention]
         print(cli_json.dumps({
             "model": loaded.name,
             "prompt": args.prompt,

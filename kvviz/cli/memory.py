@@ -37,25 +37,36 @@ def model_architecture(source: str | None) -> Architecture:
 
 
 def layer_lines(arch: Architecture, context: int, precision: str, batch: int) -> list[str]:
-    """A line per run of alike layers: what they keep and their bytes at `context` tokens, e.g.
-    "layers 0-4  window (512): 512 tokens, 524,288 bytes each"."""
-    shapes, sizes = arch.layer_shapes, arch.layer_bytes(context, precision, batch)
-    lines, start = [], 0
-    for i in range(1, len(shapes) + 1):
-        if i < len(shapes) and shapes[i] == shapes[start] and sizes[i] == sizes[start]:
-            continue
-        shape, size = shapes[start], sizes[start]
-        layers = f"layer {start}" if i - start == 1 else f"layers {start}-{i - 1}"
+    """A line for each kind of layer the model has: how many, what they keep and their bytes at `context` tokens,
+    and which layers they are, e.g. "22 window (512) layers: 512 tokens, 1,048,576 bytes each (layers 0-4, 6-10,
+    ...)"."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (shape, size) in enumerate(zip(arch.layer_shapes, arch.layer_bytes(context, precision, batch),
+                                          strict=True)):
+        groups.setdefault((shape, size), []).append(i)
+    lines = []
+    for (shape, size), layers in groups.items():
+        n = f"{len(layers)} {shape.kind}" + (f" ({shape.window:,})" if shape.kind == "window" else "")
+        n += " layer" if len(layers) == 1 else " layers"
         if shape.kind == "shared":
-            what = f"shared: reads layer {shape.source}'s keys and values, keeps 0 bytes"
+            what = f"read layer {shape.source}'s keys and values, keep 0 bytes"
         elif shape.kind == "state":
-            what = f"state: {size:,} bytes each, whatever the length"
+            what = f"{size:,} bytes each, whatever the length"
         else:
-            window = f" ({shape.window:,})" if shape.kind == "window" else ""
-            what = f"{shape.kind}{window}: {shape.tokens_held(context):,} tokens, {size:,} bytes each"
-        lines.append(f"{layers}  {what}")
-        start = i
+            what = f"{shape.tokens_held(context):,} tokens, {size:,} bytes each"
+        lines.append(f"{n}: {what} ({'layer' if len(layers) == 1 else 'layers'} {_spans(layers)})")
     return lines
+
+
+def _spans(layers: list[int]) -> str:
+    """Layer numbers in runs: "0-4, 6-10, 12"."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}" for run in runs)
 
 
 def cmd_memory(args: argparse.Namespace) -> int:

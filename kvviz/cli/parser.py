@@ -35,12 +35,15 @@ MAX_BATCH = 1_000_000
 MAX_TOKENS = 1_000_000  # new tokens (and top-k): far past any context; generation stops at the model's anyway
 MAX_SEED = 2**63 - 1
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports `yes | head -1`
-HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "smollm2-135m", "smollm2-360m", "qwen2.5-0.5b")
+HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "smollm2-135m", "smollm2-360m", "qwen2.5-0.5b",
+             "gemma-3-270m")
 # kvviz.sources.hub.HUB_MODELS and kvviz.models.families.PRESETS, named here so that --help imports no torch (a test
 # checks that the help names every one)
 PRESET_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "kvviz-shakespeare", "kvviz-shakespeare-gqa",
                 "kvviz-shakespeare-mqa", "smollm2-135m", "smollm2-135m-mha", "smollm2-360m", "qwen2.5-0.5b",
-                "deepseek-v2-lite-attention")
+                "deepseek-v2-lite-attention", "gemma-3-1b", "gemma-3-270m", "gemma-3-270m-global",
+                "kvviz-gemma3-mini", "kvviz-gemma3-mini-global", "gemma-4-e2b-attention", "kvviz-gemma4-mini",
+                "gpt-oss-20b-attention", "qwen3.5-0.8b", "kvviz-qwen3.5-mini", "kvviz-qwen3.5-mini-attention")
 MODEL_HELP = (
     "model to run: a checkpoint folder (config.json + model.safetensors) or a .safetensors file; "
     f"{', '.join(HUB_NAMES)} (downloaded once from the Hugging Face hub, then used offline); "

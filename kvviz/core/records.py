@@ -6,10 +6,11 @@ importing the engine, and they can cross threads as they are.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from kvviz.core.attention_weights import AttentionWeights
 
 if TYPE_CHECKING:  # a plan carries one; records import no formulas at run time
     from kvviz.core.memory import Architecture, LayerShape
@@ -103,39 +104,6 @@ class RunRequest:
     window: int = 0  # a sliding window of this many positions (0: the model's own, if any, else none)
     sinks: int = 0  # with `window`: the first positions kept as attention sinks
     kv_dtype: str = ""  # a key of KV_DTYPES: the cache stores keys and values quantized ("": exact)
-
-
-@dataclass(frozen=True)
-class AttentionWeights:
-    """The attention weights of a pass's newest query: softmax(q·Kᵀ/√d) over every position it attends to.
-
-    Shaped (layers, heads, positions), `positions` being the pass's `fed_stop` (the query's own position is
-    the last), kept as float32 bytes in that order: immutable and small enough for every record of a run.
-    """
-
-    layers: int
-    heads: int
-    positions: int
-    data: bytes  # float32, native byte order, (layers, heads, positions) row-major
-
-    def __post_init__(self) -> None:
-        if len(self.data) != 4 * self.layers * self.heads * self.positions:
-            raise ValueError(f"{len(self.data)} bytes do not hold {self.layers}x{self.heads}x{self.positions} floats")
-
-    def row(self, layer: int, head: int) -> tuple[float, ...]:
-        """The weights of `head` in `layer` over positions 0 .. positions-1."""
-        if not (0 <= layer < self.layers and 0 <= head < self.heads):
-            raise IndexError(f"layer {layer}, head {head} outside {self.layers} layers x {self.heads} heads")
-        start = 4 * (layer * self.heads + head) * self.positions
-        return struct.unpack_from(f"={self.positions}f", self.data, start)
-
-    def layer(self, layer: int) -> tuple[tuple[float, ...], ...]:
-        """Every head's row of `layer`: (heads, positions)."""
-        return tuple(self.row(layer, head) for head in range(self.heads))
-
-    def as_lists(self) -> list[list[list[float]]]:
-        """A list per layer, of a list per head, of weights per position (for JSON)."""
-        return [[list(self.row(layer, head)) for head in range(self.heads)] for layer in range(self.layers)]
 
 
 MAX_PROMPT_CHARACTERS = 1_000_000  # the longest prompt kvviz takes, typed, pasted or given with --prompt

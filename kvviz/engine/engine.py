@@ -35,6 +35,16 @@ FAULT_REFUSALS = {  # why Break the cache cannot plant its bug in a layer of eac
     "quantized": "Break the cache plants its bug in an exact cache; store it in full precision first",
 }
 
+
+
+def fault_refusal(name: str, unfit: list[str], policy: CachePolicy) -> str:
+    """Why Break the cache cannot plant its bug in a cache whose layers include `unfit` kinds under `policy`."""
+    if policy.window or policy.kv_dtype or unfit[0] == "latent":  # a trade-off of the run's, or MLA's cache
+        return FAULT_REFUSALS[unfit[0]]
+    return (f"Break the cache plants its bug in a model whose every layer keeps a full cache; {name}'s layers "
+            f"differ ({', '.join(dict.fromkeys(unfit))} layers)")
+
+
 __all__ = ["Candidate", "Engine", "GenerationError", "RunPlan", "SamplingSettings", "StepRecord", "generate_ids"]
 
 
@@ -132,7 +142,7 @@ class Engine:
         policy = self.policy(request.window, request.sinks, request.kv_dtype) if policy is None else policy
         unfit = [kind.kind for kind in self.model.config.cache_layers(policy) if kind.kind != "full"]
         if cache_fault and unfit:
-            raise GenerationError(FAULT_REFUSALS[unfit[0]])
+            raise GenerationError(fault_refusal(self.model.config.name, unfit, policy))
         if max_new_tokens <= 0:
             raise GenerationError(f"max new tokens must be a positive integer, got {max_new_tokens}")
         P = len(prompt_ids)
@@ -284,7 +294,7 @@ class Engine:
                 through = cache if use_cache else uncached  # an uncached pass under a window: masked as it says
                 logits = self.forward(idx, positions, through, probe, decode_weights)[0]  # (V,)
             if record_attention:
-                attention = _attention_weights(probe.attention, fed_stop)
+                attention = _attention_weights(probe.attention, fed_stop, probe.sink_shares)
             if flush:
                 token, candidates = None, ()
             else:
@@ -340,15 +350,20 @@ class Engine:
                 return
 
 
-def _attention_weights(rows: list[torch.Tensor] | None, positions: int) -> AttentionWeights:
-    """The layers' rows, (nh, S) each with S == `positions`, as one AttentionWeights."""
+def _attention_weights(rows: list[torch.Tensor] | None, positions: int,
+                       sink_shares: list[torch.Tensor] = ()) -> AttentionWeights:
+    """The layers' rows, (nh, S) each with S == `positions`, as one AttentionWeights, with the learned sinks'
+    shares (nh,) a layer where the model has them."""
     if not rows:
         raise RuntimeError("the model recorded no attention weights")
     weights = torch.stack(rows).to(device="cpu", dtype=torch.float32).contiguous()  # (L, nh, S)
     layers, heads, recorded = weights.shape
     if recorded != positions:
         raise RuntimeError(f"the model recorded attention over {recorded} positions, not {positions}")
-    return AttentionWeights(layers, heads, positions, weights.numpy().tobytes())
+    if sink_shares and len(sink_shares) != layers:
+        raise RuntimeError(f"the model recorded {len(sink_shares)} layers' sink shares, not {layers}")
+    sinks = torch.stack(sink_shares).float().cpu().contiguous().numpy().tobytes() if sink_shares else b""
+    return AttentionWeights(layers, heads, positions, weights.numpy().tobytes(), sinks)
 
 
 def generate_ids(

@@ -36,6 +36,12 @@ def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | l
     if "latent" in kinds:
         raise GenerationError(f"{engine.model.config.name} caches latents (MLA); kvviz batch pages per-head caches "
                               "only")
+    if kinds & {"state", "shared"}:
+        what = " and ".join(w for k, w in (("state", "linear-attention layers that keep a fixed state"),
+                                           ("shared", "layers that read another layer's keys and values"))
+                            if k in kinds)
+        raise GenerationError(f"{engine.model.config.name} has {what}; kvviz batch pages models whose every layer "
+                              "keeps keys and values of its own")
     if kinds != {"full"}:
         raise GenerationError(f"{engine.model.config.name} has a sliding window; the paged cache keeps every "
                               "position, so kvviz batch does not run it")

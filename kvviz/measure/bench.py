@@ -30,14 +30,21 @@ def _timed(engine: Engine, prompt_ids: list[int], new_tokens: int, use_cache: bo
 
 def to_transformers(model):
     """transformers' model of `model`'s family (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,
-    DeepseekV2ForCausalLM) holding
+    DeepseekV2ForCausalLM, Gemma3ForCausalLM, Gemma4ForCausalLM, GptOssForCausalLM) holding
     exactly its weights, in the same dtype, as `from_pretrained(dtype=...)` makes it: RoPE's frequencies stay
     float32 (a plain `.to(bfloat16)` would round them, and the peer would compute other angles)."""
     from kvviz.models.deepseek import Deepseek
+    from kvviz.models.gemma3 import Gemma3
+    from kvviz.models.gemma4 import Gemma4
     from kvviz.models.gpt2 import GPT
+    from kvviz.models.gpt_oss import GptOss
+    from kvviz.models.qwen3_5 import Qwen35
 
     peer = (_gpt2_peer(model) if isinstance(model, GPT) else _deepseek_peer(model) if isinstance(model, Deepseek)
-            else _llama_peer(model))
+            else _gemma3_peer(model) if isinstance(model, Gemma3)
+            else _gemma4_peer(model) if isinstance(model, Gemma4)
+            else _gpt_oss_peer(model) if isinstance(model, GptOss)
+            else _qwen3_5_peer(model) if isinstance(model, Qwen35) else _llama_peer(model))
     weights = next(model.parameters())
     frequencies = {name: b.clone() for name, b in peer.named_buffers() if name.endswith("inv_freq")}
     peer = peer.eval().to(device=weights.device, dtype=weights.dtype)
@@ -96,6 +103,48 @@ def _deepseek_peer(model):
     fields = {k: v for k, v in deepseek_format.config_to_json(cfg).items()
               if k not in ("architectures", "model_type", "torch_dtype")}
     return _holding(transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(**fields)), model)
+
+
+def _gemma3_peer(model):
+    import transformers
+
+    from kvviz.models import gemma3_format
+
+    cfg = model.config
+    fields = {k: v for k, v in gemma3_format.config_to_json(cfg).items()
+              if k not in ("architectures", "model_type", "torch_dtype")}
+    return _holding(transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**fields)), model)
+
+
+def _gemma4_peer(model):
+    import transformers
+
+    from kvviz.models import gemma4_format
+
+    fields = {k: v for k, v in gemma4_format.config_to_json(model.config).items()
+              if k not in ("architectures", "model_type", "torch_dtype")}
+    return _holding(transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**fields)), model)
+
+
+def _gpt_oss_peer(model):
+    import transformers
+
+    from kvviz.models import gpt_oss_format
+
+    fields = {k: v for k, v in gpt_oss_format.config_to_json(model.config).items()
+              if k not in ("architectures", "model_type", "torch_dtype")}
+    fields["attn_implementation"] = "eager"  # its attention with learned sinks (no sdpa for gpt-oss)
+    return _holding(transformers.GptOssForCausalLM(transformers.GptOssConfig(**fields)), model)
+
+
+def _qwen3_5_peer(model):
+    import transformers
+
+    from kvviz.models import qwen3_5_format
+
+    fields = {k: v for k, v in qwen3_5_format.config_to_json(model.config).items()
+              if k not in ("architectures", "model_type", "torch_dtype")}
+    return _holding(transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**fields)), model)
 
 
 def _holding(peer, model):

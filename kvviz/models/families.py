@@ -16,7 +16,25 @@ from types import ModuleType
 from torch import nn
 
 from kvviz.core.errors import ModelLoadError
-from kvviz.models import deepseek, deepseek_format, gpt2, gpt2_fast, gpt2_format, llama, llama_fast, llama_format
+from kvviz.models import (
+    deepseek,
+    deepseek_format,
+    gemma3,
+    gemma3_format,
+    gemma4,
+    gemma4_format,
+    gpt2,
+    gpt2_fast,
+    gpt2_format,
+    gpt_oss,
+    gpt_oss_format,
+    llama,
+    llama_fast,
+    llama_format,
+    qwen3_5,
+    qwen3_5_format,
+    spread,
+)
 from kvviz.models.config_json import read_config, shown
 
 
@@ -37,12 +55,20 @@ FAMILIES: dict[str, Family] = {model_type: family for family in (
     Family(("gpt2",), "GPT-2", gpt2.GPT, gpt2_format, gpt2_fast),
     Family(llama_format.MODEL_TYPES, "Llama-family", llama.Llama, llama_format, llama_fast),
     Family(deepseek_format.MODEL_TYPES, "DeepSeek-V2", deepseek.Deepseek, deepseek_format),
+    Family(gemma3_format.MODEL_TYPES, "Gemma 3", gemma3.Gemma3, gemma3_format, spread),
+    Family(gemma4_format.MODEL_TYPES, "Gemma 4", gemma4.Gemma4, gemma4_format, spread),
+    Family(gpt_oss_format.MODEL_TYPES, "gpt-oss", gpt_oss.GptOss, gpt_oss_format, spread),
+    Family(qwen3_5_format.MODEL_TYPES, "Qwen3.5", qwen3_5.Qwen35, qwen3_5_format, spread),
 ) for model_type in family.model_types}
 DEFAULT_FAMILY = FAMILIES["gpt2"]  # what a weights file without a config.json is read as
 PRESETS: dict[str, tuple[Family, object]] = {  # random:<name>: a family and one of its published shapes
     **{name: (FAMILIES["gpt2"], config) for name, config in gpt2.PRESETS.items()},
     **{name: (FAMILIES["llama"], config) for name, config in llama.PRESETS.items()},
     **{name: (FAMILIES["deepseek_v2"], config) for name, config in deepseek.PRESETS.items()},
+    **{name: (FAMILIES["gemma3_text"], config) for name, config in gemma3.PRESETS.items()},
+    **{name: (FAMILIES["gemma4_text"], config) for name, config in gemma4.PRESETS.items()},
+    **{name: (FAMILIES["gpt_oss"], config) for name, config in gpt_oss.PRESETS.items()},
+    **{name: (FAMILIES["qwen3_5_text"], config) for name, config in qwen3_5.PRESETS.items()},
 }
 
 

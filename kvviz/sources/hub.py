@@ -1,5 +1,5 @@
-"""Checkpoints from the Hugging Face hub (GPT-2, SmolLM2, Qwen2.5): found in the local cache, or downloaded once,
-quietly."""
+"""Checkpoints from the Hugging Face hub (GPT-2, SmolLM2, Qwen2.5, Gemma 3): found in the local cache, or downloaded
+once, quietly."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ HUB_MODELS = {
     "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",  # Apache-2.0; GQA: 9 query heads on 3 KV heads
     "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",  # Apache-2.0; GQA: 15 on 5
     "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",  # Apache-2.0; GQA: 14 on 2, q/k/v biases
+    "gemma-3-270m": "google/gemma-3-270m",  # Gemma Terms of Use (gated: accept them, log in); MQA: 4 on 1
 }
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total); may raise DownloadCancelled
 
