@@ -33,6 +33,8 @@ QUESTIONS = {
     "cache_bytes_after_next": "After the next step, how many bytes will the KV cache hold?",
     "cache_bytes_per_token": "How many bytes of KV cache does one token take, over all layers?",
     "cache_bytes_at_8k": "How many bytes will this model's KV cache hold at 8,192 tokens?",
+    "cache_bytes_at_1k": "How many bytes will this model's KV cache hold after 1,000 tokens?",
+    "shared_layer_kv": "At the next step, how many keys and values will a shared layer compute (its last layer)?",
     "blocks_at_end": "When every request is done, how many blocks of the pool will the batch hold?",
     "sink_attention_share": "At the next step, what share of its attention will the newest token give the sinks, "
                             "the first positions (mean over layers and heads)?",
@@ -40,6 +42,7 @@ QUESTIONS = {
 ATTENTION_QUESTIONS = ("sink_attention_share",)  # answered from the attention weights: the run records them
 BATCH_QUESTIONS = ("blocks_at_end",)  # asked of a serving step (a batch of `prompts`), answered by its last pass
 LONG_CONTEXT = 8192  # the tokens of cache_bytes_at_8k
+SHORT_CONTEXT = 1000  # the tokens of cache_bytes_at_1k
 FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all", "serving")
 # a serving step's: the whole serving view, its block pool and tables, or its memory chart and speed (a slide
 # shows that part, large enough to read; the app shows the whole view)
@@ -146,6 +149,7 @@ BUILTIN_LESSONS = {  # name -> what it teaches; the first is the default, each i
     "kv-window": "sliding windows and attention sinks: a cache that evicts",
     "kv-paging": "serving many requests: a paged KV cache that shares prefixes",
     "kv-quantized": "a quantized KV cache: a quarter of the bytes, and the drift it costs",
+    "kv-layers": "not every layer keeps a cache: local and global layers, shared KV, linear-attention state",
 }
 
 
@@ -351,14 +355,21 @@ def measured_answer(question: str, previous: StepRecord | None, record: StepReco
         return record.cache_bytes
     if question == "sink_attention_share":
         return sink_attention_share(record, sinks)
-    # bytes a layer caches a position, from what each layer holds (a window's layers hold fewer than the others)
+    if question == "shared_layer_kv":
+        return record.kv_computed[-1]
+    # each layer's bytes a position and its bytes that do not grow, from what each layer holds and measured (a
+    # window's layers hold fewer positions than the others; a linear-attention layer holds a state, no position)
     held = record.layer_positions_held or (record.positions_held,) * record.n_layer
-    per_layer_position = record.cache_bytes // sum(held) if sum(held) else 0
+    sizes = record.layer_bytes or tuple(record.cache_bytes * n // sum(held) if sum(held) else 0 for n in held)
+    per_position = [size // n if n else 0 for size, n in zip(sizes, held, strict=True)]
+    fixed = sum(size for size, n in zip(sizes, held, strict=True) if not n)
     if question == "cache_bytes_per_token":
-        return per_layer_position * len(held)
-    if question == "cache_bytes_at_8k":
+        return sum(per_position)
+    if question in ("cache_bytes_at_8k", "cache_bytes_at_1k"):
+        context = LONG_CONTEXT if question == "cache_bytes_at_8k" else SHORT_CONTEXT
         capacity = record.layer_capacity or (0,) * len(held)
-        return per_layer_position * sum(min(LONG_CONTEXT, cap) if cap else LONG_CONTEXT for cap in capacity)
+        return fixed + sum(size * (min(context, cap) if cap else context)
+                           for size, cap in zip(per_position, capacity, strict=True))
     raise ValueError(f"unknown question {question!r}")
 
 
@@ -370,7 +381,7 @@ def format_answer(question: str, value: float, precision: str = "") -> str:
     stored = f" in {precision}" if precision else ""
     if question in ("cache_bytes_after_next", "cache_bytes_per_token"):
         return f"{int(value):,} bytes{stored}"
-    if question == "cache_bytes_at_8k":
+    if question in ("cache_bytes_at_8k", "cache_bytes_at_1k"):
         return f"{int(value):,} bytes ({format_bytes(value)}){stored}"
     if question == "blocks_at_end":
         return f"{int(value):,} blocks"

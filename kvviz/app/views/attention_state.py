@@ -59,13 +59,16 @@ class AttentionState:
         if values.size == 0:
             return []
         row = values[head]
+        if not np.isfinite(row).any():  # a linear-attention layer: no weights over positions
+            return []
         order = np.argsort(-row, kind="stable")[:TOP_POSITIONS]
         return [(int(p), float(row[p])) for p in order]
 
     def brightest(self, layer: int) -> float:
         """The largest weight of `layer`: the brightest shade."""
         values = self.values(layer)
-        return float(values.max()) if values.size else 0.0
+        finite = values[np.isfinite(values)]  # a linear-attention layer's are NaN: no weights over positions
+        return float(finite.max()) if finite.size else 0.0
 
     def cell_info(self, layer: int, head: int, position: int) -> str:
         """What the hover tooltip says about one weight."""
@@ -83,11 +86,32 @@ class AttentionState:
             return "<b>Attention</b> &nbsp; no run yet"
         if record is None:
             return f"<b>Attention, layer {layer}</b> &nbsp; recorded from the next step"
+        kind = self.plan.layer_kind(layer) if layer < self.plan.n_layer else "full"
+        if kind == "state":
+            return (f"<b>Attention, layer {layer}</b> &nbsp; a linear-attention layer: it folds every key and value "
+                    "into one fixed-size state, so its query reads no positions and has no attention weights over "
+                    "them")
         query = record.fed_stop - 1
         token = escape(self.token(query, str(query)))
         source = "its cached keys" if record.use_cache else "keys recomputed this pass (no cache)"
+        if kind == "shared":
+            source = f"layer {self.plan.layer_shapes[layer].source}'s keys (a shared layer keeps none of its own)"
+        elif kind == "window" and self.plan.layer_shapes:  # a window of the model's own: a local layer
+            source += f", the last {self.plan.layer_shapes[layer].window:,} positions only (a local layer)"
+        sinks = self.sink_shares(layer)
+        sink = (f"; the learned sink takes {float(sinks.mean()):.2f} of a head's softmax on average (the column "
+                "\u201csink\u201d below: with the positions' weights, 1)" if sinks is not None else "")
         return (f"<b>Attention, layer {layer}</b> &nbsp; the query of \u201c{token}\u201d (position "
-                f"{query}) reads {source}; brightest: weight {self.brightest(layer):.2f}")
+                f"{query}) reads {source}; brightest: weight {self.brightest(layer):.2f}{sink}")
+
+    def sink_shares(self, layer: int) -> np.ndarray | None:
+        """(heads,) the share of each head's softmax its learned sink took in `layer` (gpt-oss), in the latest
+        record with attention; None for a model without learned sinks."""
+        record = self.last
+        if record is None or record.attention is None or not record.attention.sinks:
+            return None
+        weights = record.attention
+        return np.frombuffer(weights.sinks, dtype=np.float32).reshape(weights.layers, weights.heads)[layer]
 
     def tops(self, layer: int, heads: list[int] | None = None) -> list[tuple[int, list[tuple[str, int, float]]]]:
         """Per head (every head, or `heads`) its top positions in `layer`: (head, [(token, position, weight)])."""
@@ -95,7 +119,9 @@ class AttentionState:
         if values.size == 0:
             return []
         chosen = list(range(values.shape[0])) if heads is None else heads
-        return [(head, [(self.token(p, str(p)), p, w) for p, w in self.top_positions(layer, head)])
+        sinks = self.sink_shares(layer)  # learned sinks: their share first, as a column of its own ("sink")
+        return [(head, [*([("sink", -1, float(sinks[head]))] if sinks is not None else []),
+                        *((self.token(p, str(p)), p, w) for p, w in self.top_positions(layer, head))])
                 for head in chosen]
 
     def top_list(self, layer: int, heads: list[int] | None = None) -> str:
@@ -104,6 +130,8 @@ class AttentionState:
 
 
 def tops_text(tops: list[tuple[int, list[tuple[str, int, float]]]]) -> str:
-    """Per head its top positions, a line a head: "h3: ·flies @1 0.52, Time @0 0.31, ..."."""
-    return "\n".join(f"h{head}: " + ", ".join(f"{token} @{p} {w:.2f}" for token, p, w in positions)
+    """Per head its top positions, a line a head: "h3: ·flies @1 0.52, Time @0 0.31, ..."; a learned sink's share
+    first, where the model has them: "h3: sink 0.40, ·flies @1 0.31, ..."."""
+    return "\n".join(f"h{head}: " + ", ".join(f"{token} @{p} {w:.2f}" if p >= 0 else f"{token} {w:.2f}"
+                                             for token, p, w in positions)
                      for head, positions in tops)

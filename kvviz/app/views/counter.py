@@ -52,6 +52,9 @@ class CounterPanel(CountPanel):
         self.latent_note = QLabel("")  # latent attention: the numbers it caches against multi-head attention's
         self.latent_note.setWordWrap(True)
         self.latent_note.hide()
+        self.layers_note = QLabel("")  # a model whose layers differ: the bytes each kind of layer holds, measured
+        self.layers_note.setWordWrap(True)
+        self.layers_note.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
@@ -60,10 +63,11 @@ class CounterPanel(CountPanel):
         layout.addWidget(self.measured_note)
         layout.addWidget(self.window_note)
         layout.addWidget(self.latent_note)
+        layout.addWidget(self.layers_note)
         layout.addWidget(self.progress)
         layout.addStretch(1)
         self.show_parts(self.heading, self.table, (self.measured_note, self.window_note, self.latent_note,
-                                                          self.progress))
+                                                          self.layers_note, self.progress))
 
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
@@ -112,6 +116,8 @@ class CounterPanel(CountPanel):
         self.window_note.setText(self._window_text(plan, rec))
         self.latent_note.setVisible(plan.multi_head_numbers > 0)
         self.latent_note.setText(self.latent_text(plan))
+        self.layers_note.setVisible(bool(plan.layer_shapes) and plan.use_cache)
+        self.layers_note.setText(self.layers_text(plan, rec))
         measured = "with_cache" if plan.use_cache else "without_cache"
         counted = "without_cache" if measured == "with_cache" else "with_cache"
         # short, so that the counter leaves a 720p screen room for a 48-layer grid and the attention strip
@@ -145,6 +151,23 @@ class CounterPanel(CountPanel):
             text += (f". A position, {plan.n_layer} layers: {plan.cache_bytes_per_position:,} bytes against "
                      f"{multi_head * plan.dtype_bytes * plan.n_layer:,}")
         return text
+
+    @staticmethod
+    def layers_text(plan: RunPlan, rec: StepRecord | None) -> str:
+        """A model whose layers differ: the bytes its cache holds, layer by layer, summed by what the layers keep,
+        as the record measured them: "cache 6,144 bytes: 4 window layers 2,048, 2 full layers 4,096, 2 shared 0";
+        "" for a model whose layers are alike, or a run without a cache."""
+        if not plan.layer_shapes or not plan.use_cache:
+            return ""
+        names = {"full": "full", "window": "window", "shared": "shared", "state": "state (fixed)"}
+        sizes = rec.layer_bytes if rec is not None and rec.layer_bytes else (0,) * plan.n_layer
+        totals: dict[str, tuple[int, int]] = {}  # kind -> (layers, bytes)
+        for shape, size in zip(plan.layer_shapes, sizes, strict=True):
+            layers, total = totals.get(shape.kind, (0, 0))
+            totals[shape.kind] = (layers + 1, total + size)
+        parts = ", ".join(f"{layers} {names[kind]} layer{'s' * (layers != 1)} {total:,}"
+                          for kind, (layers, total) in totals.items())
+        return f"cache {sum(sizes):,} bytes by layer: {parts}"
 
     @staticmethod
     def _window_text(plan: RunPlan, rec: StepRecord | None) -> str:

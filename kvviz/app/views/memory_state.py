@@ -14,6 +14,7 @@ from kvviz.core.memory import DTYPE_BYTES, format_bytes, reference_architectures
 from kvviz.core.records import RunPlan, StepRecord
 
 MAX_CONTEXT = 131072  # the x axis ends at 128k tokens
+LANDMARKS = (1000, 8192, 32768, MAX_CONTEXT)  # lengths every line passes through exactly (a hover reads them)
 
 
 class MemoryState:
@@ -142,7 +143,7 @@ class MemoryState:
 
 def contexts(extra: Sequence[int] = ()) -> np.ndarray:
     """Context lengths from 1 to MAX_CONTEXT, log-spaced, with `extra` ones (a sliding window's edge) in."""
-    points = {int(round(v)) for v in np.logspace(0, math.log10(MAX_CONTEXT), 64)} | {MAX_CONTEXT, *extra}
+    points = {int(round(v)) for v in np.logspace(0, math.log10(MAX_CONTEXT), 64)} | {*LANDMARKS, *extra}
     return np.array(sorted(p for p in points if 1 <= p <= MAX_CONTEXT), dtype=np.float64)
 
 

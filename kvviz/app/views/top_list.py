@@ -23,6 +23,7 @@ class TopList(QWidget):
         super().__init__(parent)
         self._tops: list[tuple[int, list[tuple[str, int, float]]]] = []
         self._heads, self._width = 1, 10  # reserved: cells, and positions (for the widest "@12")
+        self._entries = TOP_POSITIONS  # a head's entries: its top positions, and a learned sink's share first
         self._theme = themes.current()
         self._columns: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)  # head, token, position, weight, gap
         policy = QSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)  # its height: for its width
@@ -31,15 +32,21 @@ class TopList(QWidget):
         self._measure()
 
     def reserve(self, heads: int, width: int) -> None:
-        """Room for `heads` heads' cells and positions up to `width`."""
-        if (heads, width) != (self._heads, self._width):
-            self._heads, self._width = max(1, heads), max(1, width)
+        """Room for `heads` heads' cells and positions up to `width` (a learned sink's share is given room when
+        the first one comes, once a run)."""
+        if (heads, width, TOP_POSITIONS) != (self._heads, self._width, self._entries):
+            self._heads, self._width, self._entries = max(1, heads), max(1, width), TOP_POSITIONS
             self._measure()
             self.updateGeometry()
 
     def set_tops(self, tops: list[tuple[int, list[tuple[str, int, float]]]]) -> None:
-        """(head, [(token, position, weight)]) per head shown, heaviest first."""
+        """(head, [(token, position, weight)]) per head shown, heaviest first (a learned sink: position -1)."""
         self._tops = tops
+        entries = max((len(entries) for _head, entries in tops), default=0)
+        if entries > self._entries:  # a model with learned sinks: their share is one more entry a head
+            self._entries = entries
+            self._measure()
+            self.updateGeometry()
         self.update()
 
     def set_theme(self, theme: Theme) -> None:
@@ -61,7 +68,7 @@ class TopList(QWidget):
 
     def _cell_width(self, token: int | None = None) -> int:
         head, token_w, position, weight, entry_gap, _gap = self._columns
-        return head + TOP_POSITIONS * ((token_w if token is None else token) + position + weight + entry_gap)
+        return head + self._entries * ((token_w if token is None else token) + position + weight + entry_gap)
 
     def _per_line(self, width: int) -> int:
         return max(1, (width + self._columns[5]) // (self._cell_width() + self._columns[5]))
@@ -95,7 +102,7 @@ class TopList(QWidget):
         head_w, token_w, position_w, weight_w, entry_gap, gap = self._columns
         short = self._cell_width() - self.width()
         if short > 0:  # a narrow view: the tokens give up room, each column stays apart
-            token_w = max(metrics.horizontalAdvance("ww"), token_w - short // TOP_POSITIONS)
+            token_w = max(metrics.horizontalAdvance("ww"), token_w - short // self._entries)
         cell = self._cell_width(token_w)
         per_line, line = self._per_line(self.width()), self._line_height()
         left = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
@@ -111,7 +118,8 @@ class TopList(QWidget):
                 painter.drawText(QRectF(x, y, token_w, line), right,
                                  metrics.elidedText(token, Qt.TextElideMode.ElideRight, token_w))
                 painter.setPen(muted)
-                painter.drawText(QRectF(x + token_w, y, position_w, line), left, f" @{position}")
+                if position >= 0:  # a learned sink has no position
+                    painter.drawText(QRectF(x + token_w, y, position_w, line), left, f" @{position}")
                 painter.setPen(ink)
                 painter.drawText(QRectF(x + token_w + position_w, y, weight_w, line), right, f"{weight:.2f}")
                 x += token_w + position_w + weight_w + entry_gap

@@ -75,6 +75,7 @@ ACTIONS = (
     ActionSpec("lesson_window", "&Help", "Lesson: sliding &windows and attention sinks"),
     ActionSpec("lesson_paging", "&Help", "Lesson: serving many requests from a pa&ged KV cache"),
     ActionSpec("lesson_quantized", "&Help", "Lesson: a &quantized KV cache"),
+    ActionSpec("lesson_layers", "&Help", "Lesson: not every &layer keeps a cache"),
     ActionSpec("lesson_notes", "&Help", "Lesson &notes (the lecturer's; hidden until shown)", ("N",), checkable=True),
     ActionSpec("lesson_next", None, "Next lesson step"),  # keys only in lesson mode: LESSON_KEYS
     ActionSpec("lesson_back", None, "Previous lesson step"),

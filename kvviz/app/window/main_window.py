@@ -349,6 +349,7 @@ def action_slots(w: MainWindow) -> dict[str, Callable]:
         "lesson_window": lambda: w.lesson.switch("kv-window"),
         "lesson_paging": lambda: w.lesson.switch("kv-paging"),
         "lesson_quantized": lambda: w.lesson.switch("kv-quantized"),
+        "lesson_layers": lambda: w.lesson.switch("kv-layers"),
         "lesson_next": lambda: w.lesson.next(), "lesson_back": lambda: w.lesson.back(),
         "colour_blind": w.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
         "sliding_window": w.choose_window,

@@ -88,7 +88,6 @@ class GridState:
         if self.state_rows.any() and record.use_cache:  # one block, overwritten: this pass's K/V folded in
             states[self.state_rows] = STATE
             states[self.state_rows, fed] = COMPUTED
-        states[self.shared_rows] = SHARED  # computes queries only
         self.fed[:, fed] = True
         self.holds[computed] = np.arange(fed.start, fed.start + (written.stop - written.start))
         self.computed_at[computed] = record.step + 1
@@ -100,6 +99,7 @@ class GridState:
             new_position = record.sequence_length - 1
             if new_position < width and states[0, new_position] == EMPTY:  # (a late write may have filled it)
                 states[:, new_position] = PENDING
+        states[self.shared_rows] = SHARED  # computes queries only: no cell of its own
         self.last = record
 
     def label(self, position: int) -> str:
@@ -177,6 +177,8 @@ class GridState:
                 lines.append(f"{plan.cache_parts[head][0]}: {sizes[head]} × {b} bytes = {sizes[head] * b:,} bytes")
         elif plan.use_cache and state in (COMPUTED, REUSED, STALE) and heads > 0:  # in the cache: their bytes
             b, d = plan.dtype_bytes, plan.head_dim
+            if plan.layer_shapes:  # a model whose layers differ: this layer's own heads (Gemma 4's global layers)
+                heads, d = plan.layer_shapes[layer].kv_heads, plan.layer_shapes[layer].head_dim
             if head is None:
                 total = 2 * heads * d * b
                 kind = "heads" if group == 1 else "KV heads"

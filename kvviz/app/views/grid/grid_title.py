@@ -35,6 +35,8 @@ def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, t
         colour = theme.teal if lockstep == "cached" else theme.amber
         # two grids side by side: the short form, so that each title keeps to a line at half the width
         head = f"<b><span style='color:{colour}'>{mode}</span></b> &nbsp; {kept}: {size}"
+        if lockstep == "uncached" and not plan.against_lossy:
+            head += exact_note(plan)
 
     def caption(detail: str) -> str:
         return f"{head}<br><span style='color:{theme.muted}'>{detail}</span>"
@@ -47,6 +49,20 @@ def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, t
     computed = record.fed_stop - record.fed_start
     reused = record.kv_reused[0] if record.kv_reused else record.fed_start  # measured: a window reads fewer
     return caption(_step(theme, record.step + 1, what, computed, record.n_layer, reused)), ""
+
+
+def exact_note(plan: RunPlan) -> str:
+    """Compare mode of a model whose layers differ, cached against uncached: why the two are still exact ("" for a
+    model whose layers keep alike). A window of the model's own is the model's: both runs attend through it."""
+    kinds = {shape.kind for shape in plan.layer_shapes}
+    reasons = []
+    if "state" in kinds:
+        reasons.append("a state layer folds the same keys and values into its state either way")
+    if "shared" in kinds:
+        reasons.append("a shared layer reads the same source layer's")
+    if "window" in kinds:
+        reasons.append("both runs attend through the model's own windows")
+    return f"; exact: {', '.join(reasons)}" if reasons else ""
 
 
 def _step(theme: Theme, step: int, what: str, computed: int, n_layer: int, reused: int) -> str:
