@@ -180,3 +180,24 @@ def test_the_lessons_answers_are_measured_layer_by_layer():
     plan, records, _ = _run("gemma4")
     assert measured_answer("shared_layer_kv", records[-2], records[-1]) == 0
     assert records[-1].kv_computed[0] == 1  # the layers below compute their key and value
+
+
+def test_a_model_of_as_many_layers_whose_layers_differ_relabels_the_rows(qtbot):
+    """The app's default model has 6 layers, as the lesson's Gemma 3 does: loading it after must not keep "L0"."""
+    from kvviz.engine.engine import Engine as EngineOf
+    from kvviz.sources.weights import load_model
+
+    grid = KVGridView()
+    qtbot.addWidget(grid)
+    grid.resize(900, 500)
+    grid.show()
+    embedded = EngineOf(load_model(None).model)
+    grid.reset(plan_ids(embedded, PROMPT, 2))
+    grid.refresh()
+    qtbot.waitUntil(lambda: [t for t, *_ in drawn_left_labels(grid.plot_widget)] == [f"L{i}" for i in range(6)])
+    plan, records, _ = _run("gemma3")
+    grid.reset(plan)
+    grid.apply(records[:1])
+    grid.refresh()
+    expected = ["L0 window 4", "L1 window 4", "L2 full", "L3 window 4", "L4 window 4", "L5 full"]
+    qtbot.waitUntil(lambda: [t for t, *_ in drawn_left_labels(grid.plot_widget)] == expected)

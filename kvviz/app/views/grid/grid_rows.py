@@ -244,7 +244,8 @@ class GridAxes:
         metrics = QFontMetrics(self._font)
         height = self._plot_item.getViewBox().height()  # the rows' pixels
         pitch = height / max(1, len(rows))
-        key = (round(pitch, 1), self._font.key(), cells.n_layer, tuple(rows.layers), tuple(rows.heads))
+        key = (round(pitch, 1), self._font.key(), cells.n_layer, tuple(rows.layers), tuple(rows.heads),
+               rows.kinds_shown)  # (a model of as many layers whose layers differ: other labels)
         if self._left_key != key:  # the layer labels only change with the height and the rows
             self._left_key = key
             font = fitting_font(self._font, pitch)
