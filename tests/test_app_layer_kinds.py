@@ -79,6 +79,7 @@ def test_the_grid_names_each_layers_kind_and_draws_shared_and_state_rows_as_such
         grid.refresh()
         step = grid.cell_states()
         assert (step[[0, 1, 2, 4, 5], 8] == COMPUTED).all() and (step[[0, 1, 2, 4, 5], :8] == STATE).all()
+        assert "reused 8" in grid.title.text()  # the attention layer read 8 positions; a state layer reads none
         assert _legend_shown(grid, STATE) and not _legend_shown(grid, SHARED)
         info = grid.cell_info(0, 2)
         assert "1,792 bytes" in info and "keeps no position" in info
@@ -167,6 +168,10 @@ def test_the_counter_adds_up_each_kinds_bytes_and_compare_mode_says_why_it_stays
     assert counter.layers_note.text() == (f"cache {sum(sizes):,} bytes by layer: 2 window layers "
                                           f"{sizes[0] + sizes[2]:,}, 2 full layers {sizes[1] + sizes[3]:,}, "
                                           "2 shared layers 0")
+    values = counter.values()  # the shared layers compute no key or value: 4 of the 6 layers do
+    assert values["with_cache_all_layers"] == 4 * values["with_cache"] == 4 * n
+    assert values["without_cache_all_layers"] == 4 * values["without_cache"]
+    assert counter.table.all_layers_header.text() == "all 4 computing layers"
     uncached, _records, _ = _run("qwen3.5", use_cache=False)
     title, _ = grid_title(uncached, None, "uncached", DARK)
     assert "exact: a state layer folds the same keys and values into its state either way" in title

@@ -65,8 +65,9 @@ class CountTable(QGridLayout):
                 self.addWidget(label, row, col)
             self.labels[key] = (name, per_layer, all_layers)
 
-    def show_layers(self, n_layer: int) -> None:
-        self.all_layers_header.setText(f"all {n_layer} layers")
+    def show_layers(self, n_layer: int, which: str = "") -> None:
+        """Head the all-layers column: "all 6 layers", or of `which` layers ("all 4 computing layers")."""
+        self.all_layers_header.setText(f"all {n_layer}{which} layers")
 
     def show_values(self, values: dict[str, object]) -> None:
         """`values` as the counters' `values()` give them: a row's per-layer number under its key, the

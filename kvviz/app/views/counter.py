@@ -94,9 +94,9 @@ class CounterPanel(CountPanel):
             "avoided": rec.avoided_total,
             "ratio": rec.without_cache_total / rec.with_cache_total if rec.with_cache_total else 0.0,
             "n_layer": rec.n_layer,
-            "with_cache_all_layers": rec.with_cache_total * rec.n_layer,
-            "without_cache_all_layers": rec.without_cache_total * rec.n_layer,
-            "avoided_all_layers": rec.avoided_total * rec.n_layer,
+            "with_cache_all_layers": rec.with_cache_total * self._computing(plan),
+            "without_cache_all_layers": rec.without_cache_total * self._computing(plan),
+            "avoided_all_layers": rec.avoided_total * self._computing(plan),
             "new_tokens": rec.new_tokens,
             "stop_reason": rec.stop_reason,
         }
@@ -108,7 +108,8 @@ class CounterPanel(CountPanel):
         plan, rec = self._plan, self._record
         if plan is None:
             return
-        self.table.show_layers(plan.n_layer)
+        computing = self._computing(plan)
+        self.table.show_layers(computing, "" if computing == plan.n_layer else " computing")
         latent = bool(plan.cache_parts)
         self.heading.setText(HEADINGS[latent])
         self.heading.setToolTip(LATENT_UNIT if latent else self.table.per_layer_header.toolTip())
@@ -151,6 +152,11 @@ class CounterPanel(CountPanel):
             text += (f". A position, {plan.n_layer} layers: {plan.cache_bytes_per_position:,} bytes against "
                      f"{multi_head * plan.dtype_bytes * plan.n_layer:,}")
         return text
+
+    @staticmethod
+    def _computing(plan: RunPlan) -> int:
+        """Layers that compute keys and values: all but the shared ones, which read an earlier layer's."""
+        return plan.n_layer - sum(shape.kind == "shared" for shape in plan.layer_shapes)
 
     @staticmethod
     def layers_text(plan: RunPlan, rec: StepRecord | None) -> str:

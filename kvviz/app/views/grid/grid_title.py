@@ -47,7 +47,8 @@ def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, t
         return caption(ready), caption(_step(theme, plan.passes, CACHE_FILL, plan.width, plan.n_layer, plan.width))
     what = CACHE_FILL if record.token_id is None else f"token {record.new_tokens}"
     computed = record.fed_stop - record.fed_start
-    reused = record.kv_reused[0] if record.kv_reused else record.fed_start  # measured: a window reads fewer
+    # measured, the layer that read the most: a window reads fewer, a linear-attention layer none (its state)
+    reused = max(record.kv_reused) if record.kv_reused else record.fed_start
     return caption(_step(theme, record.step + 1, what, computed, record.n_layer, reused)), ""
 
 
