@@ -48,9 +48,9 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int 
     colour = np.array(themes.rgba(state_colours(theme)[state]), dtype=np.uint8)
     tile[:] = colour
     dark = np.array(themes.rgba(theme.grid_line), dtype=np.uint8)
-    if state == SHARED and size >= 5:  # hatched in every look: a row with no cells of its own
+    if state == SHARED and size >= 5:  # hatched in every look, in the axes' grey: a row with no cells of its own
         yy, xx = np.mgrid[0:size, 0:size]
-        tile[(xx - yy) % 5 == 0] = dark
+        tile[(xx - yy) % 5 == 0] = np.array(themes.rgba(theme.muted), dtype=np.uint8)
     if colour_blind and size >= 5:
         yy, xx = np.mgrid[0:size, 0:size]
         if state == COMPUTED:  # diagonal stripes
