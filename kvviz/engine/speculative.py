@@ -95,7 +95,8 @@ class DraftModel:
 def speculate(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int, k: int,
               lookup: int = 0, draft: torch.nn.Module | None = None) -> Iterator[SpeculativeRound]:
     """Greedy speculative decoding of `model` after `prompt_ids`: rounds until `max_new_tokens` tokens (or the
-    context) are generated, drafting up to `k` tokens a round by prompt lookup of `lookup`-grams or with `draft`."""
+    context) are generated, drafting up to `k` tokens a round by prompt lookup of `lookup`-grams or with `draft`.
+    Round 0 is the prompt's pass, which drafts nothing and gives the first token."""
     if not 1 <= k <= 64:
         raise GenerationError(f"draft tokens must be between 1 and 64, got {k}")
     if (lookup > 0) == (draft is not None):
@@ -115,8 +116,9 @@ def speculate(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens:
     first = model(torch.tensor([tokens], device=weights.device), torch.arange(len(tokens), device=weights.device),
                   cache, last_only=True)[0, -1]
     tokens.append(int(first.argmax()))  # the target's own first token, pending: its key and value are not cached
+    yield SpeculativeRound(0, len(prompt_ids) - 1, (), 0, (tokens[-1],), 0, cache.length)  # the prefill's round
     budget = min(max_new_tokens, config.n_ctx - len(prompt_ids))
-    number = 0
+    number = 1
     while len(tokens) - len(prompt_ids) < budget:
         start = cache.length  # the pending token's position
         room = min(k, budget - (len(tokens) - len(prompt_ids)) - 1, capacity - start - 1)
