@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from kvviz.core.errors import ModelLoadError
+from kvviz.models import llama_format
 from kvviz.models.config_json import positive, read_config, shown, whole
 from kvviz.models.gemma3 import GLOBAL, LOCAL, Gemma3Config, local_and_global
 
@@ -156,33 +157,9 @@ def infer_config(state: dict[str, torch.Tensor], name: str, origin: str | None =
 
 
 def check_config_fits(config: Gemma3Config, state: dict[str, torch.Tensor], origin: str, config_path: Path) -> None:
-    """A config.json may not describe a model larger than the tensors beside it: checked before anything of its
-    size is built (a smaller one fails `build_model`'s tensor checks, which name the tensor). The tied head's copy
-    of the embeddings, which some checkpoints carry, is dropped."""
-    layers = {k.split(".")[2] for k in state if k.startswith("model.layers.")}
-    try:
-        vocab_size, width = (int(n) for n in state["model.embed_tokens.weight"].shape)
-        queries = int(state["model.layers.0.self_attn.q_proj.weight"].shape[0])
-        keys = int(state["model.layers.0.self_attn.k_proj.weight"].shape[0])
-        hidden = int(state["model.layers.0.mlp.gate_proj.weight"].shape[0])
-    except KeyError as exc:
-        raise ModelLoadError(f"{origin}: tensor {exc.args[0]} is missing; not a Gemma 3 checkpoint") from exc
-    except (ValueError, IndexError) as exc:
-        raise ModelLoadError(f"{origin}: tensor model.embed_tokens.weight is not a matrix") from exc
-    if not all(layer.isdigit() for layer in layers):
-        raise ModelLoadError(f"{origin}: unexpected tensor names under model.layers; not a Gemma 3 checkpoint")
-    hd = config.head_dim
-    for key, value, needs, found in (
-        ("vocab_size", config.vocab_size, config.vocab_size, vocab_size),
-        ("hidden_size", config.n_embd, config.n_embd, width),
-        ("num_hidden_layers", config.n_layer, config.n_layer, len(layers)),
-        ("num_attention_heads", config.n_head, config.n_head * hd, queries),
-        ("num_key_value_heads", config.n_kv_head, config.n_kv_head * hd, keys),
-        ("intermediate_size", config.intermediate_size, config.intermediate_size, hidden),
-    ):
-        if needs > found:
-            raise ModelLoadError(f"{config_path}: {key}={shown(value)} is more than the weights in "
-                                 f"{Path(origin).name} have")
+    """A config.json may not describe a model larger than the tensors beside it: the Llama family's check, whose
+    tensor names Gemma 3 shares; its head is always tied, so a copy of the embeddings is dropped."""
+    llama_format.check_config_fits(config, state, origin, config_path, "Gemma 3")
     state.pop("lm_head.weight", None)
 
 

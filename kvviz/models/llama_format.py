@@ -141,10 +141,12 @@ def infer_config(state: dict[str, torch.Tensor], name: str, origin: str | None =
     raise ModelLoadError(f"{origin or name}: a Llama-family checkpoint needs its config.json beside it")
 
 
-def check_config_fits(config: LlamaConfig, state: dict[str, torch.Tensor], origin: str, config_path: Path) -> None:
+def check_config_fits(config: LlamaConfig, state: dict[str, torch.Tensor], origin: str, config_path: Path,
+                      family: str = "Llama-family") -> None:
     """A config.json may not describe a model larger than the tensors beside it: checked before anything of its
     size is built (a smaller one fails `build_model`'s tensor checks, which name the tensor). A tied head's copy
-    of the embeddings, which some checkpoints carry, is dropped."""
+    of the embeddings, which some checkpoints carry, is dropped. `family` names the checkpoints of a family with
+    the same tensor names (Gemma 3's)."""
     layers = {k.split(".")[2] for k in state if k.startswith("model.layers.")}
     try:
         vocab_size, width = (int(n) for n in state["model.embed_tokens.weight"].shape)
@@ -152,11 +154,11 @@ def check_config_fits(config: LlamaConfig, state: dict[str, torch.Tensor], origi
         keys = int(state["model.layers.0.self_attn.k_proj.weight"].shape[0])
         hidden = int(state["model.layers.0.mlp.gate_proj.weight"].shape[0])
     except KeyError as exc:
-        raise ModelLoadError(f"{origin}: tensor {exc.args[0]} is missing; not a Llama-family checkpoint") from exc
+        raise ModelLoadError(f"{origin}: tensor {exc.args[0]} is missing; not a {family} checkpoint") from exc
     except (ValueError, IndexError) as exc:
         raise ModelLoadError(f"{origin}: tensor model.embed_tokens.weight is not a matrix") from exc
     if not all(layer.isdigit() for layer in layers):
-        raise ModelLoadError(f"{origin}: unexpected tensor names under model.layers; not a Llama-family checkpoint")
+        raise ModelLoadError(f"{origin}: unexpected tensor names under model.layers; not a {family} checkpoint")
     hd = config.head_dim
     for key, value, needs, found in (
         ("vocab_size", config.vocab_size, config.vocab_size, vocab_size),
