@@ -95,6 +95,14 @@ class KVCache:
         return sum(layer.bytes_allocated for layer in self.layers)
 
 
+def rollback_refusal(kinds: Sequence[LayerKind]) -> str:
+    """Why a cache of `kinds` cannot roll back by `crop` ("" where every layer can)."""
+    if any(kind.kind == "state" for kind in kinds):
+        return ("its linear-attention layers fold a rejected draft into their state, and keep no state a position "
+                "to roll it back")
+    return ""
+
+
 def build_cache(kinds: Sequence[LayerKind], capacity: int, *, batch_size: int = 1,
                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fault: str = "",
                 spare: int = 0) -> KVCache:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvviz.core.attention_weights import AttentionWeights
+from kvviz.core.speculation import Drafter, Speculation
 
 if TYPE_CHECKING:  # a plan carries one; records import no formulas at run time
     from kvviz.core.memory import Architecture, LayerShape
@@ -104,6 +105,9 @@ class RunRequest:
     window: int = 0  # a sliding window of this many positions (0: the model's own, if any, else none)
     sinks: int = 0  # with `window`: the first positions kept as attention sinks
     kv_dtype: str = ""  # a key of KV_DTYPES: the cache stores keys and values quantized ("": exact)
+    draft_tokens: int = 0  # speculative decoding: drafts a round, by prompt lookup or the draft model (0: off)
+    prompt_lookup: int = 0  # ... drafted by prompt lookup of up to this many tokens (0: by `draft_model`)
+    draft_model: str = ""  # ... drafted by this model (a source kvviz loads)
 
 
 MAX_PROMPT_CHARACTERS = 1_000_000  # the longest prompt kvviz takes, typed, pasted or given with --prompt
@@ -169,6 +173,7 @@ class RunPlan:
     # pass rebuilds from the latent (qk_head_dim, v_head_dim), e.g. (192, 128); () for a cache of heads
     layer_shapes: tuple[LayerShape, ...] = ()  # what each layer keeps where the model's layers differ (a window,
     # nothing but a shared source, a fixed state), with or without a cache; () where every layer is alike
+    drafter: Drafter | None = None  # speculative decoding's drafter; None: one token a pass
 
     def layer_kind(self, layer: int) -> str:
         """What `layer` keeps: a key of kvviz.core.memory.LAYER_SHAPE_KINDS ("full" where the layers are alike)."""
@@ -322,6 +327,7 @@ class StepRecord:
     layer_capacity: tuple[int, ...] = ()  # the most positions each layer's cache ever holds (0: every one)
     cache_precision: str = ""  # what the cache's numbers are stored in: "float32", "bfloat16", "int8", ...
     layer_bytes: tuple[int, ...] = ()  # bytes each layer's cache holds after this pass, measured (() no cache)
+    speculation: Speculation | None = None  # speculative decoding: this target pass's round
 
     @property
     def twin_token_id(self) -> int | None:

@@ -26,6 +26,7 @@ from kvviz.core.records import (
 )
 from kvviz.core.tokenizer import Tokenizer, get_tokenizer
 from kvviz.engine.sampling import SamplingSettings, choose, sampling_generator
+from kvviz.engine.speculative import check_drafter, speculative_passes
 from kvviz.models.cache_shape import run_cache_shape
 from kvviz.models.families import family_of
 
@@ -65,6 +66,7 @@ class Engine:
         # Called before every block of every pass with the block's index: a way to stop a long pass from
         # another thread (it raises), as the app's worker does when the window closes.
         self.before_block: Callable[[int], None] | None = None
+        self.draft: Engine | None = None  # the draft model's engine, for a run that decodes speculatively with it
 
     @property
     def n_ctx(self) -> int:
@@ -107,13 +109,15 @@ class Engine:
                            fault=fault)
 
     def forward(self, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None, probe: PassProbe,
-                weights: object = None) -> torch.Tensor:
+                weights: object = None, every_position: bool = False) -> torch.Tensor:
         """Logits (B, V) of the last position of each row of `idx` (B, T): through the family's fast file where it
         has one (every kind of pass on the same products, checked against the teaching file), else the teaching
-        model. `weights` are the fast file's `decode_weights`, gathered once per run."""
+        model. `weights` are the fast file's `decode_weights`, gathered once per run. With `every_position`, the
+        logits (B, T, V) of every position."""
         if self.fast is not None:
-            return self.fast.forward(self.model, idx, positions, kv_cache, weights, probe)
-        return self.model(idx, positions, kv_cache, last_only=True, probe=probe)[:, -1]
+            return self.fast.forward(self.model, idx, positions, kv_cache, weights, probe, every_position)
+        logits = self.model(idx, positions, kv_cache, last_only=not every_position, probe=probe)
+        return logits if every_position else logits[:, -1]
 
     def choose(
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
@@ -145,6 +149,7 @@ class Engine:
             raise GenerationError(fault_refusal(self.model.config.name, unfit, policy))
         if max_new_tokens <= 0:
             raise GenerationError(f"max new tokens must be a positive integer, got {max_new_tokens}")
+        drafter = check_drafter(self, request, policy)
         P = len(prompt_ids)
         if P == 0:
             raise GenerationError("the prompt has no tokens")
@@ -169,7 +174,7 @@ class Engine:
             use_cache=use_cache,
             max_new_tokens=max_new_tokens,
             budget=budget,
-            passes=budget + 1 if use_cache else budget,
+            passes=budget + 1 if use_cache and drafter is None else budget,  # speculative: at most one a token
             width=P + budget,
             final_with_cache=kv_with_cache(P, budget),
             final_without_cache=kv_without_cache(P, budget),
@@ -189,6 +194,7 @@ class Engine:
             cache_parts=cfg.cache_parts,
             head_key_value=cfg.head_key_value,
             layer_shapes=run_cache_shape(cfg, policy).layer_shapes,
+            drafter=drafter,
         )
 
     def _bytes_per_position(self, policy: CachePolicy) -> int:
@@ -247,6 +253,9 @@ class Engine:
         `watch_logits` sees the logits (V,) of every pass that chooses a token, before the choice;
         it must not keep them (they may be a buffer the next pass overwrites).
         """
+        if plan.drafter is not None:
+            yield from speculative_passes(self, plan, sampling or SamplingSettings(), top_candidates)
+            return
         cache = self._new_cache(plan.width, plan.cache_fault, plan.policy) if plan.use_cache else None
         yield from self._passes(plan, cache, sampling or SamplingSettings(), top_candidates, watch_logits)
 

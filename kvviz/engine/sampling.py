@@ -44,6 +44,16 @@ def sampling_generator(sampling: SamplingSettings, device: torch.device | str) -
     return generator
 
 
+def distribution(logits: torch.Tensor, sampling: SamplingSettings) -> torch.Tensor:
+    """What a sampled run draws from (..., V): the softmax of `logits` (..., V) over the temperature, zero outside
+    the top-k."""
+    scaled = logits.float() / sampling.temperature
+    if sampling.top_k is not None and sampling.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, sampling.top_k).values[..., -1:]
+        scaled = torch.where(scaled < kth, torch.full_like(scaled, float("-inf")), scaled)
+    return torch.softmax(scaled, dim=-1)
+
+
 def choose(logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int,
            tokenizer: Tokenizer, not_finite: str) -> tuple[int, tuple[Candidate, ...]]:
     """The next token from `logits` (V,) and the `top` likeliest candidates with their probabilities;
@@ -65,11 +75,7 @@ def choose(logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Ge
             values, ids = torch.topk(logits, min(top, logits.shape[-1]))
             values = torch.exp(values - log_total)
     else:
-        scaled = logits / sampling.temperature
-        if sampling.top_k is not None and sampling.top_k < scaled.shape[-1]:
-            kth = torch.topk(scaled, sampling.top_k).values[-1]
-            scaled = torch.where(scaled < kth, torch.full_like(scaled, float("-inf")), scaled)
-        probs = torch.softmax(scaled, dim=-1)
+        probs = distribution(logits, sampling)
         token = int(torch.multinomial(probs, 1, generator=generator))
         if top == 1:
             value, index = torch.max(probs, dim=-1)  # one candidate: a max is cheaper than a top-k

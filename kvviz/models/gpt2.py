@@ -79,6 +79,8 @@ PRESETS: dict[str, GPTConfig] = {
     "gpt2-xl": GPTConfig(n_layer=48, n_head=25, n_embd=1600, name="gpt2-xl"),
     # The embedded default: small enough to ship, deep enough for the grid to have rows.
     "kvviz-shakespeare": GPTConfig(n_ctx=256, n_layer=6, n_head=6, n_embd=192, name="kvviz-shakespeare"),
+    # The embedded draft for speculative decoding: the default's tokenizer and corpus, a third of its layers' width.
+    "kvviz-shakespeare-draft": GPTConfig(n_ctx=256, n_layer=2, n_head=2, n_embd=128, name="kvviz-shakespeare-draft"),
 }
 
 
