@@ -95,11 +95,18 @@ class KVCache:
         return sum(layer.bytes_allocated for layer in self.layers)
 
 
+ROLLS_BACK = ("full", "window", "quantized", "latent", "shared", "state")  # every kind build_cache makes
+
+
 def rollback_refusal(kinds: Sequence[LayerKind]) -> str:
-    """Why a cache of `kinds` cannot roll back by `crop` ("" where every layer can)."""
-    if any(kind.kind == "state" for kind in kinds):
-        return ("its linear-attention layers fold a rejected draft into their state, and keep no state a position "
-                "to roll it back")
+    """Why a cache of `kinds` cannot roll back by `crop` to a position inside its latest pass ("": it can). Every
+    kind build_cache makes rolls back, so this is "" for every cache it builds: full, quantized and latent layers
+    forget the rows past the position, a shared layer its count, a window layer brings back the `spare` rows it
+    keeps past its window, a state layer the state it kept after that position (one of its last `spare`). A pass
+    of at most `spare` positions (build_cache's) rolls back to any position inside it."""
+    unknown = sorted({kind.kind for kind in kinds} - set(ROLLS_BACK))
+    if unknown:
+        return f"no layer cache of kind {unknown[0]!r} rolls back: the kinds that do are {', '.join(ROLLS_BACK)}"
     return ""
 
 
@@ -107,7 +114,8 @@ def build_cache(kinds: Sequence[LayerKind], capacity: int, *, batch_size: int = 
                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fault: str = "",
                 spare: int = 0) -> KVCache:
     """A cache of one layer each of `kinds`, for `capacity` positions. `fault` "late_write" plants the teaching bug
-    in its full layers; `spare` lets window layers roll back that many positions past their window."""
+    in its full layers; `spare` is how far back a crop may go: window layers keep that many positions past their
+    window, state layers the states after that many last positions."""
     if fault not in ("", "late_write"):
         raise ValueError(f"unknown cache fault {fault!r}")
     full = LateWriteLayer if fault else FullLayer
@@ -122,7 +130,7 @@ def build_cache(kinds: Sequence[LayerKind], capacity: int, *, batch_size: int = 
             layers.append(QuantizedLayer(kind.heads, kind.head_dim, capacity, kind.kv_dtype, batch_size, dtype, device))
         elif kind.kind == "latent":
             layers.append(LatentLayer(kind.rank, kind.rope_dim, capacity, batch_size, dtype, device))
-        elif kind.kind == "state":  # a linear-attention layer's fixed state; `spare`: passes it can roll back
+        elif kind.kind == "state":  # a linear-attention layer's fixed state; `spare`: positions it can roll back
             layers.append(StateLayer(*kind.state, batch_size=batch_size, dtype=dtype, device=device, spare=spare))
         elif kind.kind == "shared":  # keeps nothing: reads layer `source`'s keys and values of the same pass
             layers.append(SharedLayer(kind.source))

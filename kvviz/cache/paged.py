@@ -31,7 +31,8 @@ class PagedCache:
 
     A pass is planned with `prepare(rows, tokens)`; each layer's `update` then writes the pass's keys and values
     and returns every row's keys and values so far, padded to the longest row (the padding is masked by position:
-    the keys come back in position order).
+    the keys come back in position order). `crop` rolls one request back to fewer positions (a speculative
+    round's rejected drafts), `release` drops it.
     """
 
     streams = False  # no attention sinks: positions are the text's
@@ -161,6 +162,26 @@ class PagedCache:
                 self._free(block)
         del self.lengths[request]
 
+    def crop(self, request: int, position: int) -> None:
+        """Roll `request` back to its first `position` positions, as if it had never been fed past them. The blocks
+        wholly past them drop its reference (and go back to the free list where no other request holds them); the
+        block it now ends inside, if no one else holds it, forgets its tokens past the end, so the next pass writes
+        there in place. A block shared with another request keeps them: the next write copies it first."""
+        if request not in self.tables:
+            raise ValueError(f"request {request} is not in the cache")
+        length, table, bs = self.lengths[request], self.tables[request], self.block_size
+        if not 0 <= position <= length:
+            raise ValueError(f"request {request} holds {length} positions: it cannot crop to {position}")
+        kept = -(-position // bs)  # blocks its first `position` positions take
+        for block in table[kept:]:
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self._free(block)
+        del table[kept:]
+        if table and self.refs[table[-1]] == 1:
+            self._forget(table[-1], position - (kept - 1) * bs)
+        self.lengths[request] = position
+
     def _claim(self, parent: int) -> int:
         if not self.free:
             raise PoolExhausted(f"the pool's {self.num_blocks} blocks of {self.block_size} positions are all in use")
@@ -180,11 +201,18 @@ class PagedCache:
         self.copies += 1
         return block
 
-    def _free(self, block: int) -> None:
+    def _forget(self, block: int, keep: int) -> None:
+        """Keep only the first `keep` tokens of `block`: fewer, and it is no longer a full block admit() can share."""
+        if len(self.block_tokens[block]) <= keep:
+            return
         key = (self.parent[block], tuple(self.block_tokens[block]))
         if self.full_blocks.get(key) == block:
             del self.full_blocks[key]
-        self.block_tokens[block], self.parent[block] = [], -1
+        del self.block_tokens[block][keep:]
+
+    def _free(self, block: int) -> None:
+        self._forget(block, 0)
+        self.parent[block] = -1
         self.free.append(block)
 
 

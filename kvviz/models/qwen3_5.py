@@ -202,11 +202,11 @@ def l2_normed(x: torch.Tensor) -> torch.Tensor:
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                     state: torch.Tensor, keep: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrence, one position at a time, in float32: `q`, `k` (B, h, T, dk), `v` (B, h, T, dv), the log decay
-    `g` and the rate `beta` (B, h, T), from `state` (B, h, dk, dv). Returns the reads (B, h, T, dv) and the state
-    after the last position."""
-    reads = []
+    `g` and the rate `beta` (B, h, T), from `state` (B, h, dk, dv). Returns the reads (B, h, T, dv) and the states
+    (n, B, h, dk, dv) after each of the last n = min(keep, T) positions: the last is the state after the pass."""
+    reads, states = [], []
     for t in range(q.shape[2]):
         q_t, k_t, v_t = q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]  # (B, h, 1, dk), (B, h, 1, dv)
         state = state * g[:, :, t, None, None].exp()  # (B, h, dk, dv): every memory decays by exp(g_t)
@@ -214,7 +214,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         delta = beta[:, :, t, None, None] * (v_t - recalled)  # (B, h, 1, dv): the correction, at the rate beta_t
         state = state + k_t.transpose(-1, -2) @ delta  # (B, h, dk, dv): k_t delta^T written in
         reads.append(q_t @ state)  # (B, h, 1, dv): S^T q_t
-    return torch.cat(reads, dim=2), state
+        states = [*states, state][-keep:]  # the last `keep` only: a long prompt keeps no more
+    return torch.cat(reads, dim=2), torch.stack(states)
 
 
 class GatedDeltaNet(nn.Module):
@@ -260,9 +261,11 @@ class GatedDeltaNet(nn.Module):
         q = l2_normed(q.view(B, self.nk, self.dk, T).transpose(2, 3)).repeat_interleave(group, 1)  # (B, nv, T, dk)
         k = l2_normed(k.view(B, self.nk, self.dk, T).transpose(2, 3)).repeat_interleave(group, 1)  # (B, nv, T, dk)
         v = v.view(B, self.nv, self.dv, T).transpose(2, 3)  # (B, nv, T, dv)
-        reads, state = gated_delta_rule(q / math.sqrt(self.dk), k, v, g, beta, state.float())
-        if cache is not None:
-            cache.write(positions, inputs[:, :, -(self.kernel - 1):], state)  # the next pass's window and state
+        keep = 1 if cache is None else cache.spare + 1  # the state after the pass, and `spare` to roll back into
+        reads, states = gated_delta_rule(q / math.sqrt(self.dk), k, v, g, beta, state.float(), keep)
+        if cache is not None:  # the window after position t: the last kernel - 1 inputs up to and including t
+            windows = inputs.unfold(2, self.kernel - 1, 1)[:, :, -len(states):].movedim(2, 0)  # (n, B, conv_dim, K - 1)
+            cache.write(positions, windows[-1], states[-1], (windows[:-1], states[:-1]))  # the next pass's, the rest
         y = self.norm(reads.transpose(1, 2).to(x.dtype), z)  # (B, T, nv, dv)
         return self.out_proj(y.reshape(B, T, self.nv * self.dv))
 
@@ -324,9 +327,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: KVCache | None, probe: PassProbe | None = None) -> torch.Tensor:
         h = self.input_layernorm(x)
-        mixed = (self.linear_attn(h, positions, kv_cache, probe) if self.linear
+        x = x + (self.linear_attn(h, positions, kv_cache, probe) if self.linear
                  else self.self_attn(h, positions, rope, kv_cache, probe))
-        x = x + mixed
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -384,15 +386,12 @@ class Qwen35(nn.Module):
             if probe is not None:
                 probe.entering(i)
             x = layer(x, positions, rope, kv_cache, probe)
-        if last_only:
-            x = x[:, -1:, :]  # (B, 1, C)
-        return self.model.norm(x)
+        return self.model.norm(x[:, -1:, :] if last_only else x)  # (B, 1, C) or (B, T, C)
 
     def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, kv_cache: KVCache | None = None,
                 last_only: bool = False, probe: PassProbe | None = None) -> torch.Tensor:
         """Logits (B, T, V) for `idx` (B, T) at `positions` (T,); with `kv_cache`, from its states and keys."""
-        x = self.hidden_states(idx, positions, kv_cache, last_only, probe)  # (B, T, C)
-        return F.linear(x, self.head_weight)  # (B, T, V)
+        return F.linear(self.hidden_states(idx, positions, kv_cache, last_only, probe), self.head_weight)  # (B, T, V)
 
     @property
     def head_weight(self) -> torch.Tensor:
