@@ -19,8 +19,8 @@ from kvviz.models.llama import Llama, LlamaConfig
 PROMPT = [5, 17, 3, 42, 8, 5, 17, 3, 42, 8, 5, 17]  # a text that quotes itself: prompt lookup finds drafts
 
 
-def _llama(seed: int, n_layer: int = 3, window: int = 0) -> Llama:
-    config = LlamaConfig(vocab_size=64, n_ctx=96, n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=32,
+def _llama(seed: int, n_layer: int = 3, window: int = 0, vocab_size: int = 64) -> Llama:
+    config = LlamaConfig(vocab_size=vocab_size, n_ctx=96, n_layer=n_layer, n_head=4, n_kv_head=2, n_embd=32,
                          intermediate_size=48, sliding_window=window, name="tiny-llama")
     model = Llama(config)
     model.init_weights(torch.Generator().manual_seed(seed))
@@ -35,9 +35,9 @@ def speculate(model, prompt, new_tokens, k, lookup=0, draft=None, sampling=None,
     engine, sampling = Engine(model), sampling or SamplingSettings()
     if draft is not None:
         engine.draft = Engine(draft)
-    request = RunRequest(0, "", fields.pop("use_cache", True), new_tokens, sampling.temperature, sampling.top_k, sampling.seed,
-                         draft_tokens=k, prompt_lookup=lookup, draft_model="draft" if draft is not None else "",
-                         **fields)
+    request = RunRequest(0, "", fields.pop("use_cache", True), new_tokens, sampling.temperature, sampling.top_k,
+                         sampling.seed, draft_tokens=k, prompt_lookup=lookup,
+                         draft_model="draft" if draft is not None else "", **fields)
     return engine.run(engine.plan(request, prompt), sampling)
 
 
@@ -47,9 +47,25 @@ def test_prompt_lookup_proposes_what_followed_the_last_ngram_earlier():
     assert prompt_lookup([1, 2, 3], 2, 3) == []
 
 
-TARGETS = {"llama": lambda: _llama(1), "llama-window": lambda: _llama(1, window=6),
-           "gpt2": lambda: tiny_kvviz_model(n_layer=2, n_head=2, n_embd=32, std=0.3), "gemma4": lambda: _model(
-               "gemma4", torch.float32)}
+def _deepseek():
+    from test_rollback import DEEPSEEK
+
+    from kvviz.models.deepseek import Deepseek
+
+    torch.manual_seed(3)
+    model = Deepseek(DEEPSEEK)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.4) if p.dim() > 1 else p.fill_(1.0)  # matrices spread; norms at 1
+    return model.eval()
+
+
+TARGETS = {  # every family: GPT-2, Llama (and a Mistral window), DeepSeek's latent cache, Gemma 3's local and global
+    # layers, Gemma 4's shared ones, gpt-oss's learned sinks, Qwen3.5's linear-attention state
+    "llama": lambda: _llama(1), "llama-window": lambda: _llama(1, window=6),
+    "gpt2": lambda: tiny_kvviz_model(n_layer=2, n_head=2, n_embd=32, std=0.3), "deepseek": _deepseek,
+    **{family: lambda family=family: _model(family, torch.float32) for family in ("gemma3", "gemma4", "gpt-oss",
+                                                                                   "qwen3.5")}}
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -58,8 +74,8 @@ def test_speculative_tokens_are_the_targets_greedy_tokens(target, k):
     model = TARGETS[target]()
     prompt = [t % model.config.vocab_size for t in PROMPT]
     plain, _ = generate_ids(Engine(model), prompt, 20)
-    draft = _llama(2, n_layer=1) if model.config.vocab_size == 64 else None
-    drafters = [{"lookup": 3}] + ([{"draft": draft}] if draft is not None else [])
+    draft = _llama(2, n_layer=1, vocab_size=model.config.vocab_size)
+    drafters = [{"lookup": 3}, {"draft": draft}]
     for drafter in drafters:
         records = list(speculate(model, prompt, 20, k, **drafter))
         rounds = [r.speculation for r in records]
@@ -121,7 +137,7 @@ def test_the_acceptance_rule_draws_from_the_targets_distribution():
         counts = torch.zeros(4)
         for _ in range(6_000):
             draft = int(torch.multinomial(q[0], 1, generator=generator)) if draft_q is not None else 2
-            accepted, own, _ = verify(p_logits, [draft], draft_q, sampling, generator)
+            accepted, own, _ = verify(lambda i: p_logits[i], [draft], draft_q, sampling, generator)
             counts[draft if accepted else own] += 1
         assert torch.allclose(counts / counts.sum(), p, atol=0.03), (counts / counts.sum(), p)
 

@@ -25,6 +25,10 @@ def cmd_bench(args: argparse.Namespace, launched_at: float) -> int:
     --sweep (ms per token step against the length); `launched_at` is when the process started."""
     if args.sweep:
         return _bench_sweep(args)
+    from kvviz.cli import speculative
+
+    if speculative.speculative(args):
+        return _bench_speculative(args)
     if args.max_length is not None:
         raise UsageError("--max-length is the longest length of a speed sweep: add --sweep")
     if args.compare and not args.gui:
@@ -61,6 +65,25 @@ def cmd_bench(args: argparse.Namespace, launched_at: float) -> int:
         result = bench.run_bench(args.model, args.prompt, args.new_tokens, device=args.device, peer=args.peer,
                                  repeat=args.repeat, dtype=args.dtype, kv_dtype=args.kv_dtype or "")
     print_result(result, args.json, "kvviz bench")
+    return 0
+
+
+def _bench_speculative(args: argparse.Namespace) -> int:
+    """`kvviz bench --draft M | --prompt-lookup N`: speculative against plain cached decoding, in turns."""
+    check_device(args.device)
+    from kvviz.cli import speculative
+    from kvviz.cli.compare import dtype_honoured
+    from kvviz.engine.engine import Engine
+    from kvviz.measure.speculative_bench import format_report, run_speculative_bench
+    from kvviz.sources.weights import load_model, torch_dtype
+
+    with dtype_honoured(args.dtype, args.device):
+        loaded = load_model(args.model, device=args.device, dtype=torch_dtype(args.dtype))
+        engine = Engine(loaded.model, loaded.tokenizer, device=args.device)
+        speculative.attach(args, engine, lambda note: print(f"kvviz: {note}", file=sys.stderr))
+        result = run_speculative_bench(engine, args.prompt, args.new_tokens, speculative.request_fields(args),
+                                       args.repeat, loaded.name)
+    print(json_output.dumps(result) if args.json else format_report(result))
     return 0
 
 

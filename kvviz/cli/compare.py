@@ -138,8 +138,10 @@ def _interval(estimate) -> list[float] | None:
 
 def run_compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
     """`kvviz compare`: `load(model, device, dtype)` loads the model, `say` prints a one-line note."""
+    from kvviz.cli.speculative import run_compare_draft, speculative
+
     with dtype_honoured(args.dtype, args.device):
-        return _compare(args, load, say)
+        return run_compare_draft(args, load, say) if speculative(args) else _compare(args, load, say)
 
 
 def _compare_window(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:

@@ -18,6 +18,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
     comes, or one JSON object."""
     import codecs
 
+    from kvviz.cli import speculative
     from kvviz.cli.compare import broken_cache_note
     from kvviz.core.counting import plural
     from kvviz.core.records import RunRequest
@@ -30,16 +31,18 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
         raise UsageError("--attention goes with --json")
     loaded = load(args.model, args.device, args.dtype)
     engine = Engine(loaded.model, loaded.tokenizer, device=args.device)
+    speculative.attach(args, engine, say)
     use_cache = not args.no_cache
     request = RunRequest(0, args.prompt, use_cache, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                          break_cache=args.break_cache, attention=args.attention, window=args.window,
-                         sinks=args.sinks, kv_dtype=args.kv_dtype or "")
+                         sinks=args.sinks, kv_dtype=args.kv_dtype or "", **speculative.request_fields(args))
     # The whole request is checked before the prompt is echoed: an error is never glued to it.
     run = start_run(engine, request, loaded.name, top_candidates=1)
     prompt_ids, fault = list(run.plan.prompt_ids), run.plan.cache_fault
     ids: list[int] = []
     evicted: list[list[int]] = []  # per pass of a cached run: the positions it evicted from the cache
     attention = []  # per generated token, its pass's AttentionWeights (with --attention)
+    rounds = []  # speculative decoding: each target pass's round
     last = None
     text_stream = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split a character
     started = time.perf_counter()
@@ -53,12 +56,16 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
     for record in run.passes():
         last = record
         evicted.append(list(range(*record.kv_evicted)))
+        if record.speculation is not None:
+            rounds.append(speculative.round_json(record))
         if record.token_id is not None:
-            ids.append(record.token_id)
+            new = record.speculation.token_ids if record.speculation is not None else (record.token_id,)
+            ids.extend(new)
             if record.attention is not None:
                 attention.append(record.attention)
             if not args.json:
-                sys.stdout.write(shown(text_stream.decode(engine.tokenizer.token_bytes(record.token_id))))
+                for token in new:
+                    sys.stdout.write(shown(text_stream.decode(engine.tokenizer.token_bytes(token))))
                 sys.stdout.flush()
     seconds = time.perf_counter() - started
     assert last is not None
@@ -100,6 +107,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
             "top_k": args.top_k,
             "seed": args.seed,
             "device": args.device,
+            **({**speculative.summary_json(run.plan, last), "rounds": rounds} if rounds else {}),
             **extra,
         }))
     else:

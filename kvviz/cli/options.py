@@ -16,6 +16,10 @@ def _given(args: argparse.Namespace, name: str) -> bool:
     return value not in (None, False, 0, "")
 
 
+def _speculative(args: argparse.Namespace) -> bool:
+    return _given(args, "draft") or _given(args, "prompt_lookup")
+
+
 @dataclass(frozen=True)
 class Refusal:
     """`when(args)` on one of `commands` ("*": any) is refused with `message`."""
@@ -34,6 +38,18 @@ REFUSALS = (
             "a quantized cache keeps every position: leave out the window (one trade-off at a time)"),
     Refusal(("bench",), lambda a: _given(a, "kv_dtype") and (_given(a, "sweep") or _given(a, "gui")),
             "--kv-dtype times a quantized cache headless: leave out --gui and --sweep"),
+    Refusal(("*",), lambda a: _given(a, "draft") and _given(a, "prompt_lookup"),
+            "speculative decoding takes one drafter: --draft or --prompt-lookup, not both"),
+    Refusal(("*",), lambda a: _given(a, "draft_tokens") and not (_given(a, "draft") or _given(a, "prompt_lookup")),
+            "--draft-tokens is how many tokens a drafter proposes: give --draft or --prompt-lookup too"),
+    Refusal(("*",), lambda a: _speculative(a) and (_given(a, "no_cache") or _given(a, "break_cache")),
+            "speculative decoding checks drafts against the target's KV cache: leave out --no-cache and "
+            "--break-cache"),
+    Refusal(("generate",), lambda a: _speculative(a) and _given(a, "attention"),
+            "--attention records one query a pass; a speculative pass has many: leave out one of them"),
+    Refusal(("bench",), lambda a: _speculative(a) and any(_given(a, o) for o in ("gui", "sweep", "peer", "kv_dtype")),
+            "bench --draft or --prompt-lookup times speculative against plain cached decoding headless: leave out "
+            "--gui, --sweep, --peer and --kv-dtype"),
 )
 
 

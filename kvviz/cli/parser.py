@@ -20,6 +20,7 @@ from kvviz.cli.arguments import (
     whole_number,
     window_size,
 )
+from kvviz.cli.speculative import add_speculative
 from kvviz.core.errors import KvvizError
 from kvviz.core.records import BROKEN_CACHE_FAULT, CACHE_FAULTS
 from kvviz.measure import (
@@ -174,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(p)
     _add_dtype(p)
     _add_device(p)
+    add_speculative(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     p.add_argument("--attention", action="store_true",
                    help="with --json: add, per generated token, the newest query's attention weights "
@@ -196,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_window(p)
     _add_kv_dtype(p)
     _add_device(p)
+    add_speculative(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
     p = commands.add_parser("batch", help="serve several prompts together from a paged KV cache",
@@ -264,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time transformers' own model of the family (a checkpoint folder loaded by its "
                         "from_pretrained) and its generate on the same weights (needs transformers)")
     _add_kv_dtype(p)
+    add_speculative(p)
     p.add_argument("--repeat", type=whole_number(1, bench.MAX_REPEAT), default=None, metavar="R",
                    help="time each configuration R times, taking turns (kvviz and the peer, or GUI and headless), "
                         f"and keep the fastest of each (default: {GUI_BENCH_REPEAT} with --gui; otherwise "

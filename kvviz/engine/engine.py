@@ -78,10 +78,9 @@ class Engine:
         return next(self.model.parameters()).dtype
 
     def warm_up(self, tokens: int = 4) -> None:
-        """Run each kind of pass once, untimed, so that no timed pass pays a one-time cost (kernel set-up,
-        weight packing, first allocations): a prefill, cached one-token steps, and uncached passes. Only the
-        first call for a model does anything: what it prepares stays with the model (its packed copies) and the
-        process (its kernels), whichever engine runs the model next."""
+        """Run each kind of pass once, untimed, so that no timed pass pays a one-time cost (kernel set-up, weight
+        packing, first allocations): a prefill, cached one-token steps, and uncached passes. Only the first call
+        for a model does anything: what it prepares stays with the model and the process, whatever engine runs."""
         if self._warm or self.model in _WARMED_MODELS:
             self._warm = True
             return
@@ -109,15 +108,13 @@ class Engine:
                            fault=fault)
 
     def forward(self, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None, probe: PassProbe,
-                weights: object = None, every_position: bool = False) -> torch.Tensor:
+                weights: object = None) -> torch.Tensor:
         """Logits (B, V) of the last position of each row of `idx` (B, T): through the family's fast file where it
         has one (every kind of pass on the same products, checked against the teaching file), else the teaching
-        model. `weights` are the fast file's `decode_weights`, gathered once per run. With `every_position`, the
-        logits (B, T, V) of every position."""
+        model. `weights` are the fast file's `decode_weights`, gathered once per run."""
         if self.fast is not None:
-            return self.fast.forward(self.model, idx, positions, kv_cache, weights, probe, every_position)
-        logits = self.model(idx, positions, kv_cache, last_only=not every_position, probe=probe)
-        return logits if every_position else logits[:, -1]
+            return self.fast.forward(self.model, idx, positions, kv_cache, weights, probe)
+        return self.model(idx, positions, kv_cache, last_only=True, probe=probe)[:, -1]
 
     def choose(
         self, logits: torch.Tensor, sampling: SamplingSettings, generator: torch.Generator | None, top: int
@@ -246,13 +243,11 @@ class Engine:
         top_candidates: int = 5,
         watch_logits: Callable[[torch.Tensor], None] | None = None,
     ) -> Iterator[StepRecord]:
-        """Yield one StepRecord per forward pass of `plan` (from `plan`), generating `plan.budget` tokens.
-
-        Stops cleanly at the context length: the final record says so in `stop_reason`. A cached
-        run's KV cache lives as long as the run.
-        `watch_logits` sees the logits (V,) of every pass that chooses a token, before the choice;
-        it must not keep them (they may be a buffer the next pass overwrites).
-        """
+        """Yield one StepRecord per forward pass of `plan` (from `plan`), generating `plan.budget` tokens; a plan
+        with a drafter decodes speculatively (kvviz.engine.speculative), a record a target pass. Stops cleanly at
+        the context length: the final record says so in `stop_reason`. A cached run's KV cache lives as long as the
+        run. `watch_logits` sees the logits (V,) of every plain pass that chooses a token, before the choice; it
+        must not keep them (they may be a buffer the next pass overwrites)."""
         if plan.drafter is not None:
             yield from speculative_passes(self, plan, sampling or SamplingSettings(), top_candidates)
             return

@@ -16,8 +16,8 @@ A run yields one StepRecord a target pass, whose `speculation` says what was dra
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 import torch
 
@@ -28,8 +28,23 @@ from kvviz.core.records import CachePolicy, Candidate, RunPlan, RunRequest, Step
 from kvviz.core.speculation import MAX_DRAFT_TOKENS, Drafter, Speculation
 from kvviz.engine.sampling import SamplingSettings, distribution, sampling_generator
 
-if TYPE_CHECKING:
-    from kvviz.engine.engine import Engine
+
+class Engine(Protocol):
+    """What speculative decoding reads of kvviz.engine.engine.Engine (which imports this module): the target's (or
+    the draft's) model, fast file, tokenizer and device, its draft's engine, and its passes."""
+
+    model: torch.nn.Module
+    fast: object
+    tokenizer: object
+    device: torch.device
+    draft: Engine | None
+    before_block: Callable[[int], None] | None
+    n_ctx: int
+
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None, probe: PassProbe,
+                weights: object = None) -> torch.Tensor: ...
+
+    def policy(self, window: int = 0, sinks: int = 0, kv_dtype: str = "") -> CachePolicy: ...
 
 TOKENIZER_PROBE = "ROMEO: Time flies, and so do 42 arrows!\n"  # a text two tokenizers must split alike
 
@@ -132,34 +147,64 @@ class DraftModel:
         self.cache.crop(min(self.cache.length, length))
 
 
-def verify(logits: torch.Tensor, drafts: Sequence[int], q: torch.Tensor | None, sampling: SamplingSettings,
-           generator: torch.Generator | None) -> tuple[int, int, torch.Tensor]:
-    """The target's verdict on `drafts` from its logits (1 + m, V): how many it accepts, its own next token, and the
-    probabilities (V,) that token was chosen from. Greedy: the drafts equal to its argmax, then its argmax. Sampled:
-    each draft with probability min(1, p/q) (`q` (m, V) the draft model's, None: all on the draft), then a draw
-    from max(0, p - q) renormalised at the first rejection, or from p after the last draft."""
-    if sampling.greedy:
-        probs = torch.softmax(logits.float(), dim=-1)
-        chosen = logits.argmax(dim=-1).tolist()
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == chosen[accepted]:
-            accepted += 1
-        return accepted, chosen[accepted], probs[accepted]
-    p = distribution(logits, sampling)  # (1 + m, V)
+def verifying_pass(engine: Engine, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache, probe: PassProbe,
+                   weights: object, first: int) -> Callable[[int], torch.Tensor]:
+    """Run the target's pass over `idx` (1, T) and return its logits a position at a time from row `first` on,
+    `rows(i)` (V,) of row first + i, as the verdict asks for them: the fast file's blocks once, then its head on one
+    row at a time (on this CPU the head costs the same a row, alone or in a batch, and the rows after the first
+    rejected draft are never needed); a family without a fast file gives the teaching model's logits of every
+    position."""
+    vocab, name = engine.tokenizer.vocab_size, engine.model.config.name
+    if engine.fast is not None and hasattr(engine.fast, "states"):
+        x = engine.fast.states(engine.model, idx, positions, cache, weights, probe)[0]  # (T, C)
+
+        def logits(i: int) -> torch.Tensor:
+            return engine.fast.head(engine.model, x[i:i + 1])[0]
+    else:
+        every = engine.model(idx, positions, cache, probe=probe)[0]  # (T, V)
+
+        def logits(i: int) -> torch.Tensor:
+            return every[i]
+
+    def rows(i: int) -> torch.Tensor:
+        row = logits(first + i)[:vocab]
+        if not bool(torch.isfinite(row).all()):
+            raise GenerationError(f"{name}: the model's logits hold NaN or infinite values; its output means nothing")
+        return row
+
+    return rows
+
+
+def verify(rows: Callable[[int], torch.Tensor], drafts: Sequence[int], q: torch.Tensor | None,
+           sampling: SamplingSettings, generator: torch.Generator | None) -> tuple[int, int, torch.Tensor]:
+    """The target's verdict on `drafts` from its logits, row i (V,) after the pending token and i drafts, read as
+    needed: how many drafts it accepts, its own next token, and the probabilities (V,) that token was chosen from.
+    Greedy: the drafts equal to its argmax, then its argmax. Sampled: each draft with probability min(1, p/q) (`q`
+    (m, V) the draft model's, None: all on the draft), then a draw from max(0, p - q) renormalised at the first
+    rejection, or from p after the last draft."""
     for i, token in enumerate(drafts):
+        if sampling.greedy:
+            row = rows(i)
+            if token == int(row.argmax()):
+                continue
+            return i, int(row.argmax()), torch.softmax(row.float(), dim=-1)
+        p = distribution(rows(i), sampling)  # (V,)
         q_token = 1.0 if q is None else float(q[i, token])
-        if float(torch.rand((), generator=generator, device=p.device)) < min(1.0, float(p[i, token]) / q_token):
+        if float(torch.rand((), generator=generator, device=p.device)) < min(1.0, float(p[token]) / q_token):
             continue
-        residual = p[i].clone()
+        residual = p.clone()
         if q is None:
             residual[token] = 0.0
         else:
             residual = (residual - q[i]).clamp_(min=0.0)
         if not float(residual.sum()) > 0:  # p == q there: nothing left to correct; draw from p
-            residual = p[i]
-        residual = residual / residual.sum()
-        return i, int(torch.multinomial(residual, 1, generator=generator)), p[i]
-    return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=generator)), p[len(drafts)]
+            residual = p
+        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator)), p
+    row = rows(len(drafts))
+    if sampling.greedy:
+        return len(drafts), int(row.argmax()), torch.softmax(row.float(), dim=-1)
+    p = distribution(row, sampling)
+    return len(drafts), int(torch.multinomial(p, 1, generator=generator)), p
 
 
 @torch.inference_mode()
@@ -194,13 +239,10 @@ def speculative_passes(engine: Engine, plan: RunPlan, sampling: SamplingSettings
                 drafts = prompt_lookup(tokens, drafter.lookup, room)
         fed = [*tokens[start:], *drafts]  # round 0: the prompt; then the pending token and the drafts
         probe = PassProbe(model.config.n_layer, False, engine.before_block)  # a pass of many queries: no weights
-        logits = engine.forward(torch.tensor([fed], device=device),
-                                torch.arange(start, start + len(fed), device=device), cache, probe, fast_weights,
-                                every_position=True)[0, -1 - len(drafts):, :engine.tokenizer.vocab_size]
-        if not bool(torch.isfinite(logits).all()):
-            raise GenerationError(f"{model.config.name}: the model's logits hold NaN or infinite values; its output "
-                                  "means nothing")
-        accepted, own, probs = verify(logits, drafts, q, sampling, generator)
+        rows = verifying_pass(engine, torch.tensor([fed], device=device),
+                              torch.arange(start, start + len(fed), device=device), cache, probe, fast_weights,
+                              first=len(fed) - 1 - len(drafts))  # the pending token's row (round 0: the prompt's last)
+        accepted, own, probs = verify(rows, drafts, q, sampling, generator)
         written, evicted = cache.last_written, cache.evicted
         cache.crop(start + len(fed) - len(drafts) + accepted)  # the text fed and the drafts it accepted stay
         kept = (*drafts[:accepted], own)

@@ -91,13 +91,33 @@ def decode_one(model: GPT, token: int, position: int, kv_cache: KVCache, weights
 
 
 def forward(model: GPT, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
-            weights: list[BlockWeights] | None = None, probe: PassProbe | None = None,
-            every_position: bool = False) -> torch.Tensor:
+            weights: list[BlockWeights] | None = None, probe: PassProbe | None = None) -> torch.Tensor:
     """Logits (B, V) of the last position of each row of `idx` (B, T) at `positions` ((T,), or (B, T) for rows at
     positions of their own), attending through `kv_cache` (None: causally, over the pass's own rows): any pass the
     engine runs, prefill, uncached or one token, on the products `decode_one` takes. Equal, within the rounding of
-    another order of sums, to `model(idx, positions, kv_cache, last_only=True, probe=probe)[:, -1]`. With
-    `every_position`, the logits (B, T, V) of every position (speculative decoding's verifying pass)."""
+    another order of sums, to `model(idx, positions, kv_cache, last_only=True, probe=probe)[:, -1]`."""
+    B, T = idx.shape
+    return head(model, _blocks(model, idx, positions, kv_cache, weights, probe).view(B, T, -1)[:, -1])  # (B, V)
+
+
+def states(model: GPT, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
+           weights: list[BlockWeights] | None = None, probe: PassProbe | None = None) -> torch.Tensor:
+    """What the head reads at every position (B, T, C), before the final LayerNorm: speculative decoding's
+    verifying pass, whose rows `head` turns into logits one at a time, as far as the drafts are accepted."""
+    B, T = idx.shape
+    return _blocks(model, idx, positions, kv_cache, weights, probe).view(B, T, -1)
+
+
+def head(model: GPT, x: torch.Tensor) -> torch.Tensor:
+    """Logits (M, V) of the blocks' output `x` (M, C): the final LayerNorm and the tied head."""
+    ln_f = model.transformer.ln_f
+    x = F.layer_norm(x, (model.config.n_embd,), ln_f.weight, ln_f.bias, model.config.layer_norm_epsilon)
+    return tied_head(x, model.transformer.wte.weight)  # (M, V)
+
+
+def _blocks(model: GPT, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
+            weights: list[BlockWeights] | None, probe: PassProbe | None) -> torch.Tensor:
+    """The blocks' output (B*T, C) for `idx` (B, T) at `positions`, through `kv_cache`."""
     cfg = model.config
     C, nh, hs, eps = cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.layer_norm_epsilon
     B, T = idx.shape
@@ -121,8 +141,4 @@ def forward(model: GPT, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KV
         h = F.layer_norm(x, (C,), w.ln_2_weight, w.ln_2_bias, eps)
         h = F.gelu(project(h, w.fc_weight, w.fc_bias, w.fc_packed), approximate="tanh")  # (B*T, 4C)
         x = project(h, w.mlp_proj_weight, w.mlp_proj_bias, w.mlp_proj_packed).add_(x)
-    ln_f = model.transformer.ln_f
-    if every_position:
-        return tied_head(F.layer_norm(x, (C,), ln_f.weight, ln_f.bias, eps), wte).view(B, T, -1)  # (B, T, V)
-    x = F.layer_norm(x.view(B, T, C)[:, -1], (C,), ln_f.weight, ln_f.bias, eps)  # (B, C): each row's last
-    return tied_head(x, wte)  # (B, V)
+    return x  # (B*T, C)

@@ -103,13 +103,31 @@ def decode_one(model: Llama, token: int, position: int, kv_cache: KVCache, weigh
 
 
 def forward(model: Llama, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
-            weights: list[LayerWeights] | None = None, probe: PassProbe | None = None,
-            every_position: bool = False) -> torch.Tensor:
+            weights: list[LayerWeights] | None = None, probe: PassProbe | None = None) -> torch.Tensor:
     """Logits (B, V) of the last position of each row of `idx` (B, T) at `positions` ((T,), or (B, T) for rows at
     positions of their own), attending through `kv_cache` (None: causally, over the pass's own rows): any pass the
     engine runs, prefill, uncached or one token, on the products `decode_one` takes. Equal, within the rounding of
-    another order of sums, to `model(idx, positions, kv_cache, last_only=True, probe=probe)[:, -1]`. With
-    `every_position`, the logits (B, T, V) of every position (speculative decoding's verifying pass)."""
+    another order of sums, to `model(idx, positions, kv_cache, last_only=True, probe=probe)[:, -1]`."""
+    B, T = idx.shape
+    return head(model, _layers(model, idx, positions, kv_cache, weights, probe).view(B, T, -1)[:, -1])  # (B, V)
+
+
+def states(model: Llama, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
+           weights: list[LayerWeights] | None = None, probe: PassProbe | None = None) -> torch.Tensor:
+    """What the head reads at every position (B, T, C), before the final RMSNorm: speculative decoding's verifying
+    pass, whose rows `head` turns into logits one at a time, as far as the drafts are accepted."""
+    B, T = idx.shape
+    return _layers(model, idx, positions, kv_cache, weights, probe).view(B, T, -1)
+
+
+def head(model: Llama, x: torch.Tensor) -> torch.Tensor:
+    """Logits (M, V) of the layers' output `x` (M, C): the final RMSNorm and the head."""
+    return tied_head(rms_norm(x, model.model.norm.weight, model.config.rms_norm_eps), model.head_weight)  # (M, V)
+
+
+def _layers(model: Llama, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
+            weights: list[LayerWeights] | None, probe: PassProbe | None) -> torch.Tensor:
+    """The layers' output (B*T, C) for `idx` (B, T) at `positions`, through `kv_cache`."""
     cfg = model.config
     nh, nkv, hd, eps = cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rms_norm_eps
     B, T = idx.shape
@@ -145,7 +163,4 @@ def forward(model: Llama, idx: torch.Tensor, positions: torch.Tensor, kv_cache: 
         x = x + w.o(y)
         h = rms_norm(x, w.post_norm, eps)
         x = x + w.down(F.silu(w.gate(h)) * w.up(h))
-    if every_position:
-        return tied_head(rms_norm(x, model.model.norm.weight, eps), model.head_weight).view(B, T, -1)  # (B, T, V)
-    x = rms_norm(x.view(B, T, -1)[:, -1], model.model.norm.weight, eps)  # (B, C): each row's last
-    return tied_head(x, model.head_weight)  # (B, V)
+    return x  # (B*T, C)

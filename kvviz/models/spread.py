@@ -60,13 +60,10 @@ def spread_products(weights: list[Spread]) -> Iterator[None]:
 
 
 def forward(model: nn.Module, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
-            weights: list[Spread] | None = None, probe: PassProbe | None = None,
-            every_position: bool = False) -> torch.Tensor:
-    """Logits (B, V) of the last position of each row of `idx` (B, T): the teaching forward's, its products spread;
-    with `every_position`, (B, T, V) of every position."""
+            weights: list[Spread] | None = None, probe: PassProbe | None = None) -> torch.Tensor:
+    """Logits (B, V) of the last position of each row of `idx` (B, T): the teaching forward's, its products spread."""
     with spread_products(weights if weights is not None else decode_weights(model)):
-        logits = model(idx, positions, kv_cache, last_only=not every_position, probe=probe)
-    return logits if every_position else logits[:, -1]
+        return model(idx, positions, kv_cache, last_only=True, probe=probe)[:, -1]
 
 
 def decode_one(model: nn.Module, token: int, position: int, kv_cache: KVCache, weights: list[Spread] | None = None,

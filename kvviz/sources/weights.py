@@ -321,3 +321,20 @@ def checkpoint_tokenizer(path: Path, model: torch.nn.Module):
         raise ModelLoadError(f"{file}: {tokenizer.vocab_size} tokens, more than the model's vocabulary of "
                              f"{model.config.vocab_size}")
     return tokenizer
+
+
+def attach_draft(engine, source: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
+    """Load the draft model `source` (any --model value) for speculative decoding on `engine`, after checking that it
+    shares the target's tokenizer (ModelLoadError, one line, if not); its engine becomes `engine.draft`."""
+    from kvviz.core.tokenizer import get_tokenizer
+    from kvviz.engine.engine import Engine
+    from kvviz.engine.speculative import same_tokenizer
+
+    loaded = load_model(source, device, dtype)
+    tokenizer = loaded.tokenizer or get_tokenizer()
+    if loaded.config.vocab_size != engine.model.config.vocab_size or not same_tokenizer(tokenizer, engine.tokenizer):
+        raise ModelLoadError(f"{source}: the draft model's tokenizer is not the target's ({loaded.config.vocab_size} "
+                             f"tokens against {engine.model.config.vocab_size}, or another split): a draft proposes "
+                             "the target's tokens")
+    engine.draft = Engine(loaded.model, tokenizer, device)
+    return loaded
