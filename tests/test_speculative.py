@@ -176,3 +176,30 @@ def test_a_round_with_two_of_four_drafts_accepted_holds_what_a_hand_count_says()
     assert record.new_tokens == 4 and not record.final and records[-1].final
     assert (round_.drafted_total, round_.accepted_total, round_.target_passes_total) == (4, 2, 2)
     assert round_.tokens_per_target_pass == 2.0 and round_.acceptance_rate == 0.5
+
+
+@pytest.mark.parametrize("target", ["gpt2", "llama"])
+def test_the_verifying_pass_on_the_fast_file_equals_the_teaching_model(target):
+    """The verifying pass reads every row's logits through the fast file's blocks and its head on all rows at once
+    (a row-major copy of GPT-2's column-major embedding): within float rounding of the teaching forward's logits at
+    every position, after a prefill, on a cache of its own."""
+    from kvviz.cache.kv_cache import build_cache
+    from kvviz.cache.probe import PassProbe
+    from kvviz.core.records import EXACT
+    from kvviz.engine.speculative import verifying_pass
+
+    model = TARGETS[target]()
+    engine = Engine(model)
+    assert engine.fast is not None
+    prompt = [t % model.config.vocab_size for t in PROMPT]
+    caches = [build_cache(model.config.cache_layers(EXACT), 40, spare=6) for _ in range(2)]
+    fed = torch.tensor([[9, 4, 33, 2, 7]])
+    positions = torch.arange(len(prompt), len(prompt) + 5)
+    with torch.inference_mode():
+        for cache in caches:
+            model(torch.tensor([prompt]), torch.arange(len(prompt)), cache)
+        rows = verifying_pass(engine, fed, positions, caches[0], PassProbe(model.config.n_layer),
+                              engine.fast.decode_weights(model), first=1)
+        expected = model(fed, positions, caches[1])[0]  # (5, V): the teaching forward's every position
+    for i in range(4):
+        assert torch.allclose(rows(i), expected[1 + i], atol=1e-4, rtol=1e-4), i

@@ -149,39 +149,28 @@ class DraftModel:
 
 def verifying_pass(engine: Engine, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache, probe: PassProbe,
                    weights: object, first: int) -> Callable[[int], torch.Tensor]:
-    """Run the target's pass over `idx` (1, T) and return its logits a position at a time from row `first` on,
-    `rows(i)` (V,) of row first + i, as the verdict asks for them: the fast file's blocks once, then its head on one
-    row at a time (on this CPU the head costs the same a row, alone or in a batch, and the rows after the first
-    rejected draft are never needed); a family without a fast file gives the teaching model's logits of every
-    position."""
+    """Run the target's pass over `idx` (1, T) and return its logits from row `first` on, `rows(i)` (V,) of row
+    first + i: the fast file's blocks and its head on those rows at once (products.verifying_head), or the teaching
+    model's logits of every position for a family without a fast file."""
     vocab, name = engine.tokenizer.vocab_size, engine.model.config.name
     if engine.fast is not None and hasattr(engine.fast, "states"):
-        x = engine.fast.states(engine.model, idx, positions, cache, weights, probe)[0]  # (T, C)
-
-        def logits(i: int) -> torch.Tensor:
-            return engine.fast.head(engine.model, x[i:i + 1])[0]
+        x = engine.fast.states(engine.model, idx, positions, cache, weights, probe)[0, first:]  # (T - first, C)
+        logits = engine.fast.head(engine.model, x, verifying=True)  # (T - first, V)
     else:
-        every = engine.model(idx, positions, cache, probe=probe)[0]  # (T, V)
-
-        def logits(i: int) -> torch.Tensor:
-            return every[i]
-
-    def rows(i: int) -> torch.Tensor:
-        row = logits(first + i)[:vocab]
-        if not bool(torch.isfinite(row).all()):
-            raise GenerationError(f"{name}: the model's logits hold NaN or infinite values; its output means nothing")
-        return row
-
-    return rows
+        logits = engine.model(idx, positions, cache, probe=probe)[0, first:]  # (T - first, V)
+    logits = logits[:, :vocab]
+    if not bool(torch.isfinite(logits).all()):
+        raise GenerationError(f"{name}: the model's logits hold NaN or infinite values; its output means nothing")
+    return logits.__getitem__
 
 
 def verify(rows: Callable[[int], torch.Tensor], drafts: Sequence[int], q: torch.Tensor | None,
            sampling: SamplingSettings, generator: torch.Generator | None) -> tuple[int, int, torch.Tensor]:
-    """The target's verdict on `drafts` from its logits, row i (V,) after the pending token and i drafts, read as
-    needed: how many drafts it accepts, its own next token, and the probabilities (V,) that token was chosen from.
-    Greedy: the drafts equal to its argmax, then its argmax. Sampled: each draft with probability min(1, p/q) (`q`
-    (m, V) the draft model's, None: all on the draft), then a draw from max(0, p - q) renormalised at the first
-    rejection, or from p after the last draft."""
+    """The target's verdict on `drafts` from its logits, `rows(i)` (V,) after the pending token and i drafts: how
+    many drafts it accepts, its own next token, and the probabilities (V,) that token was chosen from. Greedy: the
+    drafts equal to its argmax, then its argmax. Sampled: each draft with probability min(1, p/q) (`q` (m, V) the
+    draft model's, None: all on the draft), then a draw from max(0, p - q) renormalised at the first rejection, or
+    from p after the last draft."""
     for i, token in enumerate(drafts):
         if sampling.greedy:
             row = rows(i)

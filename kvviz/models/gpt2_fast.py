@@ -15,7 +15,7 @@ from kvviz.cache.attention import attend
 from kvviz.cache.kv_cache import KVCache
 from kvviz.cache.probe import PassProbe, newest_query_weights
 from kvviz.models.gpt2 import GPT
-from kvviz.models.products import packed_copy, project, tied_head
+from kvviz.models.products import packed_copy, project, tied_head, verifying_head
 
 
 class BlockWeights(NamedTuple):
@@ -103,16 +103,17 @@ def forward(model: GPT, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KV
 def states(model: GPT, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
            weights: list[BlockWeights] | None = None, probe: PassProbe | None = None) -> torch.Tensor:
     """What the head reads at every position (B, T, C), before the final LayerNorm: speculative decoding's
-    verifying pass, whose rows `head` turns into logits one at a time, as far as the drafts are accepted."""
+    verifying pass, whose rows `head` turns into logits."""
     B, T = idx.shape
     return _blocks(model, idx, positions, kv_cache, weights, probe).view(B, T, -1)
 
 
-def head(model: GPT, x: torch.Tensor) -> torch.Tensor:
-    """Logits (M, V) of the blocks' output `x` (M, C): the final LayerNorm and the tied head."""
+def head(model: GPT, x: torch.Tensor, verifying: bool = False) -> torch.Tensor:
+    """Logits (M, V) of the blocks' output `x` (M, C): the final LayerNorm and the tied head (`verifying`: every row
+    of a verifying pass, products.verifying_head)."""
     ln_f = model.transformer.ln_f
     x = F.layer_norm(x, (model.config.n_embd,), ln_f.weight, ln_f.bias, model.config.layer_norm_epsilon)
-    return tied_head(x, model.transformer.wte.weight)  # (M, V)
+    return (verifying_head if verifying else tied_head)(x, model.transformer.wte.weight)  # (M, V)
 
 
 def _blocks(model: GPT, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,

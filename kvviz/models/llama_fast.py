@@ -15,7 +15,7 @@ from kvviz.cache.attention import attend
 from kvviz.cache.kv_cache import KVCache
 from kvviz.cache.probe import PassProbe, newest_query_weights
 from kvviz.models.llama import Llama, rope_angles, rotate
-from kvviz.models.products import packed_copy, project, tied_head
+from kvviz.models.products import packed_copy, project, tied_head, verifying_head
 
 
 class Projection(NamedTuple):
@@ -115,14 +115,16 @@ def forward(model: Llama, idx: torch.Tensor, positions: torch.Tensor, kv_cache: 
 def states(model: Llama, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
            weights: list[LayerWeights] | None = None, probe: PassProbe | None = None) -> torch.Tensor:
     """What the head reads at every position (B, T, C), before the final RMSNorm: speculative decoding's verifying
-    pass, whose rows `head` turns into logits one at a time, as far as the drafts are accepted."""
+    pass, whose rows `head` turns into logits."""
     B, T = idx.shape
     return _layers(model, idx, positions, kv_cache, weights, probe).view(B, T, -1)
 
 
-def head(model: Llama, x: torch.Tensor) -> torch.Tensor:
-    """Logits (M, V) of the layers' output `x` (M, C): the final RMSNorm and the head."""
-    return tied_head(rms_norm(x, model.model.norm.weight, model.config.rms_norm_eps), model.head_weight)  # (M, V)
+def head(model: Llama, x: torch.Tensor, verifying: bool = False) -> torch.Tensor:
+    """Logits (M, V) of the layers' output `x` (M, C): the final RMSNorm and the head (`verifying`: every row of a
+    verifying pass, products.verifying_head)."""
+    x = rms_norm(x, model.model.norm.weight, model.config.rms_norm_eps)
+    return (verifying_head if verifying else tied_head)(x, model.head_weight)  # (M, V)
 
 
 def _layers(model: Llama, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
