@@ -11,7 +11,8 @@ from kvviz.core.resources import DEFAULT_MODEL_NAME, EMBEDDED_MODELS, embedded_m
 from kvviz.engine.engine import Engine, generate_ids
 from kvviz.sources.weights import load_model
 
-PEERS = {"kvviz-shakespeare": "GPT2LMHeadModel", "kvviz-shakespeare-gqa": "LlamaForCausalLM"}
+PEERS = {"kvviz-shakespeare": "GPT2LMHeadModel", "kvviz-shakespeare-gqa": "LlamaForCausalLM",
+         "kvviz-shakespeare-draft": "GPT2LMHeadModel"}
 
 
 @pytest.mark.parametrize("name", EMBEDDED_MODELS)
@@ -46,8 +47,9 @@ def test_model_card_reports_the_measured_margin(name):
     if name != DEFAULT_MODEL_NAME:  # the pair's held-out loss beside its own, on the same tokens
         default = json.loads((embedded_model_dir(DEFAULT_MODEL_NAME) / "training.json").read_text())["figures"]
         assert abs(figures["default_model_validation_loss"] - default["validation_loss"]) < 1e-3
-        assert f"{DEFAULT_MODEL_NAME} (the GPT-2 of this shape, same data and steps) | " \
-               f"{figures['default_model_validation_loss']:.3f}" in card
+        which = ("the model it drafts for: the same data, its own shape and steps" if name.endswith("-draft")
+                 else "the GPT-2 of this shape, same data and steps")
+        assert f"{DEFAULT_MODEL_NAME} ({which}) | {figures['default_model_validation_loss']:.3f}" in card
 
 
 @pytest.mark.parametrize("name", EMBEDDED_MODELS)

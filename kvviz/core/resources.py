@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 DEFAULT_MODEL_NAME = "kvviz-shakespeare"
-EMBEDDED_MODELS = (DEFAULT_MODEL_NAME, "kvviz-shakespeare-gqa")  # shipped in resources/models/, the default first
+# shipped in resources/models/, the default first (the last: the draft for speculative decoding)
+EMBEDDED_MODELS = (DEFAULT_MODEL_NAME, "kvviz-shakespeare-gqa", "kvviz-shakespeare-draft")
 
 
 def resources_dir() -> Path:

