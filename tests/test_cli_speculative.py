@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from helpers_checkpoints import byte_level_tokenizer, save_kvviz_folder
 
 QUOTED = ("JULIET: O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name;\n\n"
@@ -91,6 +92,7 @@ def test_a_draft_with_another_tokenizer_is_refused_in_one_line(kvviz_cli, tmp_pa
     folder = tmp_path / "other-tokenizer"
     model = Llama(LlamaConfig(vocab_size=400, n_ctx=64, n_layer=1, n_head=2, n_kv_head=1, n_embd=32,
                               intermediate_size=48, name="other"))
+    model.init_weights(torch.Generator().manual_seed(0))
     save_checkpoint(model, folder)
     byte_level_tokenizer().save(str(folder / "tokenizer.json"))
     result = kvviz_cli("generate", "--max-new-tokens", "4", "--draft", str(folder))

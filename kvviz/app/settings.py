@@ -25,11 +25,13 @@ from kvviz.app.theme import DEFAULT as DEFAULT_THEME
 from kvviz.app.theme import THEMES
 from kvviz.core.files import write_atomically
 from kvviz.core.memory import DTYPE_BYTES
+from kvviz.core.speculation import MAX_DRAFT_TOKENS
 
 ORGANIZATION = "kvviz"  # the application's names, as Qt knows them
 APPLICATION = "kvviz"
 SETTINGS_FILE = "kvviz.json"
 MAX_SETTINGS_BYTES = 1 << 20  # a settings file larger than this is not kvviz's: it reads as empty
+MAX_PROMPT_LOOKUP = 8  # the longest n-gram Run > Speculative decoding's prompt lookup offers
 
 T = TypeVar("T", bound="TypedSettings")
 
@@ -162,6 +164,10 @@ class AppSettings(TypedSettings):
     speed_index: int = setting("view/speed_index", 2, 0, 6)
     colour_blind: bool = setting("view/colour_blind", False)
     compare: bool = setting("view/compare", False)  # compare mode; "break the cache" is never remembered
+    speculative: bool = setting("run/speculative", False)  # Run > Speculative decoding: on, its drafter and k
+    draft_tokens: int = setting("run/draft_tokens", 4, 1, MAX_DRAFT_TOKENS)
+    prompt_lookup: int = setting("run/prompt_lookup", 3, 1, MAX_PROMPT_LOOKUP)
+    draft_by_model: bool = setting("run/draft_by_model", False)  # the draft model drafts, not prompt lookup
     zoom: float = setting("view/zoom", 1.0, 0.7, 2.3)
     theme: str = setting("view/theme", DEFAULT_THEME)  # "dark" or "light"
     model_source: str = setting("model/source", "")

@@ -1,6 +1,6 @@
 """The app's colours, in one place: a `Theme` per look (DARK, LIGHT), the current one, and the style sheet
 generated from it. In both, amber = K/V computed this step (the run without the cache), teal = K/V reused
-from the cache (the run with it).
+from the cache (the run with it), pink = what speculative decoding drafted.
 
 Views take their colours from the theme they are given (`set_theme(theme)`, the current one when they
 are made); `stylesheet(theme)` fills resources/styles/kvviz.qss's `{field}` placeholders with a theme's
@@ -33,6 +33,8 @@ class Theme:
     evicted: str  # K/V a window evicted from the cache
     shared: str  # a layer that keeps no K/V of its own (it reads an earlier layer's)
     state: str  # a linear-attention layer's fixed-size state
+    drafted: str  # speculative decoding: a drafted token the target accepted (its K/V computed this step, kept)
+    rolled_back: str  # a drafted token the target rejected: its K/V rolled back (drawn struck through, in foreground)
     # surfaces
     background: str  # the window, the plots, exported images and slides
     surface: str  # panels on the background: counter, lesson panel, menu and status bars, text areas
@@ -63,7 +65,7 @@ class Theme:
 DARK = Theme(
     name="dark",
     amber="#F5A623", teal="#1FA6A0", pending="#68707E", empty="#262A33", grid_line="#14161B", alert="#FF6B5B",
-    evicted="#CBB8FF", shared="#31363F", state="#5A7BD8",
+    evicted="#CBB8FF", shared="#31363F", state="#5A7BD8", drafted="#E46FC0", rolled_back="#7A4F70",
     background="#1B1E24", surface="#20242B", field="#2A2F38", raised="#2E3440", pressed="#3A4150",
     menu="#252A32", border="#3C4350", border_strong="#454D5C", chip="#3A404C", chip_edge="#6A7282",
     amber_tint="#3A2A12", alert_tint="#3A1815",
@@ -74,7 +76,7 @@ DARK = Theme(
 LIGHT = Theme(
     name="light",
     amber="#C87400", teal="#129A93", pending="#8A919C", empty="#E6E9EE", grid_line="#FFFFFF", alert="#C62828",
-    evicted="#4E3596", shared="#F4F5F7", state="#3B5BB5",
+    evicted="#4E3596", shared="#F4F5F7", state="#3B5BB5", drafted="#B8368A", rolled_back="#EDB8DC",
     background="#FFFFFF", surface="#F4F5F7", field="#FFFFFF", raised="#ECEEF2", pressed="#DCE0E6",
     menu="#FFFFFF", border="#C9CED6", border_strong="#A9B0BB", chip="#E6E9EE", chip_edge="#A9B0BB",
     amber_tint="#FFF1DC", alert_tint="#FDECEA",

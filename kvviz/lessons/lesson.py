@@ -18,12 +18,16 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from kvviz.core.batch_records import BatchRecord
 from kvviz.core.errors import KvvizError, control_characters, visible
 from kvviz.core.files import read_text_file, user_path
 from kvviz.core.formats import KV_DTYPES
-from kvviz.core.memory import format_bytes
-from kvviz.core.records import StepRecord
+from kvviz.core.speculation import MAX_DRAFT_TOKENS
+from kvviz.lessons.answers import LONG_CONTEXT as LONG_CONTEXT
+from kvviz.lessons.answers import SHORT_CONTEXT as SHORT_CONTEXT
+from kvviz.lessons.answers import format_answer as format_answer
+from kvviz.lessons.answers import measured_answer as measured_answer
+from kvviz.lessons.answers import measured_batch_answer as measured_batch_answer
+from kvviz.lessons.answers import sink_attention_share as sink_attention_share
 
 QUESTIONS = {
     "next_kv_with_cache": "How many K/V computations per layer will the next step make with the cache?",
@@ -38,11 +42,14 @@ QUESTIONS = {
     "blocks_at_end": "When every request is done, how many blocks of the pool will the batch hold?",
     "sink_attention_share": "At the next step, what share of its attention will the newest token give the sinks, "
                             "the first positions (mean over layers and heads)?",
+    "positions_held_after_next": "After the next step, how many positions will the model's KV cache hold?",
+    "acceptance_rate_after_next": "After the next round, what share of all the drafts so far will the model have "
+                                  "accepted (in %)?",
 }
 ATTENTION_QUESTIONS = ("sink_attention_share",)  # answered from the attention weights: the run records them
 BATCH_QUESTIONS = ("blocks_at_end",)  # asked of a serving step (a batch of `prompts`), answered by its last pass
-LONG_CONTEXT = 8192  # the tokens of cache_bytes_at_8k
-SHORT_CONTEXT = 1000  # the tokens of cache_bytes_at_1k
+SPECULATIVE_QUESTIONS = ("acceptance_rate_after_next",)  # answered from the rounds of a speculative step's run
+MAX_LESSON_LOOKUP = 16  # the longest n-gram a step's prompt lookup may look up (as `kvviz generate --prompt-lookup`)
 FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all", "serving")
 # a serving step's: the whole serving view, its block pool and tables, or its memory chart and speed (a slide
 # shows that part, large enough to read; the app shows the whole view)
@@ -55,7 +62,8 @@ MAX_LESSON_TOKENS = 4096
 LESSON_KEYS = {"title": str, "step": list}
 STEP_KEYS = {"title": str, "text": str, "notes": str, "prompt": str, "cache": (bool, str), "advance_to": int,
              "max_new_tokens": int, "model": str, "focus": str, "question": str, "window": int, "sinks": int,
-             "prompts": list, "block_size": int, "kv_dtype": str}
+             "prompts": list, "block_size": int, "kv_dtype": str, "draft_tokens": int, "prompt_lookup": int,
+             "draft_model": str}
 REQUIRED_STEP_KEYS = ("title", "text", "prompt", "cache", "advance_to", "max_new_tokens")
 REQUIRED_SERVING_KEYS = ("title", "text", "prompts", "advance_to", "max_new_tokens")  # a step with `prompts`
 MAX_LESSON_BYTES = 32 * 1024  # ten times the built-in lesson; anything larger is refused unread
@@ -85,6 +93,20 @@ class LessonStep:
     kv_dtype: str = ""  # the cache stores keys and values quantized (a key of records.KV_DTYPES; "": exact)
     prompts: tuple[str, ...] = ()  # a serving step's batch: its requests' prompts (advance_to counts its passes)
     block_size: int = 8  # a serving step's: positions per block of the paged cache
+    draft_tokens: int = 0  # speculative decoding: tokens drafted a round (0: plain decoding, a token a pass)
+    prompt_lookup: int = 0  # ... drafted by prompt lookup of up to this many tokens
+    draft_model: str = ""  # ... or by this draft model (a --model value)
+
+    @property
+    def speculative(self) -> bool:
+        """The step's run decodes speculatively: a step is a round (a pass of the model) of 1 to k + 1 tokens, and
+        `advance_to` counts tokens, reached by the round that reaches it."""
+        return self.draft_tokens > 0
+
+    def drafter_fields(self) -> dict:
+        """The step's drafter as RunRequest fields (draft_tokens, prompt_lookup, draft_model; zeros: none)."""
+        return {"draft_tokens": self.draft_tokens, "prompt_lookup": self.prompt_lookup,
+                "draft_model": self.draft_model}
 
     @property
     def serving(self) -> bool:
@@ -150,6 +172,7 @@ BUILTIN_LESSONS = {  # name -> what it teaches; the first is the default, each i
     "kv-paging": "serving many requests: a paged KV cache that shares prefixes",
     "kv-quantized": "a quantized KV cache: a quarter of the bytes, and the drift it costs",
     "kv-layers": "not every layer keeps a cache: local and global layers, shared KV, linear-attention state",
+    "kv-speculative": "speculative decoding: draft cheaply, verify in one pass, roll the cache back",
 }
 
 
@@ -262,6 +285,7 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
         raise LessonError(f"{source}: {where}kv_dtype: expected one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}"[:300])
     if kv_dtype and window:
         raise LessonError(f"{source}: {where}kv_dtype: a quantized cache keeps every position: no window with it")
+    drafter = _parse_drafter(item, source, where)
     focus = item.get("focus", "all")
     if focus not in FOCUSES:
         raise LessonError(f"{source}: {where}focus: expected one of {', '.join(FOCUSES)}, got {focus!r}"[:300])
@@ -274,7 +298,29 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
     return LessonStep(title=item["title"].strip(), text=" ".join(item["text"].split()), prompt=item["prompt"],
                       cache=cache, advance_to=advance, max_new_tokens=budget, notes=item.get("notes", "").strip(),
                       model=item.get("model"), focus=focus, question=question, window=window, sinks=sinks,
-                      kv_dtype=kv_dtype)
+                      kv_dtype=kv_dtype, **drafter)
+
+
+def _parse_drafter(item: dict, source: str, where: str) -> dict:
+    """A step's speculative decoding: `draft_tokens` a round with one drafter, `prompt_lookup` or `draft_model`, on
+    the cached run alone (the engine refuses compare mode with it); {} for plain decoding."""
+    k, lookup, model = item.get("draft_tokens", 0), item.get("prompt_lookup", 0), item.get("draft_model", "")
+    if not (k or lookup or model):
+        if item.get("question") in SPECULATIVE_QUESTIONS:
+            raise LessonError(f"{source}: {where}question: {item['question']} asks about drafts: give draft_tokens "
+                              "and a drafter too")
+        return {}
+    if not 1 <= k <= MAX_DRAFT_TOKENS:
+        raise LessonError(f"{source}: {where}draft_tokens: {k} is not from 1 to {MAX_DRAFT_TOKENS} (speculative "
+                          "decoding drafts that many tokens a round)")
+    if bool(lookup) == bool(model):
+        raise LessonError(f"{source}: {where}draft_tokens: give one drafter, prompt_lookup or draft_model")
+    if lookup and not 1 <= lookup <= MAX_LESSON_LOOKUP:
+        raise LessonError(f"{source}: {where}prompt_lookup: {lookup} is not from 1 to {MAX_LESSON_LOOKUP}")
+    if item["cache"] is not True:
+        raise LessonError(f"{source}: {where}cache: speculative decoding checks drafts against the cache, on its "
+                          "own: cache = true")
+    return {"draft_tokens": k, "prompt_lookup": lookup, "draft_model": model}
 
 
 def _parse_serving_step(item: dict, source: str, where: str) -> LessonStep:
@@ -282,7 +328,7 @@ def _parse_serving_step(item: dict, source: str, where: str) -> LessonStep:
     for key in REQUIRED_SERVING_KEYS:
         if key not in item:
             raise LessonError(f"{source}: {where}{key}: missing")
-    for key in ("prompt", "cache", "window", "sinks", "kv_dtype"):
+    for key in ("prompt", "cache", "window", "sinks", "kv_dtype", "draft_tokens", "prompt_lookup", "draft_model"):
         if key in item:
             raise LessonError(f"{source}: {where}{key}: a serving step has prompts, one cache for all, no window")
     prompts = item["prompts"]
@@ -320,71 +366,3 @@ def _parse_serving_step(item: dict, source: str, where: str) -> LessonStep:
                       advance_to=advance, max_new_tokens=budget, notes=item.get("notes", "").strip(),
                       model=item.get("model"), focus=focus, question=question, prompts=tuple(prompts),
                       block_size=block_size)
-
-
-def measured_batch_answer(question: str, record: BatchRecord) -> float:
-    """The answer to a serving step's question, from its batch's last pass."""
-    if question == "blocks_at_end":
-        return record.blocks_used
-    raise ValueError(f"unknown question {question!r}")
-
-
-def sink_attention_share(record: StepRecord, sinks: int) -> float:
-    """The percentage of the newest query's attention on the first `sinks` positions, the mean over layers and
-    heads of each row's weights there (each row sums to 1): what the record's attention weights measured."""
-    weights = record.attention
-    if weights is None:
-        raise ValueError("the record carries no attention weights: run it with attention")
-    rows = [weights.row(layer, head) for layer in range(weights.layers) for head in range(weights.heads)]
-    return 100.0 * sum(sum(row[:sinks]) for row in rows) / len(rows)
-
-
-def measured_answer(question: str, previous: StepRecord | None, record: StepRecord, sinks: int = 0) -> float:
-    """The answer to `question`, from the last record of the next generation step (`record`: its token pass,
-    or the cache-filling pass that follows the last token, as the counter shows it) and the last record
-    before that step (None when it is the first): what the engine measured, per layer."""
-    if question == "next_kv_with_cache":
-        return record.with_cache_total - (previous.with_cache_total if previous else 0)
-    if question == "next_kv_without_cache":
-        return record.without_cache_total - (previous.without_cache_total if previous else 0)
-    if question == "avoided_after_next":
-        return record.avoided_total
-    if question == "ratio_after_next":
-        return record.without_cache_total / record.with_cache_total if record.with_cache_total else 0.0
-    if question == "cache_bytes_after_next":
-        return record.cache_bytes
-    if question == "sink_attention_share":
-        return sink_attention_share(record, sinks)
-    if question == "shared_layer_kv":
-        return record.kv_computed[-1]
-    # each layer's bytes a position and its bytes that do not grow, from what each layer holds and measured (a
-    # window's layers hold fewer positions than the others; a linear-attention layer holds a state, no position)
-    held = record.layer_positions_held or (record.positions_held,) * record.n_layer
-    sizes = record.layer_bytes or tuple(record.cache_bytes * n // sum(held) if sum(held) else 0 for n in held)
-    per_position = [size // n if n else 0 for size, n in zip(sizes, held, strict=True)]
-    fixed = sum(size for size, n in zip(sizes, held, strict=True) if not n)
-    if question == "cache_bytes_per_token":
-        return sum(per_position)
-    if question in ("cache_bytes_at_8k", "cache_bytes_at_1k"):
-        context = LONG_CONTEXT if question == "cache_bytes_at_8k" else SHORT_CONTEXT
-        capacity = record.layer_capacity or (0,) * len(held)
-        return fixed + sum(size * (min(context, cap) if cap else context)
-                           for size, cap in zip(per_position, capacity, strict=True))
-    raise ValueError(f"unknown question {question!r}")
-
-
-def format_answer(question: str, value: float, precision: str = "") -> str:
-    """The answer as the app and the slides show it: 87, 6.8x, 36,864 bytes; a byte answer names the
-    `precision` its cache was measured in, when given (a record's `cache_precision`): 36,864 bytes in float32."""
-    if question == "ratio_after_next":
-        return f"{value:.1f}x"
-    stored = f" in {precision}" if precision else ""
-    if question in ("cache_bytes_after_next", "cache_bytes_per_token"):
-        return f"{int(value):,} bytes{stored}"
-    if question in ("cache_bytes_at_8k", "cache_bytes_at_1k"):
-        return f"{int(value):,} bytes ({format_bytes(value)}){stored}"
-    if question == "blocks_at_end":
-        return f"{int(value):,} blocks"
-    if question == "sink_attention_share":
-        return f"{value:.1f} %"
-    return f"{int(value):,}"

@@ -98,6 +98,8 @@ def _footer(step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], dt
         mode = "with and without KV cache in lockstep"
     else:
         mode = "with KV cache" if step.use_cache else "without KV cache"
+    if plan.drafter is not None:
+        mode += f", speculative: {plan.drafter.describe()}"
     return shorten_caption(f"\u201c{step.prompt}\u201d \u2014 {model_with_precision(plan.model_name, dtype)}, "
                            f"{made} of {plan.budget} new "
                            f"token{'' if plan.budget == 1 else 's'}, {mode}, greedy")
@@ -118,8 +120,13 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
     if step.serving:
         return _run_batch_step(engine, model_name, step, where)
     request = RunRequest(0, step.prompt, step.use_cache or step.compare, step.max_new_tokens, compare=step.compare,
-                         window=step.window, sinks=step.sinks, kv_dtype=step.kv_dtype, attention=step.needs_attention)
+                         window=step.window, sinks=step.sinks, kv_dtype=step.kv_dtype, attention=step.needs_attention,
+                         **step.drafter_fields())
     try:
+        if step.draft_model and engine.draft is None:  # speculative decoding with a draft model: loaded once
+            from kvviz.sources.weights import attach_draft
+
+            attach_draft(engine, step.draft_model, engine.dtype)
         run = start_run(engine, request, model_name)
     except KvvizError as exc:
         raise LessonError(f"{where}prompt: {first_line(exc)}") from exc

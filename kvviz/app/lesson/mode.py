@@ -11,7 +11,7 @@ from kvviz.app.lesson.focus import LessonFocus
 from kvviz.app.lesson.free_app import FreeApp, give_back, keep_free_app
 from kvviz.app.lesson.host import LessonHost
 from kvviz.app.lesson.panel import LessonPanel
-from kvviz.app.lesson.step_state import plan_is_step, put_step_controls
+from kvviz.app.lesson.step_state import plan_is_step, put_step_controls, run_at
 from kvviz.app.theme import Theme
 from kvviz.app.window.actions import set_lesson_keys
 from kvviz.app.window.dialogs import show_error
@@ -302,7 +302,7 @@ class LessonMode(QObject):
     def _on_record_computed(self, record: StepRecord) -> None:
         step, plan = self.step, self._window.session.plan
         if not (self.active and self._revealing and step is not None and step.question
-                and record.new_tokens == step.advance_to + 1 and plan_is_step(plan, step)):
+                and record.new_tokens > step.advance_to and plan_is_step(plan, step)):
             return
         if record.token_id is not None and plan.pass_follows_in_step(record):
             return  # the last token: the pass that fills the cache belongs to the step, and the answer is after it
@@ -335,4 +335,4 @@ class LessonMode(QObject):
         if not self.active or step is None or not plan_is_step(s.plan, step):
             return False
         target = min(step.advance_to + int(self.revealed), s.plan.budget)
-        return s.steps_done == target and (not self.revealed or self.measured is not None)
+        return run_at(s, target) and (not self.revealed or self.measured is not None)

@@ -1,15 +1,21 @@
-"""A lesson step's run: whether a plan is the step's, and the run controls set as the step asks."""
+"""A lesson step's run: whether a plan is the step's and at the step's token, and the run controls set as the step
+asks."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from PySide6.QtGui import QAction
 
 from kvviz.app.window.actions import check_run_actions
 from kvviz.app.window.controls import RunControls
-from kvviz.core.records import RunPlan
+from kvviz.core.records import RunPlan, RunRequest
+from kvviz.core.speculation import Drafter
 from kvviz.lessons.lesson import LessonStep
+
+if TYPE_CHECKING:
+    from kvviz.app.run.session import RunSession
 
 
 def plan_is_step(plan: RunPlan | None, step: LessonStep) -> bool:
@@ -19,7 +25,23 @@ def plan_is_step(plan: RunPlan | None, step: LessonStep) -> bool:
             and (plan.twin is not None) == step.compare and plan.max_new_tokens == step.max_new_tokens
             and plan.sampling == "greedy" and not plan.cache_broken
             and (not step.window or (plan.policy.window, plan.policy.sinks) == (step.window, step.sinks))
-            and plan.policy.kv_dtype == step.kv_dtype)
+            and plan.policy.kv_dtype == step.kv_dtype and plan.drafter == _drafter(step))
+
+
+def _drafter(step: LessonStep) -> Drafter | None:
+    """The drafter the engine plans for `step` (None: plain decoding)."""
+    if not step.speculative:
+        return None
+    return Drafter(step.draft_tokens, step.prompt_lookup, step.draft_model)
+
+
+def run_at(session: RunSession, tokens: int) -> bool:
+    """The session's run is at `tokens`: a plain run exactly there; a speculative run at the round that reached it
+    (a round adds 1 to k + 1 tokens, so the round before had fewer)."""
+    if session.plan is None or session.plan.drafter is None:
+        return session.steps_done == tokens
+    records = session.records
+    return session.steps_done >= tokens and (len(records) < 2 or records[-2].new_tokens < tokens)
 
 
 def put_step_controls(controls: RunControls, actions: Mapping[str, QAction], step: LessonStep,
@@ -33,4 +55,5 @@ def put_step_controls(controls: RunControls, actions: Mapping[str, QAction], ste
     c.set_run_settings(use_cache=step.use_cache, max_new_tokens=step.max_new_tokens, temperature=0.0,
                        compare=step.compare)
     c.attention = attention
+    c.speculative = c.speculative.of_request(RunRequest(0, step.prompt, **step.drafter_fields()))
     check_run_actions(actions, False, step.compare, attention, step.kv_dtype)

@@ -23,6 +23,9 @@ class RunSession(StreamSession):
     `source` is the source of the model really loaded, whatever is still queued. A run asked for
     while a model loads (a setting changed, Enter in the prompt) starts if the load fails or is
     cancelled; a load that succeeds starts its own.
+
+    A speculative run's step is a round (one target pass), which adds 1 to k + 1 tokens: its replay to a token asks
+    for one round at a time until its records reach that token (`replaying`), and keys pressed meanwhile wait for it.
     """
 
     model_loading = Signal(str)  # source
@@ -45,6 +48,7 @@ class RunSession(StreamSession):
         self._pending_loads: list[str] = []
         self._fallback_tried = False
         self._replay_target = 0
+        self._replay_until = 0  # a speculative run's replay: rounds asked one at a time until this many tokens
         self._deferred_run: tuple[RunRequest, int] | None = None  # asked for while loading
         self.request: RunRequest | None = None  # of the current run, as it was accepted
         self._asked: RunRequest | None = None  # of the run asked for last, until it starts or is refused
@@ -87,7 +91,12 @@ class RunSession(StreamSession):
         A run that replaces it (a setting changed, another precision) replays to this one, so a change made
         during a replay leaves the new run where the old one was going, not part-way."""
         pending = self._deferred_run[1] if self._deferred_run is not None else 0
-        return max(self.steps_done, self._steps_requested, self._replay_target, pending)
+        return max(self.steps_done, self._steps_requested, self._replay_target, self._replay_until, pending)
+
+    @property
+    def replaying(self) -> bool:
+        """A speculative run is on its way to its replay's token, a round at a time."""
+        return self.plan is not None and not self.finished and self._replay_until > self.steps_done
 
     # ----- models -----
     def load(self, source: str, dtype: str | None = None) -> None:
@@ -162,13 +171,13 @@ class RunSession(StreamSession):
         if self.plan is not None:  # the run going on, kept until the next one is accepted
             self._before = (self._run_id, self.plan, self.records, self._steps_requested, self.finished)
         self._asked = request
-        self._replay_target = replay_to
+        self._replay_target, self._replay_until = replay_to, 0
         self.start(request)
 
     @property
     def preparing(self) -> bool:
         """A model loads, or a run is asked for and has not started: keys wait for it (see `queued`)."""
-        return self.loading or self._asked is not None or self._deferred_run is not None
+        return self.loading or self._asked is not None or self._deferred_run is not None or self.replaying
 
     def queued(self) -> str:
         """What the keys pressed while preparing will do once the run starts ("2 steps", "play"), or ""."""
@@ -180,7 +189,7 @@ class RunSession(StreamSession):
     def step(self) -> None:
         """One new token; pauses autoplay first. Pressed while a model loads or a run is prepared, it is queued
         and taken once the run starts (a key is never lost without a sign: the veil says what is queued)."""
-        if not self.can_step:
+        if not self.can_step or self.replaying:
             if self.preparing and self.model_info is not None and self._queued_steps < MAX_QUEUED_STEPS:
                 self._queued_steps += 1
                 self._queued_play = None
@@ -189,7 +198,8 @@ class RunSession(StreamSession):
         super().step()
 
     def toggle_play(self, interval_ms: int) -> None:
-        if not (self.playing or self._play_asked or self.can_step) and self.preparing and self.model_info is not None:
+        idle = not (self.playing or self._play_asked)
+        if idle and (not self.can_step or self.replaying) and self.preparing and self.model_info is not None:
             self._queued_play = None if self._queued_play is not None else interval_ms  # queued, as Step is
             self.state_changed.emit()
             return
@@ -208,16 +218,35 @@ class RunSession(StreamSession):
         self.request, self._asked, self._before = self._asked, None, None
         target, self._replay_target = min(self._replay_target, plan.budget), 0
         super()._on_started(lane, plan)
+        if plan.drafter is not None and target:  # rounds of 1 to k + 1 tokens: one at a time, to the token
+            self._replay_until = target
+            self.controller.step(self.lane)
+            self.state_changed.emit()
+            return
         for _ in range(target):
             self._steps_requested += 1
             self.controller.step(self.lane)
+        self._take_queued()
+
+    def _take_queued(self) -> None:
+        """The keys pressed while the run was prepared (or replayed, a round at a time), now that it is there."""
         queued, play, self._queued_steps, self._queued_play = self._queued_steps, self._queued_play, 0, None
-        for _ in range(min(queued, plan.budget - self._steps_requested)):  # the keys pressed while it was prepared
+        for _ in range(min(queued, self.plan.budget - self._steps_requested)):
             self._steps_requested += 1
             self.controller.step(self.lane)
         if play is not None:
             self.controller.play(self.lane, play)
         self.state_changed.emit()
+
+    def _on_computed(self, lane: str, run_id: int, record: StepRecord) -> None:
+        super()._on_computed(lane, run_id, record)
+        if not (self._ours(lane, run_id) and self._replay_until):
+            return
+        if record.new_tokens < self._replay_until and not record.final:
+            self.controller.step(self.lane)  # the next round of the replay
+        else:
+            self._replay_until = 0
+            self._take_queued()
 
     def _on_failed(self, lane: str, run_id: int, message: str) -> None:
         """One rule for every refused setting (a menu's, a key's): the run that was going on goes on, exactly as it
@@ -236,7 +265,8 @@ class RunSession(StreamSession):
 
 
 MAX_QUEUED_STEPS = 4096  # Step presses kept while a run is prepared (a run's budget caps what is taken)
-MENU_SETTINGS = ("compare", "break_cache", "attention", "window", "sinks", "kv_dtype")  # set by menus and keys
+MENU_SETTINGS = ("use_cache", "compare", "break_cache", "attention", "window", "sinks", "kv_dtype", "draft_tokens",
+                 "prompt_lookup", "draft_model")  # set by menus and keys (C: Run > Toggle KV cache)
 
 
 def _menu_change(accepted: RunRequest, asked: RunRequest) -> bool:

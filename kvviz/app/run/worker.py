@@ -81,6 +81,8 @@ class GenerationWorker(QObject):
         self._measuring = False
         self._engine: Engine | None = None
         self._loaded = None  # kvviz.sources.weights.LoadedModel
+        self._dtype = "float32"  # the loaded model's, which its draft model is loaded in
+        self._draft_source: str | None = None  # the draft model beside the current engine (engine.draft), if any
         self._streams: dict[str, Stream] = {}  # each lane's stream being stepped, until its last step
         self._play_lane = "run"  # the lane autoplay steps
         self._interval_ms = 0
@@ -130,7 +132,7 @@ class GenerationWorker(QObject):
                 self.model_load_failed.emit(source, describe_load_error(source, exc))
             return
         self._release_model()
-        self._engine, self._loaded = engine, loaded
+        self._engine, self._loaded, self._dtype, self._draft_source = engine, loaded, dtype, None
         self._streams.clear()
         engine.before_block = self._check_abort
         config = loaded.config
@@ -167,6 +169,13 @@ class GenerationWorker(QObject):
         from kvviz.app.run.streams import open_stream
         from kvviz.engine.engine import GenerationError
 
+        try:
+            self._attach_draft(request)
+        except Exception as exc:  # the run that was going on goes on; the window says why in one sentence
+            draft = f"the draft model {request.draft_model}"
+            log_unexpected(f"loading {draft}", exc)
+            self.failed.emit(lane, request.run_id, describe_load_error(draft, exc))
+            return
         try:  # every check runs here, before `started`: a bad request never resets the views
             stream = open_stream(self._engine, request, self._loaded.name)
         except GenerationError as exc:
@@ -174,6 +183,20 @@ class GenerationWorker(QObject):
             return
         self._streams[lane] = stream
         self.started.emit(lane, stream.plan)
+
+    def _attach_draft(self, request) -> None:
+        """Load the draft model a speculative request names beside the target (engine.draft), once: the next run
+        with it finds it there. Nothing for prompt lookup, plain decoding or a batch."""
+        source = getattr(request, "draft_model", "")
+        if not source or source == self._draft_source:
+            return
+        import torch
+
+        from kvviz.sources.weights import attach_draft
+
+        self._engine.draft, self._draft_source = None, None
+        attach_draft(self._engine, source, getattr(torch, self._dtype))
+        self._draft_source = source
 
     @Slot(str)
     def step(self, lane: str) -> None:

@@ -23,8 +23,9 @@ class AttentionState:
 
     def apply(self, record: StepRecord) -> bool:
         """Take one record; True when it carries attention (the strip changes)."""
-        if record.token_id is not None:
-            self.labels.append(record.token_text)
+        if record.token_id is not None:  # a speculative round adds its accepted drafts and its own token
+            self.labels.extend(record.speculation.token_labels if record.speculation is not None
+                               else (record.token_text,))
         if record.attention is None:
             return False
         self.last = record
@@ -84,6 +85,9 @@ class AttentionState:
         record = self.last
         if self.plan is None:
             return "<b>Attention</b> &nbsp; no run yet"
+        if record is None and self.plan.drafter is not None:  # each pass checks several tokens: no one query's
+            return (f"<b>Attention, layer {layer}</b> &nbsp; speculative decoding: each pass checks the drafts, "
+                    "many queries at once, so no single query's weights are recorded")
         if record is None:
             return f"<b>Attention, layer {layer}</b> &nbsp; recorded from the next step"
         kind = self.plan.layer_kind(layer) if layer < self.plan.n_layer else "full"

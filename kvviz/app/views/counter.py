@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from kvviz.app.views.count_table import ROW_TITLES, CountFonts, CountPanel, CountTable, final_values
 from kvviz.app.views.live_label import LiveLabel
+from kvviz.app.views.speculation_rows import SpeculationRows, speculation_values
 from kvviz.core.records import RunPlan, StepRecord
 
 STOP_REASONS = {  # short: the progress line keeps the room it had (the banner explains a full context)
@@ -27,7 +28,8 @@ class CounterPanel(CountPanel):
 
     A view (views.base.RunViewProtocol): `reset(plan)`, `apply(records)`, `refresh()`.
     The numbers are the record's measured totals, the same as `kvviz count` gives for P and N.
-    `values()` returns what is shown.
+    `values()` returns what is shown. A speculative run adds its rounds' totals (`speculation`, from the
+    latest record's `speculation`): drafted, accepted, rolled back, the acceptance rate, tokens a target pass.
     """
 
     fonts = CountFonts(normal=10.0, big=15.0, heading=12.0)
@@ -55,6 +57,7 @@ class CounterPanel(CountPanel):
         self.layers_note = QLabel("")  # a model whose layers differ: the bytes each kind of layer holds, measured
         self.layers_note.setWordWrap(True)
         self.layers_note.hide()
+        self.speculation = SpeculationRows()  # a speculative run's drafts: hidden for a plain run
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
@@ -64,10 +67,12 @@ class CounterPanel(CountPanel):
         layout.addWidget(self.window_note)
         layout.addWidget(self.latent_note)
         layout.addWidget(self.layers_note)
+        layout.addWidget(self.speculation)
         layout.addWidget(self.progress)
         layout.addStretch(1)
         self.show_parts(self.heading, self.table, (self.measured_note, self.window_note, self.latent_note,
-                                                          self.layers_note, self.progress))
+                                                          self.layers_note, self.progress,
+                                                          *self.speculation.all_labels()))
 
     def reset(self, plan: RunPlan) -> None:
         self._plan = plan
@@ -75,6 +80,7 @@ class CounterPanel(CountPanel):
         self.table.reserve(final_values(plan))
         # the longest text of the run, its end included: a new text never asks the window for more room
         self.progress.reserve(self._progress_text(plan, plan.budget, plan.passes, True, plan.stop_reason))
+        self.speculation.reset(plan)
         self._dirty = True
         self.refresh()
 
@@ -86,8 +92,11 @@ class CounterPanel(CountPanel):
     def values(self) -> dict[str, object]:
         """The shown numbers: per layer, all layers (None before the first step)."""
         rec, plan = self._record, self._plan
+        # a speculative run: its drafts' totals too (None before its first round)
+        speculative = speculation_values(rec) if plan is not None and plan.drafter is not None else {}
         if rec is None or plan is None:
-            return {key: None for key in ("with_cache", "without_cache", "avoided", "ratio", "n_layer")}
+            return {**{key: None for key in ("with_cache", "without_cache", "avoided", "ratio", "n_layer")},
+                    **speculative}
         return {
             "with_cache": rec.with_cache_total,
             "without_cache": rec.without_cache_total,
@@ -99,6 +108,7 @@ class CounterPanel(CountPanel):
             "avoided_all_layers": rec.avoided_total * self._computing(plan),
             "new_tokens": rec.new_tokens,
             "stop_reason": rec.stop_reason,
+            **speculative,
         }
 
     def refresh(self) -> None:
@@ -125,6 +135,8 @@ class CounterPanel(CountPanel):
         self.measured_note.setText(f"measured: {ROW_TITLES[measured]}; counted: {ROW_TITLES[counted]}")
         self.measured_note.setToolTip(f"Measured in this run: {ROW_TITLES[measured]}; {ROW_TITLES[counted]} is "
                                       f"counted for the same text")
+        if plan.drafter is not None:
+            self.speculation.show_values(speculation_values(rec))
         if rec is None:
             self.table.clear()
             self.progress.setText(f"P = {plan.prompt_tokens} prompt, N = 0 of {plan.budget} new tokens")
@@ -133,6 +145,14 @@ class CounterPanel(CountPanel):
         stop_reason = rec.stop_reason if rec.final else None
         self.progress.setText(self._progress_text(plan, rec.new_tokens, rec.step + 1, rec.token_id is None,
                                                   stop_reason))
+
+    def _apply_theme(self) -> None:
+        super()._apply_theme()
+        self.speculation.set_theme(self._theme)
+
+    def _apply_fonts(self) -> None:
+        super()._apply_fonts()
+        self.speculation.set_font(self.progress.font())
 
     @staticmethod
     def latent_text(plan: RunPlan) -> str:
@@ -183,7 +203,8 @@ class CounterPanel(CountPanel):
         keeps = f"the cache keeps {plan.policy.describe()}"
         if rec is None:
             return keeps
-        evicted = rec.fed_stop - rec.positions_held
+        end = rec.speculation.rolled_back[0] if rec.speculation is not None else rec.fed_stop  # (drafts rolled back)
+        evicted = end - rec.positions_held
         windowed = rec.n_layer - min(plan.policy.first_layer, rec.n_layer)
         if windowed < rec.n_layer:  # a window on the upper layers only (Qwen2's max_window_layers)
             return (f"{keeps}: a windowed layer holds {rec.positions_held} positions; K/V evicted: {evicted} per "

@@ -32,7 +32,9 @@ class MemoryState:
         passes = record.lockstep_passes()[0] if self.compare else (record,)
         for run_pass in passes:
             if run_pass.use_cache and run_pass.cache_bytes > 0:
-                self.points[run_pass.fed_stop] = run_pass.cache_bytes
+                # positions filled: a speculative round's rejected drafts were rolled back before its bytes were read
+                spec = run_pass.speculation
+                self.points[spec.rolled_back[0] if spec is not None else run_pass.fed_stop] = run_pass.cache_bytes
                 measured = True
         return measured
 

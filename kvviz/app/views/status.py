@@ -78,6 +78,8 @@ class StatusLine(LiveLabel):
                 mode += f", keeping {plan.policy.describe()}"
             elif plan.policy.quantized and plan.use_cache:
                 mode += f", stored in {plan.policy.kv_dtype}"
+            if plan.drafter is not None:
+                mode += f", speculative: {plan.drafter.describe()}"
         if plan.cache_broken:
             mode += " \u00b7 CACHE BROKEN ON PURPOSE (Run menu)"
         precision = f"{self._precision} \u00b7 " if self._precision else ""

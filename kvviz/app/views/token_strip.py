@@ -86,7 +86,9 @@ class TokenStrip(QWidget):
 
     Prompt chips are grey, generated chips have an amber edge, the newest token is filled
     amber, and the chips fed to the model in the latest step are underlined in amber. Spaces show as
-    a middle dot, newlines as a return arrow.
+    a middle dot, newlines as a return arrow. A round of speculative decoding adds every token it kept: the
+    drafts the target accepted, filled in the drafted colour, then its own token, the newest (its rejected drafts
+    are no tokens of the text: only the fed chips it kept are underlined).
 
     A view (views.base.RunViewProtocol): `reset(plan)`, `apply(records)`, `refresh()`.
     """
@@ -96,6 +98,7 @@ class TokenStrip(QWidget):
         self._labels: list[str] = []
         self._prompt_tokens = 0
         self._fed = (0, 0)
+        self._accepted = (0, 0)  # the chips of the drafts the latest speculative round accepted
         self._font_scale = 1.0
         self._widths: list[float] = []
         self._to_come = 0  # tokens the run may still generate
@@ -107,7 +110,7 @@ class TokenStrip(QWidget):
     def reset(self, plan: RunPlan) -> None:
         self._labels = [chip_text(label) for label in plan.prompt_labels]
         self._prompt_tokens = plan.prompt_tokens
-        self._fed = (0, 0)
+        self._fed = self._accepted = (0, 0)
         self._widths = [self._chip_width(text) for text in self._labels]
         self._to_come = plan.budget
         self._fit_rows()
@@ -116,13 +119,20 @@ class TokenStrip(QWidget):
     def apply(self, records: Sequence[StepRecord]) -> None:
         for record in records:
             self._fed = (record.fed_start, record.fed_stop)
-            if record.token_id is not None:
-                text = chip_text(record.token_text)
+            if record.token_id is None:
+                continue
+            spec = record.speculation
+            added = spec.token_labels if spec is not None else (record.token_text,)
+            if spec is not None:  # fed and kept: the pending token and the accepted drafts (the rest rolled back)
+                self._fed = (record.fed_start, min(record.fed_stop, spec.rolled_back[0]))
+                self._accepted = (spec.start + 1, spec.start + 1 + spec.accepted)
+            for label in added:
+                text = chip_text(label)
                 self._labels.append(text)
                 self._widths.append(self._chip_width(text))
-                self._to_come = max(0, self._to_come - 1)
-                if self._rows < MAX_ROWS:
-                    self._fit_rows()
+            self._to_come = max(0, self._to_come - len(added))
+            if self._rows < MAX_ROWS:
+                self._fit_rows()
 
     def refresh(self) -> None:
         self.update()
@@ -130,6 +140,11 @@ class TokenStrip(QWidget):
     def tokens(self) -> list[str]:
         """The chip texts, prompt first."""
         return list(self._labels)
+
+    @property
+    def accepted_indices(self) -> range:
+        """The chips of the drafts the latest speculative round accepted (filled in the drafted colour)."""
+        return range(*self._accepted)
 
     @property
     def newest_index(self) -> int | None:
@@ -203,10 +218,13 @@ class TokenStrip(QWidget):
         layout = self.chip_layout()
         newest = self.newest_index
         fed_start, fed_stop = self._fed
+        accepted_start, accepted_stop = self._accepted
         for i, rect in layout.chips:
             generated = i >= self._prompt_tokens
             if i == newest:
                 fill, edge, ink = QColor(theme.amber), QColor(theme.amber), QColor(theme.on_amber)
+            elif accepted_start <= i < accepted_stop:
+                fill, edge, ink = QColor(theme.drafted), QColor(theme.drafted), QColor(theme.background)
             elif generated:
                 fill, edge, ink = QColor(theme.raised), QColor(theme.amber), QColor(theme.foreground)
             else:

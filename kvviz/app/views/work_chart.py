@@ -13,12 +13,15 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import cache_axes, nice_ceiling, style_plot
+from kvviz.app.views.passes_series import PASSES_AXES, PASSES_TITLE, PassesSeries
 from kvviz.core.records import RunPlan, StepRecord
 
 SERIES = ("without_cache", "with_cache", "ms_per_step", "cache_mib")
 SYMBOL_LIMIT = 40  # draw point markers while the run is this short
 WORK_PLOT_MIN_HEIGHT = 180  # pixels at zoom 1: the cumulative-work plot never gets smaller
 SMALL_PLOTS_MIN_HEIGHT = 290  # below this height (at zoom 1) the two small plots give their room to the work plot
+WORK_TITLE = "Cumulative K/V computations per layer"
+WORK_AXES = ("K/V computed", "step")  # (left, bottom)
 
 
 class WorkChart(QWidget):
@@ -31,6 +34,10 @@ class WorkChart(QWidget):
     `curve_data()` returns what is drawn.
     The x axis is the forward pass ("step"); a cached run's last step fills the cache without
     emitting a token.
+
+    A speculative run (a plan with a drafter) shows in the work plot, instead of its K/V curves, `passes`
+    (PassesSeries): target passes against tokens generated, plain decoding's one a token beside the run's;
+    `passes_data()` returns them, `curve_data()` still the K/V counts.
     """
 
     export_requested = Signal()
@@ -59,8 +66,10 @@ class WorkChart(QWidget):
         self.legend = self.work_plot.addLegend(offset=(10, 10))
         self.without_curve = self.work_plot.plot([], [], name="without cache", symbolPen=None, symbolSize=6)
         self.with_curve = self.work_plot.plot([], [], name="with cache", symbolPen=None, symbolSize=6)
-        self.work_plot.setLabel("left", "K/V computed")
-        self.work_plot.setLabel("bottom", "step")
+        self.passes = PassesSeries(self.work_plot)  # a speculative run's, instead of the K/V curves
+        self._speculative = False
+        self.work_plot.setLabel("left", WORK_AXES[0])
+        self.work_plot.setLabel("bottom", WORK_AXES[1])
         self.ms_curve = self.ms_plot.plot([], [], stepMode=None)
         self.ms_plot.setLabel("bottom", "step")
         self.mem_curve = self.mem_plot.plot([], [], fillLevel=0)
@@ -92,9 +101,11 @@ class WorkChart(QWidget):
         self._x, self._with, self._without, self._ms, self._mib = [], [], [], [], []
         self.without_curve.opts["name"] = "without cache" + ("" if plan.use_cache else " (measured)")
         self.with_curve.opts["name"] = "with cache" + (" (measured)" if plan.use_cache else "")
+        self._show_passes(plan.drafter is not None)
+        self.passes.reset()
         self.legend.clear()
-        self.legend.addItem(self.without_curve, self.without_curve.opts["name"])
-        self.legend.addItem(self.with_curve, self.with_curve.opts["name"])
+        for curve in self._work_curves():
+            self.legend.addItem(curve, curve.opts["name"])
         self._style_legend()
         # Fixed frames for the whole run: the curves grow into them, and the axes never repaint mid-run.
         last_x = self._last_x()
@@ -102,6 +113,8 @@ class WorkChart(QWidget):
             plot.setXRange(0, last_x, padding=0.02)
         top = max(1, plan.final_without_cache, plan.final_with_cache)  # with one new token, P + N is the larger
         self.work_plot.setYRange(0, top, padding=0.05)
+        if self._speculative:
+            self.passes.frame(self.work_plot, plan)
         mem_top = nice_ceiling(plan.final_cache_bytes / 2**20) if plan.use_cache else 1.0
         self._frame_small_plot(self.mem_plot, mem_top)
         self.mem_note.setText("" if plan.use_cache else "no cache in this run")
@@ -117,6 +130,7 @@ class WorkChart(QWidget):
             self._without.append(record.without_cache_total)
             self._ms.append(record.seconds * 1000.0)
             self._mib.append(record.cache_bytes / 2**20)
+        self.passes.apply(records)
         if records:
             self._dirty_work = self._dirty_time = self._dirty_memory = True
 
@@ -133,6 +147,9 @@ class WorkChart(QWidget):
         if not self._dirty_work:
             return
         self._dirty_work = False
+        if self._speculative:  # the K/V curves are hidden: only the passes are drawn
+            self.passes.refresh()
+            return
         data = self.curve_data()
         symbols = "o" if len(self._x) <= SYMBOL_LIMIT else None
         for curve, key in ((self.without_curve, "without_cache"), (self.with_curve, "with_cache")):
@@ -180,6 +197,33 @@ class WorkChart(QWidget):
             "cache_mib": (x, np.asarray(self._mib, dtype=np.float64)),
         }
 
+    def passes_data(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """A speculative run's passes as (tokens generated, target passes), from the origin: "plain" (one pass a
+        token) and "speculative" (the rounds' recorded passes)."""
+        return self.passes.data()
+
+    @property
+    def passes_shown(self) -> bool:
+        """Whether the work plot shows target passes against tokens (a speculative run) instead of K/V counts."""
+        return self._speculative
+
+    def _work_curves(self) -> tuple:
+        return self.passes.curves if self._speculative else (self.without_curve, self.with_curve)
+
+    def _show_passes(self, on: bool) -> None:
+        """The work plot's series, axes and title: target passes against tokens (a speculative run), or the K/V
+        computed each step."""
+        if on == self._speculative:
+            return
+        self._speculative = on
+        self.passes.show(on)
+        for curve in (self.without_curve, self.with_curve):
+            curve.setVisible(not on)
+        left, bottom = PASSES_AXES if on else WORK_AXES
+        self.work_plot.setLabel("left", left)
+        self.work_plot.setLabel("bottom", bottom)
+        self._apply_fonts()  # the title
+
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
@@ -207,6 +251,7 @@ class WorkChart(QWidget):
         self.mem_curve.setPen(pg.mkPen(theme.teal, width=2))
         self.mem_curve.setBrush(pg.mkBrush(*themes.rgba(theme.teal, 60)))
         self.mem_note.setColor(theme.muted)
+        self.passes.set_theme(theme)
 
     @property
     def small_plots_shown(self) -> bool:
@@ -248,7 +293,7 @@ class WorkChart(QWidget):
         size = f"{max(8, round(11 * self._font_scale))}pt"
         small = f"{max(7, round(9 * self._font_scale))}pt"
         theme = self._theme
-        self.work_plot.setTitle("Cumulative K/V computations per layer", color=theme.foreground, size=size)
+        self.work_plot.setTitle(PASSES_TITLE if self._speculative else WORK_TITLE, color=theme.foreground, size=size)
         self.ms_plot.setTitle("measured ms per step", color=theme.muted, size=small)
         self.mem_plot.setTitle("KV cache memory (MiB)", color=theme.muted, size=small)
         self._style_legend()

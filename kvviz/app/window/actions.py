@@ -43,6 +43,7 @@ ACTIONS = (
     ActionSpec("break_cache", "&Run", "&Break the cache (teaching switch: plants an indexing bug)", ("Ctrl+B",),
                checkable=True),
     ActionSpec("sliding_window", "&Run", "Sliding &window and attention sinks\u2026", ("W",)),
+    ActionSpec("speculative", "&Run", "Speculative &decoding: draft, verify, roll back\u2026", ("D",)),
     ActionSpec("dtype_float32", "&Run/Prec&ision", "&float32 (4 bytes a number)", checkable=True, group="dtype",
                separator_before=True),
     ActionSpec("dtype_bfloat16", "&Run/Prec&ision", "&bfloat16 (2 bytes, float32's range)", checkable=True,
@@ -76,6 +77,7 @@ ACTIONS = (
     ActionSpec("lesson_paging", "&Help", "Lesson: serving many requests from a pa&ged KV cache"),
     ActionSpec("lesson_quantized", "&Help", "Lesson: a &quantized KV cache"),
     ActionSpec("lesson_layers", "&Help", "Lesson: not every &layer keeps a cache"),
+    ActionSpec("lesson_speculative", "&Help", "Lesson: speculative decoding: &draft, verify, roll back"),
     ActionSpec("lesson_notes", "&Help", "Lesson &notes (the lecturer's; hidden until shown)", ("N",), checkable=True),
     ActionSpec("lesson_next", None, "Next lesson step"),  # keys only in lesson mode: LESSON_KEYS
     ActionSpec("lesson_back", None, "Previous lesson step"),

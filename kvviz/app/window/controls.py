@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 from PySide6.QtCore import QObject, QSignalBlocker, QSize, Qt, Signal
 from PySide6.QtWidgets import (
@@ -20,6 +21,7 @@ from PySide6.QtWidgets import (
 
 from kvviz.app.settings import AppSettings
 from kvviz.app.views.flow_layout import FlowLayout
+from kvviz.app.window.speculative_dialog import SpeculativeChoice
 from kvviz.core.records import MAX_PROMPT_CHARACTERS, RunRequest
 
 SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 0.0)  # tokens per second for autoplay; 0 = as fast as possible
@@ -98,6 +100,7 @@ class RunControls(QWidget):
         self.window, self.sinks = 0, 0  # Run > Sliding window (never remembered): 0, every position
         self.kv_dtype = ""  # Run > KV cache precision (never remembered): "" exact, or int8, int4, fp8
         self.attention = False  # View > Attention is open: records carry attention weights
+        self.speculative = SpeculativeChoice()  # Run > Speculative decoding (remembered)
         self.cache_check = QCheckBox("KV cache")
         self.cache_check.setChecked(True)
         self.cache_check.setToolTip("Use the KV cache (C); turning it off recomputes every K/V at every step")
@@ -183,12 +186,14 @@ class RunControls(QWidget):
             window=self.window,
             sinks=self.sinks,
             kv_dtype=self.kv_dtype,
+            **self.speculative.request_fields(),
         )
 
     def show_request(self, request: RunRequest) -> None:
         """Show the settings of `request` (the run going on, after another was refused) without starting a run."""
         self.window, self.sinks, self.kv_dtype = request.window, request.sinks, request.kv_dtype
         self.compare, self.break_cache, self.attention = request.compare, request.break_cache, request.attention
+        self.speculative = self.speculative.of_request(request)
         with contextlib.ExitStack() as blocked:
             for widget in self._run_widgets():
                 blocked.enter_context(QSignalBlocker(widget))
@@ -211,6 +216,12 @@ class RunControls(QWidget):
         """Run > KV cache precision: store the cache quantized ("": exact); the run restarts up to the same token."""
         if kv_dtype != self.kv_dtype:
             self.kv_dtype = kv_dtype
+            self.request_changed.emit()
+
+    def set_speculative(self, choice: SpeculativeChoice) -> None:
+        """Run > Speculative decoding: its drafter and k, or plain decoding; the run restarts up to the same token."""
+        if choice != self.speculative:
+            self.speculative = choice
             self.request_changed.emit()
 
     def set_attention(self, on: bool) -> None:
@@ -260,6 +271,8 @@ class RunControls(QWidget):
         self.speed_slider.setValue(settings.speed_index)
         self._on_speed_changed(self.speed_slider.value())
         self.compare = settings.compare
+        self.speculative = replace(self.speculative, on=settings.speculative, k=settings.draft_tokens,
+                                   lookup=settings.prompt_lookup, by_model=settings.draft_by_model)
 
     def store(self, settings: AppSettings) -> None:
         settings.prompt = self.prompt_edit.text()
@@ -270,6 +283,9 @@ class RunControls(QWidget):
         settings.seed = int(self.seed_spin.value())
         settings.speed_index = int(self.speed_slider.value())
         settings.compare = self.compare
+        s = self.speculative
+        settings.speculative, settings.draft_tokens, settings.prompt_lookup, settings.draft_by_model = (
+            s.on, s.k, s.lookup, s.by_model)
 
     # ----- state -----
     def set_state(self, can_step: bool, playing: bool, can_reset: bool) -> None:

@@ -27,6 +27,7 @@ from kvviz.app.window.model_picker import ModelPicker, source_label
 from kvviz.app.window.presentation import Presentation, fit_to_screen
 from kvviz.app.window.run_mode import Mode, RunMode
 from kvviz.app.window.serving_mode import ServingMode
+from kvviz.app.window.speculative_dialog import SpeculativeDialog
 from kvviz.app.window.speed_panel import SpeedPanel
 from kvviz.app.window.window_state import restore_window, save_window
 from kvviz.app.window.workspace import Workspace
@@ -350,9 +351,10 @@ def action_slots(w: MainWindow) -> dict[str, Callable]:
         "lesson_paging": lambda: w.lesson.switch("kv-paging"),
         "lesson_quantized": lambda: w.lesson.switch("kv-quantized"),
         "lesson_layers": lambda: w.lesson.switch("kv-layers"),
+        "lesson_speculative": lambda: w.lesson.switch("kv-speculative"),
         "lesson_next": lambda: w.lesson.next(), "lesson_back": lambda: w.lesson.back(),
         "colour_blind": w.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
-        "sliding_window": w.choose_window,
+        "sliding_window": w.choose_window, "speculative": lambda: choose_speculative(w),
         **{f"kv_{name or 'exact'}": (lambda on, name=name: on and w.set_kv_dtype(name))
            for name in ("", "int8", "int4", "fp8")},
         "memory": lambda on: (w.workspace.show_memory(on), w.redraw()),
@@ -367,3 +369,11 @@ def action_slots(w: MainWindow) -> dict[str, Callable]:
         "shortcuts": lambda: ShortcutsDialog(w.actions.values(), w).exec(),
         "about": lambda: AboutDialog(w.session.model_info, w).exec(),
     }
+
+
+def choose_speculative(w: MainWindow) -> None:
+    """Run > Speculative decoding (D): ask for the drafter and k, and restart the run with them up to the same
+    token (a refused combination is said in the banner, and the run goes on as it was)."""
+    dialog = SpeculativeDialog(w.controls.speculative, w)
+    if dialog.exec():
+        w.controls.set_speculative(dialog.chosen())

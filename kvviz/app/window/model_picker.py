@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QWidget
 
 from kvviz.app.run.session import EMBEDDED
-from kvviz.core.resources import EMBEDDED_MODELS
+from kvviz.core.resources import EMBEDDED_MODELS, embedded_model_dir
 
 HUB_CHOICES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "smollm2-135m", "smollm2-360m", "qwen2.5-0.5b")
 HUB_SIZES = {"gpt2": "0.5 GB", "gpt2-medium": "1.5 GB", "gpt2-large": "3.2 GB", "gpt2-xl": "6.4 GB",
@@ -16,6 +16,8 @@ HUB_SIZES = {"gpt2": "0.5 GB", "gpt2-medium": "1.5 GB", "gpt2-large": "3.2 GB", 
 RANDOM_CHOICES = ("random:kvviz-shakespeare", "random:gpt2", "random:gpt2-medium", "random:gpt2-large",
                   "random:gpt2-xl", "random:kvviz-shakespeare-gqa", "random:smollm2-135m", "random:smollm2-360m",
                   "random:qwen2.5-0.5b")
+EMBEDDED_NOTES = {"kvviz-shakespeare-gqa": "grouped-query attention",
+                  "kvviz-shakespeare-draft": "2 layers: the draft of speculative decoding"}
 OPEN_FILE, OPEN_FOLDER = "\0open-file", "\0open-folder"
 
 
@@ -41,7 +43,8 @@ class ModelPicker(QComboBox):
         self._paths: set[str] = set()  # sources with an entry added for them (checkpoints)
         self.addItem(f"{source_label(EMBEDDED)} (embedded)", EMBEDDED)
         for name in EMBEDDED_MODELS[1:]:
-            self.addItem(f"{name} (embedded, grouped-query attention)", name)
+            if (embedded_model_dir(name) / "model.safetensors").is_file():  # (the draft until it ships)
+                self.addItem(f"{name} (embedded, {EMBEDDED_NOTES.get(name, 'a smaller model')})", name)
         self.insertSeparator(self.count())
         for name in HUB_CHOICES:
             self.addItem(f"{name} (hub, {HUB_SIZES[name]})", name)

@@ -12,6 +12,9 @@ STALE = 4  # read in this pass but never written by it: its K/V went one slot la
 EVICTED = 5  # dropped from the cache by its window: no later pass reads it
 SHARED = 6  # a layer that keeps no K/V of its own: it reads an earlier layer's (cross-layer KV sharing)
 STATE = 7  # a linear-attention layer's fixed-size state, which every position's K/V is folded into
+# speculative decoding, at the record of a round: the drafts fed after the pending token (itself COMPUTED)
+DRAFTED = 8  # a draft the target accepted: its K/V computed in this pass and kept (reused, teal, from the next)
+ROLLED_BACK = 9  # a draft the target rejected: its K/V computed in this pass, then cropped (struck through, one step)
 
 STATE_NAMES = {
     EMPTY: "not generated yet",
@@ -22,6 +25,8 @@ STATE_NAMES = {
     EVICTED: "K/V evicted: outside the window",
     SHARED: "no K/V of its own: reads an earlier layer's",
     STATE: "fixed-size state: each K/V folded in, none kept",
+    DRAFTED: "draft accepted: K/V computed this step, kept",
+    ROLLED_BACK: "draft rejected: K/V rolled back (struck through for one step)",
 }
 # A latent cache (MLA) keeps a latent and a RoPE key a position, not K and V: every pass rebuilds each head's K and
 # V from the latent, so what a pass computes or reuses is the latent.
@@ -30,6 +35,8 @@ LATENT_STATE_NAMES = {
     PENDING: "token without its latent yet",
     COMPUTED: "latent computed this step",
     REUSED: "latent reused from the cache (each head's K/V rebuilt from it)",
+    DRAFTED: "draft accepted: latent computed this step, kept",
+    ROLLED_BACK: "draft rejected: latent rolled back (struck through for one step)",
 }
 
 

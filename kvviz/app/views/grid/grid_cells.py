@@ -14,6 +14,7 @@ from kvviz.app.theme import Theme
 from kvviz.app.views.flow_layout import FlowLayout
 from kvviz.app.views.grid.cell_states import (
     COMPUTED,
+    DRAFTED,
     EMPTY,
     EVICTED,
     HEAD_ROW,
@@ -21,6 +22,7 @@ from kvviz.app.views.grid.cell_states import (
     LAYER_ROW,
     PENDING,
     REUSED,
+    ROLLED_BACK,
     ROW_KINDS,
     SHARED,
     STALE,
@@ -38,7 +40,8 @@ MAX_IMAGE_PIXELS = 1800  # the grid's image size limit per axis, so a redraw sta
 def state_colours(theme: Theme) -> dict[int, str]:
     """Each cell state's colour in `theme`."""
     return {EMPTY: theme.empty, PENDING: theme.pending, COMPUTED: theme.amber, REUSED: theme.teal, STALE: theme.alert,
-            EVICTED: theme.evicted, SHARED: theme.shared, STATE: theme.state}
+            EVICTED: theme.evicted, SHARED: theme.shared, STATE: theme.state, DRAFTED: theme.drafted,
+            ROLLED_BACK: theme.rolled_back}
 
 
 def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int = LAYER_ROW) -> np.ndarray:
@@ -66,6 +69,10 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int 
             tile[xx % 3 == 1] = dark
         elif state == STATE:  # a horizontal line through the block
             tile[size // 3, :] = dark
+        elif state == DRAFTED:  # a hollow square: a draft
+            inner = size - max(1, round(size * theme.cell_gap)) - 2  # the ring's far side, inside the gap
+            ring = (np.minimum(xx, yy) >= 1) & (np.maximum(xx, yy) <= inner)
+            tile[ring & ((xx == 1) | (yy == 1) | (xx == inner) | (yy == inner))] = dark
     if size >= 4:
         gap = max(1, round(size * theme.cell_gap))
         if row == LAYER_ROW:
@@ -76,6 +83,11 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int 
             tile[-1, :] = (colour.astype(np.uint16) + dark) // 2
         if state != STATE:  # a state is one block, not positions: no line between its cells
             tile[:, -gap:] = dark
+    if state == ROLLED_BACK and size >= 3:  # struck through in every look, in the text's colour, through the gap
+        body = size - (max(1, round(size * theme.cell_gap)) if size >= 4 else 0)  # side by side, the positions
+        thick = max(1, size // 7)  # rolled back read as one struck line
+        middle = (body - thick) // 2
+        tile[middle:middle + thick, :] = np.array(themes.rgba(theme.foreground), dtype=np.uint8)
     return tile
 
 
@@ -92,15 +104,16 @@ class GridLegend(FlowLayout):
     """Each cell state's swatch and name, in a row that wraps on a narrow screen (a swatch stays with its
     words). `shown=False` hides every entry: a hidden legend takes no room. The stale slot's entry shows only
     for a run on a cache broken on purpose (`show_stale`), the evicted one for a run with a window
-    (`show_evicted`), the shared layer's and the state's for a model with such layers (`show_layer_kinds`)."""
+    (`show_evicted`), the shared layer's and the state's for a model with such layers (`show_layer_kinds`), the
+    accepted and the rejected drafts' for a speculative run (`show_drafted`)."""
 
     def __init__(self, shown: bool = True) -> None:
         super().__init__(spacing=14)
         self._shown = shown
         self._entries: list[tuple[QLabel, QLabel, int]] = []
         self._optional: dict[int, QWidget] = {}  # the entries shown for some runs only
-        optional = (STALE, EVICTED, SHARED, STATE)
-        for state in (COMPUTED, STALE, REUSED, EVICTED, SHARED, STATE, PENDING, EMPTY):
+        optional = (STALE, EVICTED, SHARED, STATE, DRAFTED, ROLLED_BACK)
+        for state in (COMPUTED, DRAFTED, ROLLED_BACK, STALE, REUSED, EVICTED, SHARED, STATE, PENDING, EMPTY):
             swatch, text = QLabel(), QLabel(STATE_NAMES[state])
             text.setObjectName("muted")
             entry = QWidget()
@@ -127,6 +140,16 @@ class GridLegend(FlowLayout):
         """Show the entries of the layer kinds a run's model has: a shared layer's, a linear-attention state's."""
         self._show_optional(SHARED, "shared" in kinds)
         self._show_optional(STATE, "state" in kinds)
+
+    def show_drafted(self, on: bool) -> None:
+        """Show the entries of the drafts a target accepted and rejected (a speculative run), or hide them."""
+        self._show_optional(DRAFTED, on)
+        self._show_optional(ROLLED_BACK, on)
+
+    def is_shown(self, state: int) -> bool:
+        """Whether the entry of `state` is in the legend now (an optional one only for the runs it fits)."""
+        entry = self._optional.get(state)
+        return self._shown and (entry is None or not entry.isHidden())
 
     def _show_optional(self, state: int, on: bool) -> None:
         entry = self._optional[state]

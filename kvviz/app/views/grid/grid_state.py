@@ -8,10 +8,12 @@ import numpy as np
 
 from kvviz.app.views.grid.cell_states import (
     COMPUTED,
+    DRAFTED,
     EMPTY,
     EVICTED,
     PENDING,
     REUSED,
+    ROLLED_BACK,
     SHARED,
     STALE,
     STATE,
@@ -32,6 +34,12 @@ class GridState:
     each pass wrote (`written_positions`): on a cache broken on purpose they are one later than the positions
     it fed, so the amber cell is the slot written, one column right of its token, and the fed token's own
     slot, read but not written, is STALE. `holds` is the position whose K/V each slot holds (-1: none yet).
+
+    Speculative decoding (a record with `speculation`): a round's pass computes the pending token (COMPUTED) and the
+    drafts after it; at its record the drafts the target accepted are DRAFTED (reused, teal, from the next record
+    on, as every cached position) and the ones it rejected ROLLED_BACK, struck through for that one record:
+    the next one clears them (EMPTY, or PENDING where the text's next token now stands). `drafts` holds the draft
+    labels of the latest round, by position.
     """
 
     def __init__(self, plan: RunPlan | None = None) -> None:
@@ -54,6 +62,8 @@ class GridState:
         self.shared_rows = np.array([kind == "shared" for kind in kinds], dtype=bool)
         self.state_rows = np.array([kind == "state" for kind in kinds], dtype=bool)
         self.window_rows = np.array([kind == "window" for kind in kinds], dtype=bool)
+        self.rolled_back = slice(0, 0)  # speculative decoding: the positions struck through now (the last round's)
+        self.drafts: dict[int, str] = {}  # the latest round's drafts: position -> label
 
     @property
     def n_layer(self) -> int:
@@ -66,6 +76,7 @@ class GridState:
     def apply(self, record: StepRecord) -> None:
         """One forward pass: the positions it computed and reused, and the token it added."""
         width = self.width
+        self._clear_rolled_back()
         fed = record.computed_positions(width)
         written = record.written_positions(width) if record.kv_written is not None else fed
         computed = np.s_[:, written]  # every layer, the slots this pass wrote
@@ -94,13 +105,43 @@ class GridState:
         self.times_computed[computed] += 1
         self.times_reused[computed] = 0
         self.times_reused[reused] += 1
+        if record.speculation is not None:
+            self._mark_drafts(record)
         if record.token_id is not None:
-            self.labels.append(record.token_text)
+            # a speculative round adds its accepted drafts and the target's own token, a plain pass its token
+            self.labels.extend(record.speculation.token_labels if record.speculation is not None
+                               else (record.token_text,))
             new_position = record.sequence_length - 1
             if new_position < width and states[0, new_position] == EMPTY:  # (a late write may have filled it)
                 states[:, new_position] = PENDING
         states[self.shared_rows] = SHARED  # computes queries only: no cell of its own
         self.last = record
+
+    def _mark_drafts(self, record: StepRecord) -> None:
+        """A speculative round's drafts, after its pending token: those the target accepted DRAFTED, the ones it
+        rejected, whose K/V the pass wrote and the crop took back, ROLLED_BACK (as the record's `rolled_back` says)."""
+        spec, width = record.speculation, self.width
+        first = min(spec.start + 1, width)
+        kept, stop = (min(position, width) for position in spec.rolled_back)
+        self.states[:, first:kept] = DRAFTED
+        self.states[:, kept:stop] = ROLLED_BACK
+        self.rolled_back = slice(kept, stop)
+        self.drafts = {spec.start + 1 + i: label for i, label in enumerate(spec.drafted_labels)}
+
+    def _clear_rolled_back(self) -> None:
+        """The last round's rolled-back positions, struck through for one record, are gone from the cache: empty
+        again, but the text's next token (its K/V not computed yet) where it stands among them."""
+        gone = self.rolled_back
+        if gone.start >= gone.stop:
+            return
+        self.states[:, gone] = EMPTY
+        self.computed_at[:, gone] = -1
+        self.holds[:, gone] = -1
+        self.fed[:, gone] = False
+        self.times_reused[:, gone] = 0
+        text = self.last.sequence_length if self.last is not None else 0
+        self.states[:, gone.start:max(gone.start, min(gone.stop, text))] = PENDING
+        self.rolled_back = slice(0, 0)
 
     def label(self, position: int) -> str:
         """The token at `position` as a chip shows it, or "" past the tokens so far."""
@@ -136,6 +177,10 @@ class GridState:
             return "\n".join(lines)
         kept = "latent" if plan.cache_parts else "K/V"  # latent attention computes and keeps a latent
         state = int(self.states[layer, position])
+        if state in (DRAFTED, ROLLED_BACK):
+            lines.append(self._draft_info(layer, position, state, kept))
+            if state == ROLLED_BACK:  # no longer in the cache: nothing more to say of it
+                return "\n".join([*lines, state_names(bool(plan.cache_parts))[state]])
         at = int(self.computed_at[layer, position])
         holds, broken = int(self.holds[layer, position]), bool(plan.cache_fault)
         evicted_at = int(self.evicted_at[layer, position])
@@ -163,7 +208,7 @@ class GridState:
             lines.append("an attention sink: kept in the cache for good")
         kv = "K and V" if head is None else f"K and V of head {head}"
         heads = plan.cache_heads
-        if plan.use_cache and state in (COMPUTED, REUSED, STALE) and plan.cache_parts:  # a latent, not K and V
+        if plan.use_cache and state in (COMPUTED, REUSED, STALE, DRAFTED) and plan.cache_parts:  # a latent, not K and V
             b = plan.dtype_bytes
             sizes = [numbers for _, numbers in plan.cache_parts]
             if head is None:
@@ -175,7 +220,7 @@ class GridState:
                                  f"({key} + {value}) × {b} = {plan.multi_head_numbers * b:,} bytes")
             else:
                 lines.append(f"{plan.cache_parts[head][0]}: {sizes[head]} × {b} bytes = {sizes[head] * b:,} bytes")
-        elif plan.use_cache and state in (COMPUTED, REUSED, STALE) and heads > 0:  # in the cache: their bytes
+        elif plan.use_cache and state in (COMPUTED, REUSED, STALE, DRAFTED) and heads > 0:  # in the cache: their bytes
             b, d = plan.dtype_bytes, plan.head_dim
             if plan.layer_shapes:  # a model whose layers differ: this layer's own heads (Gemma 4's global layers)
                 heads, d = plan.layer_shapes[layer].kv_heads, plan.layer_shapes[layer].head_dim
@@ -188,3 +233,12 @@ class GridState:
         elif not plan.use_cache and at >= 0:
             lines.append(f"{kv}: recomputed each pass, not kept (no cache)")
         return "\n".join(lines)
+
+    def _draft_info(self, layer: int, position: int, state: int, kept: str) -> str:
+        """What a drafted cell's tooltip adds: the draft, and whether the target kept its `kept` (K/V or latent)."""
+        draft = chip_text(self.drafts.get(position, "?"))
+        step = int(self.computed_at[layer, position])
+        if state == DRAFTED:
+            return f"the draft {draft}, checked at step {step}: the target accepted it; its {kept} stays in the cache"
+        return (f"the draft {draft}, checked at step {step}: the target rejected it; its {kept} was written, then "
+                "rolled back (cropped from the cache): no later step reads it")

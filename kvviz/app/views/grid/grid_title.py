@@ -44,12 +44,31 @@ def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, t
     if record is None:
         # what the grid shows, never a key to press: the caption goes into exported images too
         ready = f"prompt of {plan.prompt_tokens} tokens ready; step 1 computes their keys and values"
-        return caption(ready), caption(_step(theme, plan.passes, CACHE_FILL, plan.width, plan.n_layer, plan.width))
+        widest = CACHE_FILL
+        if plan.drafter is not None:  # a round's caption: its tokens and drafts, the most a round can have
+            k, last = plan.drafter.k, plan.budget
+            widest = round_text(plan.passes - 1, last - k, last, k, k)
+        return caption(ready), caption(_step(theme, plan.passes, widest, plan.width, plan.n_layer, plan.width))
     what = CACHE_FILL if record.token_id is None else f"token {record.new_tokens}"
+    spec = record.speculation
+    if spec is not None:
+        what = round_text(spec.round, record.new_tokens - len(spec.token_ids) + 1, record.new_tokens,
+                          len(spec.drafted), spec.accepted)
     computed = record.fed_stop - record.fed_start
     # measured, the layer that read the most: a window reads fewer, a linear-attention layer none (its state)
     reused = max(record.kv_reused) if record.kv_reused else record.fed_start
     return caption(_step(theme, record.step + 1, what, computed, record.n_layer, reused)), ""
+
+
+def round_text(number: int, first: int, last: int, drafted: int, accepted: int) -> str:
+    """What a round of speculative decoding added: "round 1, tokens 2\u20134: 2 of 4 drafts accepted, 2 rolled
+    back"; "round 0, token 1" for the prompt's pass, which drafts nothing."""
+    tokens = f"token {last}" if first == last else f"tokens {first}\u2013{last}"
+    if not drafted:
+        return f"round {number}, {tokens}" + (": nothing drafted" if number else "")
+    rejected = drafted - accepted
+    return (f"round {number}, {tokens}: {accepted} of {drafted} draft{'s' if drafted != 1 else ''} accepted"
+            + (f", {rejected} rolled back" if rejected else ""))
 
 
 def exact_note(plan: RunPlan) -> str:

@@ -156,6 +156,7 @@ class KVGridView(QWidget):
         self.legend_row.show_evicted(plan.policy.evicts or (plan.twin is not None and plan.twin.policy.evicts)
                                      or "window" in kinds)
         self.legend_row.show_layer_kinds(kinds)
+        self.legend_row.show_drafted(plan.drafter is not None)  # speculative decoding: accepted and rejected drafts
         self.legend_row.show_latent(bool(shown.cache_parts))  # latent attention computes and reuses latents
         self._set_rows()
         self._plot.axes.reserve_width(self._plan)
@@ -230,7 +231,7 @@ class KVGridView(QWidget):
         self.refresh()
 
     def cell_states(self) -> np.ndarray:
-        """(n_layer, width) cell states: EMPTY, PENDING, COMPUTED or REUSED (a copy)."""
+        """(n_layer, width) cell states, grid.cell_states' values: EMPTY, PENDING, COMPUTED, REUSED... (a copy)."""
         return self._cells.states.copy()
 
     def display_states(self) -> np.ndarray:
