@@ -151,6 +151,8 @@ class CellTooltips(QObject):
         self.cell = None
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if "_plot_widget" not in self.__dict__:  # torn down: the GC cleared this object before Qt deleted its filter
+            return False
         if event.type() == QEvent.Type.Leave and watched is self._plot_widget:
             self.cell = None
             QToolTip.hideText()

@@ -77,6 +77,8 @@ class GridPlot(QObject):
         self._outline.setVisible(True)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if "plot_widget" not in self.__dict__:  # torn down: the GC cleared this object before Qt deleted its filter
+            return False
         if (watched is self.plot_widget.viewport() and isinstance(event, QMouseEvent)
                 and event.type() in (QEvent.Type.MouseButtonPress, QEvent.Type.MouseButtonDblClick)
                 and event.button() == Qt.MouseButton.LeftButton):
