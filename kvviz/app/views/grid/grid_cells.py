@@ -112,21 +112,31 @@ class GridLegend(FlowLayout):
         self._shown = shown
         self._entries: list[tuple[QLabel, QLabel, int]] = []
         self._optional: dict[int, QWidget] = {}  # the entries shown for some runs only
-        optional = (STALE, EVICTED, SHARED, STATE, DRAFTED, ROLLED_BACK)
-        for state in (COMPUTED, DRAFTED, ROLLED_BACK, STALE, REUSED, EVICTED, SHARED, STATE, PENDING, EMPTY):
-            swatch, text = QLabel(), QLabel(STATE_NAMES[state])
-            text.setObjectName("muted")
-            entry = QWidget()
-            entry_row = QHBoxLayout(entry)
-            entry_row.setContentsMargins(0, 0, 0, 0)
-            entry_row.addWidget(swatch)
-            entry_row.addWidget(text)
-            if not shown or state in optional:  # (a parentless widget told to show opens as a window)
-                entry.hide()
-            if state in optional:
-                self._optional[state] = entry
-            self.addWidget(entry)
-            self._entries.append((swatch, text, state))
+        self._look: tuple[bool, Theme] | None = None  # the swatches' look, for entries made later
+        self._font: QFont | None = None
+        for state in (COMPUTED, STALE, REUSED, EVICTED, SHARED, STATE, PENDING, EMPTY):
+            self._add_entry(state, optional=state in (STALE, EVICTED, SHARED, STATE))
+
+    def _add_entry(self, state: int, optional: bool) -> QWidget:
+        """The entry of `state`, a swatch and its name, at the end of the row; an optional one hidden."""
+        swatch, text = QLabel(), QLabel(STATE_NAMES[state])
+        text.setObjectName("muted")
+        entry = QWidget()
+        entry_row = QHBoxLayout(entry)
+        entry_row.setContentsMargins(0, 0, 0, 0)
+        entry_row.addWidget(swatch)
+        entry_row.addWidget(text)
+        if not self._shown or optional:  # (a parentless widget told to show opens as a window)
+            entry.hide()
+        if optional:
+            self._optional[state] = entry
+        self.addWidget(entry)
+        self._entries.append((swatch, text, state))
+        if self._look is not None:
+            swatch.setPixmap(state_swatch(state, *self._look))
+        if self._font is not None:
+            text.setFont(self._font)
+        return entry
 
     def show_stale(self, on: bool) -> None:
         """Show the stale slot's entry (a run on a cache broken on purpose), or hide it."""
@@ -142,12 +152,23 @@ class GridLegend(FlowLayout):
         self._show_optional(STATE, "state" in kinds)
 
     def show_drafted(self, on: bool) -> None:
-        """Show the entries of the drafts a target accepted and rejected (a speculative run), or hide them."""
-        self._show_optional(DRAFTED, on)
-        self._show_optional(ROLLED_BACK, on)
+        """Show the entries of the drafts a target accepted and rejected (a speculative run), or hide them. They are
+        made for the first speculative run, after the computed cells' entry: a grid that never shows a speculative
+        run holds no widgets for them (two more hidden entries in every legend made a window's teardown under the
+        tests crash in Qt about one run in two; made on demand, none did)."""
+        if on and DRAFTED not in self._optional:
+            for index, state in ((1, DRAFTED), (2, ROLLED_BACK)):
+                self._add_entry(state, optional=True)
+                self._items.insert(index, self._items.pop())  # beside the computed cells' entry
+            self.invalidate()
+        if DRAFTED in self._optional:
+            self._show_optional(DRAFTED, on)
+            self._show_optional(ROLLED_BACK, on)
 
     def is_shown(self, state: int) -> bool:
         """Whether the entry of `state` is in the legend now (an optional one only for the runs it fits)."""
+        if all(entry_state != state for _swatch, _text, entry_state in self._entries):
+            return False  # a speculative run's entries, before the first one
         entry = self._optional.get(state)
         return self._shown and (entry is None or not entry.isHidden())
 
@@ -165,10 +186,12 @@ class GridLegend(FlowLayout):
 
     def show_look(self, colour_blind: bool, theme: Theme) -> None:
         """Draw the swatches as the grid draws its cells."""
+        self._look = (colour_blind, theme)
         for swatch, _text, state in self._entries:
             swatch.setPixmap(state_swatch(state, colour_blind, theme))
 
     def set_text_font(self, font: QFont) -> None:
+        self._font = font
         for _swatch, text, _state in self._entries:
             text.setFont(font)
 
