@@ -265,3 +265,71 @@ def test_a_cropped_full_block_is_not_shared_for_the_tokens_it_no_longer_holds():
     cache.crop(0, 6)
     _write(cache, 0, [70, 80])  # positions 6, 7 rewritten: the second block holds 5, 6, 70, 80 now
     assert cache.admit(2, [1, 2, 3, 4, 5, 6, 7, 8, 9]) == 6  # the first block whole, and 5, 6 of the second
+
+
+def test_after_rejected_rounds_the_cache_is_bit_for_bit_a_run_that_never_drafted(monkeypatch):
+    """Speculative decoding with prompt lookup (k = 4) against plain decoding, one token a pass, of the same tiny
+    Llama: after every round that rolled drafts back, the target's cache holds, bit for bit, what the plain run's
+    holds at the same length. Both run with each row's products computed alone (a linear layer a row at a time,
+    attention a query at a time over the keys it sees): on this CPU a float32 product gives a row other bits when
+    it multiplies fewer than 4 rows than 4 or more, so without this the two differ in the last bits whatever the
+    rollback does; with it, any difference is the rollback's."""
+    import torch.nn.functional as F
+
+    from kvviz.core.records import RunRequest
+    from kvviz.engine import engine as engine_module
+    from kvviz.engine import speculative
+    from kvviz.engine.engine import Engine
+    from kvviz.models import llama
+
+    linear = F.linear
+
+    def row_by_row(x, weight, bias=None):
+        rows = x.reshape(-1, x.shape[-1])
+        return torch.cat([linear(rows[i:i + 1], weight, bias) for i in range(rows.shape[0])]).view(
+            *x.shape[:-1], weight.shape[0])
+
+    def query_by_query(q, k, v, held, positions, probe=None, q_for_sinks=None, scale=None, sink_logits=None):
+        return torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], k[:, :, :p + 1], v[:, :, :p + 1],
+                                                         scale=scale)
+                          for i, p in enumerate(positions.tolist())], dim=2)
+
+    monkeypatch.setattr(F, "linear", row_by_row)
+    monkeypatch.setattr(llama, "attend", query_by_query)
+    caches = {}
+
+    def capturing(module, name):
+        build = module.build_cache
+
+        def capture(*args, **kwargs):
+            cache = build(*args, **kwargs)
+            caches.setdefault(name, cache)
+            return cache
+        monkeypatch.setattr(module, "build_cache", capture)
+
+    capturing(speculative, "speculative")
+    capturing(engine_module, "plain")
+    model = Llama(LLAMA)
+    model.init_weights(torch.Generator().manual_seed(4))
+    with torch.no_grad():  # weights spread out: tokens that vary, drafts rejected now and then
+        for p in model.parameters():
+            p.mul_(6.0 if p.dim() > 1 else 1.0)
+    prompt = [5, 17, 3, 42, 8, 5, 17, 3, 42, 8, 5, 17]  # a text that quotes itself: lookup drafts
+    engine = Engine(model)
+    engine.fast = None  # the teaching forward: its products are the ones patched
+    fast = engine.plan(RunRequest(0, "", True, 24, draft_tokens=4, prompt_lookup=2), prompt)
+    held_after_rollback = {}
+    for record in engine.run(fast):
+        kept, written = record.speculation.rolled_back
+        if kept < written:
+            layers = caches["speculative"].layers
+            held_after_rollback[kept] = [layer.kv[..., :kept, :].clone() for layer in layers]
+    assert len(held_after_rollback) >= 2, "the run rolled back too rarely to test"
+    compared = 0
+    for _record in engine.run(engine.plan(RunRequest(0, "", True, 24), prompt)):
+        length = caches["plain"].length
+        if length in held_after_rollback:
+            for mine, plain in zip(held_after_rollback[length], caches["plain"].layers, strict=True):
+                assert torch.equal(mine, plain.kv[..., :length, :]), length
+            compared += 1
+    assert compared == len(held_after_rollback)
