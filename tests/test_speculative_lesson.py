@@ -155,7 +155,7 @@ max_new_tokens = 4
         ("draft_tokens = 4", "draft_tokens: give one drafter, prompt_lookup or draft_model"),
         ("draft_tokens = 4\nprompt_lookup = 2\ndraft_model = \"x\"", "draft_tokens: give one drafter"),
         ("draft_tokens = 65\nprompt_lookup = 2", "draft_tokens: 65 is not from 1 to 64"),
-        ("draft_tokens = 4\nprompt_lookup = 17", "prompt_lookup: 17 is not from 1 to 16"),
+        ("draft_tokens = 4\nprompt_lookup = 9", "prompt_lookup: 9 is not from 1 to 8"),  # as the CLI and the app
         ("prompt_lookup = 3", "draft_tokens: 0 is not from 1 to 64"),
         ('question = "acceptance_rate_after_next"', "question: acceptance_rate_after_next asks about drafts"),
     ]

@@ -25,13 +25,12 @@ from kvviz.app.theme import DEFAULT as DEFAULT_THEME
 from kvviz.app.theme import THEMES
 from kvviz.core.files import write_atomically
 from kvviz.core.memory import DTYPE_BYTES
-from kvviz.core.speculation import MAX_DRAFT_TOKENS
+from kvviz.core.speculation import MAX_DRAFT_TOKENS, MAX_PROMPT_LOOKUP
 
 ORGANIZATION = "kvviz"  # the application's names, as Qt knows them
 APPLICATION = "kvviz"
 SETTINGS_FILE = "kvviz.json"
 MAX_SETTINGS_BYTES = 1 << 20  # a settings file larger than this is not kvviz's: it reads as empty
-MAX_PROMPT_LOOKUP = 8  # the longest n-gram Run > Speculative decoding's prompt lookup offers
 
 T = TypeVar("T", bound="TypedSettings")
 

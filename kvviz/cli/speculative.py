@@ -8,10 +8,9 @@ import argparse
 from collections.abc import Callable
 
 from kvviz.cli.arguments import _no_nul, whole_number
-from kvviz.core.speculation import MAX_DRAFT_TOKENS
+from kvviz.core.speculation import MAX_DRAFT_TOKENS, MAX_PROMPT_LOOKUP
 
 DEFAULT_DRAFT_TOKENS = 4  # k when --draft or --prompt-lookup comes without --draft-tokens
-MAX_LOOKUP = 16  # the longest n-gram prompt lookup looks up
 
 
 def add_speculative(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +18,7 @@ def add_speculative(parser: argparse.ArgumentParser) -> None:
                         help="decode speculatively: the draft model M (any --model value with the target's "
                              "tokenizer, e.g. kvviz-shakespeare-draft) proposes tokens, the target checks them all "
                              "in one pass and keeps those it agrees with; the same tokens, fewer target passes")
-    parser.add_argument("--prompt-lookup", type=whole_number(1, MAX_LOOKUP), default=None, metavar="N",
+    parser.add_argument("--prompt-lookup", type=whole_number(1, MAX_PROMPT_LOOKUP), default=None, metavar="N",
                         help="decode speculatively, drafting by prompt lookup: the tokens that followed the last "
                              "N-gram (or a shorter one) where it occurred earlier in the text; no draft model")
     parser.add_argument("--draft-tokens", type=whole_number(1, MAX_DRAFT_TOKENS), default=None, metavar="K",

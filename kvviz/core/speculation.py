@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_DRAFT_TOKENS = 64  # the most tokens a drafter may propose a round
+MAX_PROMPT_LOOKUP = 8  # the longest n-gram prompt lookup looks up (the CLI, the app and lessons alike)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from kvviz.cache.kv_cache import KVCache, build_cache, rollback_refusal
 from kvviz.cache.probe import PassProbe
 from kvviz.core.errors import GenerationError
 from kvviz.core.records import CachePolicy, Candidate, RunPlan, RunRequest, StepRecord
-from kvviz.core.speculation import MAX_DRAFT_TOKENS, Drafter, Speculation
+from kvviz.core.speculation import MAX_DRAFT_TOKENS, MAX_PROMPT_LOOKUP, Drafter, Speculation
 from kvviz.engine.sampling import SamplingSettings, distribution, sampling_generator
 
 
@@ -71,8 +71,8 @@ def check_drafter(engine: Engine, request: RunRequest, policy: CachePolicy) -> D
         return None
     if not 1 <= k <= MAX_DRAFT_TOKENS:
         raise GenerationError(f"draft tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {k}")
-    if lookup < 0:
-        raise GenerationError(f"prompt lookup takes an n-gram of at least 1 token, got {lookup}")
+    if not 0 <= lookup <= MAX_PROMPT_LOOKUP:
+        raise GenerationError(f"prompt lookup takes an n-gram of 1 to {MAX_PROMPT_LOOKUP} tokens, got {lookup}")
     if bool(lookup) == bool(model_name):
         raise GenerationError("speculative decoding takes one drafter: a draft model or prompt lookup")
     if not request.use_cache:

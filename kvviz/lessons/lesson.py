@@ -21,7 +21,7 @@ except ModuleNotFoundError:  # Python 3.10
 from kvviz.core.errors import KvvizError, control_characters, visible
 from kvviz.core.files import read_text_file, user_path
 from kvviz.core.formats import KV_DTYPES
-from kvviz.core.speculation import MAX_DRAFT_TOKENS
+from kvviz.core.speculation import MAX_DRAFT_TOKENS, MAX_PROMPT_LOOKUP
 from kvviz.lessons.answers import LONG_CONTEXT as LONG_CONTEXT
 from kvviz.lessons.answers import SHORT_CONTEXT as SHORT_CONTEXT
 from kvviz.lessons.answers import format_answer as format_answer
@@ -49,7 +49,6 @@ QUESTIONS = {
 ATTENTION_QUESTIONS = ("sink_attention_share",)  # answered from the attention weights: the run records them
 BATCH_QUESTIONS = ("blocks_at_end",)  # asked of a serving step (a batch of `prompts`), answered by its last pass
 SPECULATIVE_QUESTIONS = ("acceptance_rate_after_next",)  # answered from the rounds of a speculative step's run
-MAX_LESSON_LOOKUP = 16  # the longest n-gram a step's prompt lookup may look up (as `kvviz generate --prompt-lookup`)
 FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all", "serving")
 # a serving step's: the whole serving view, its block pool and tables, or its memory chart and speed (a slide
 # shows that part, large enough to read; the app shows the whole view)
@@ -315,8 +314,8 @@ def _parse_drafter(item: dict, source: str, where: str) -> dict:
                           "decoding drafts that many tokens a round)")
     if bool(lookup) == bool(model):
         raise LessonError(f"{source}: {where}draft_tokens: give one drafter, prompt_lookup or draft_model")
-    if lookup and not 1 <= lookup <= MAX_LESSON_LOOKUP:
-        raise LessonError(f"{source}: {where}prompt_lookup: {lookup} is not from 1 to {MAX_LESSON_LOOKUP}")
+    if lookup and not 1 <= lookup <= MAX_PROMPT_LOOKUP:
+        raise LessonError(f"{source}: {where}prompt_lookup: {lookup} is not from 1 to {MAX_PROMPT_LOOKUP}")
     if item["cache"] is not True:
         raise LessonError(f"{source}: {where}cache: speculative decoding checks drafts against the cache, on its "
                           "own: cache = true")

@@ -29,7 +29,7 @@ from kvviz.app.run.worker_failures import (
     log_unexpected,
 )
 from kvviz.core.errors import DownloadCancelled, as_sentence, first_line
-from kvviz.core.records import ModelInfo
+from kvviz.core.records import ModelInfo, RunRequest
 
 if TYPE_CHECKING:
     from kvviz.app.run.streams import Stream
@@ -187,7 +187,7 @@ class GenerationWorker(QObject):
     def _attach_draft(self, request) -> None:
         """Load the draft model a speculative request names beside the target (engine.draft), once: the next run
         with it finds it there. Nothing for prompt lookup, plain decoding or a batch."""
-        source = getattr(request, "draft_model", "")
+        source = request.draft_model if isinstance(request, RunRequest) else ""  # a batch drafts nothing
         if not source or source == self._draft_source:
             return
         import torch

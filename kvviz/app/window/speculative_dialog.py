@@ -16,10 +16,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvviz.app.settings import MAX_PROMPT_LOOKUP
 from kvviz.core.records import RunRequest
 from kvviz.core.resources import embedded_model_dir
-from kvviz.core.speculation import MAX_DRAFT_TOKENS
+from kvviz.core.speculation import MAX_DRAFT_TOKENS, MAX_PROMPT_LOOKUP
 
 DRAFT_MODEL = "kvviz-shakespeare-draft"  # the embedded draft model: kvviz-shakespeare's tokenizer, 2 layers
 
