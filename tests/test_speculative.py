@@ -102,6 +102,8 @@ def test_bad_requests_are_one_line():
         next(speculate(model, PROMPT, 4, 2, draft=other))
     with pytest.raises(GenerationError, match="between 1 and 64, got 100"):
         next(speculate(model, PROMPT, 4, 100, lookup=2))
+    with pytest.raises(GenerationError, match="n-gram of 1 to 8 tokens, got 9"):
+        next(speculate(model, PROMPT, 4, 2, lookup=9))
     with pytest.raises(GenerationError, match="turn the cache on"):
         next(speculate(model, PROMPT, 4, 2, lookup=2, use_cache=False))
 
