@@ -31,6 +31,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, held: Held | None,
     `q_for_sinks`, where given, is the query turned to its position within the cache (StreamingLLM on RoPE): the
     sinks' scores use it. `sink_logits` (nh,), where given, are learned attention sinks (gpt-oss), which are no
     positions: `_with_sink_logits`. The probe records the newest query's weights, each key's at its position."""
+    if held is not None and held.keeper is not None:
+        return _by_importance(q, k, held, positions, probe, scale, v)
     if sink_logits is not None:
         return _with_sink_logits(q, k, v, held, positions, probe, scale, sink_logits)
     T = q.shape[2]
@@ -92,5 +94,26 @@ def _with_sink_logits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, held: H
         by_position = weights.new_zeros(nh, int(positions[-1]) + 1)  # (nh, positions)
         probe.attention.append(by_position.index_copy_(1, keys, weights[0, :, -1, :]))
         probe.sink_shares.append(shares[0, :, -1, -1])  # (nh,): what the positions' weights leave to 1
+    y = weights.reshape(B, nkv, group * T, S).to(v.dtype) @ v  # (B, nkv, group * T, d)
+    return y.view(B, nh, T, d)
+
+
+def _by_importance(q: torch.Tensor, k: torch.Tensor, held: Held, positions: torch.Tensor, probe: PassProbe | None,
+                   scale: float | None, v: torch.Tensor) -> torch.Tensor:
+    """Attention through a layer that keeps by importance (kvviz.cache.importance): scores written out, each KV
+    head's group of query heads stacked against its keys (as `_with_sink_logits`); the layer masks them to what it
+    holds, takes the softmax, and decides what to keep from those weights."""
+    B, nh, T, d = q.shape
+    nkv, S = k.shape[1], k.shape[2]
+    if B != 1:
+        raise ValueError(f"an importance method keeps positions for one sequence, not a batch of {B}")
+    group = nh // nkv
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    scores = (q.reshape(B, nkv, group * T, d) @ k.transpose(-2, -1)).float().view(nh, T, S) * scale
+    weights = held.keeper.attend(scores, held.positions, positions)  # (nh, T, S)
+    if probe is not None and probe.attention is not None:  # the newest query's, each key's at its position
+        keys = held.positions.repeat_interleave(group, 0)  # (nh, S)
+        by_position = weights.new_zeros(nh, int(positions[-1]) + 1)
+        probe.attention.append(by_position.scatter_(1, keys, weights[:, -1, :]))
     y = weights.reshape(B, nkv, group * T, S).to(v.dtype) @ v  # (B, nkv, group * T, d)
     return y.view(B, nh, T, d)

@@ -7,12 +7,14 @@ from collections.abc import Sequence
 
 import torch
 
+from kvviz.cache.importance import ImportanceLayer, Keeper, ReplayLayer, eviction_state
 from kvviz.cache.latent import LatentLayer
 from kvviz.cache.layers import FullLayer, Held, LateWriteLayer, LayerCache, LayerKind, PassLayer
 from kvviz.cache.quantized import QuantizedLayer
 from kvviz.cache.shared import SharedLayer
 from kvviz.cache.state import StateLayer
 from kvviz.cache.window import WindowLayer
+from kvviz.core.eviction import EvictionState
 
 
 class KVCache:
@@ -71,6 +73,14 @@ class KVCache:
         return self._top.positions_held
 
     @property
+    def eviction(self) -> EvictionState | None:
+        """What each layer keeps after the latest pass, with its scores, where the layers keep by importance."""
+        layers = [layer for layer in self.layers if isinstance(layer, (ImportanceLayer, ReplayLayer))]
+        if len(layers) != self.n_layer or not layers:
+            return None
+        return eviction_state(layers[0].keeper.method, layers[0].keeper.heads, self.layers)
+
+    @property
     def layer_positions_held(self) -> tuple[int, ...]:
         """Positions each layer holds, from the bottom layer."""
         return tuple(layer.positions_held for layer in self.layers)
@@ -95,8 +105,8 @@ class KVCache:
         return sum(layer.bytes_allocated for layer in self.layers)
 
 
-ROLLS_BACK = ("full", "window", "quantized", "latent", "shared", "state")  # every kind build_cache makes
-
+ROLLS_BACK = ("full", "window", "quantized", "latent", "shared", "state")  # every kind build_cache makes but one:
+# "importance" forgets positions by the attention they got, and cannot bring them back
 
 def rollback_refusal(kinds: Sequence[LayerKind]) -> str:
     """Why a cache of `kinds` cannot roll back by `crop` to a position inside its latest pass ("": it can). Every
@@ -132,6 +142,9 @@ def build_cache(kinds: Sequence[LayerKind], capacity: int, *, batch_size: int = 
             layers.append(LatentLayer(kind.rank, kind.rope_dim, capacity, batch_size, dtype, device))
         elif kind.kind == "state":  # a linear-attention layer's fixed state; `spare`: positions it can roll back
             layers.append(StateLayer(*kind.state, batch_size=batch_size, dtype=dtype, device=device, spare=spare))
+        elif kind.kind == "importance":  # `budget` positions a head, chosen by the attention they get
+            keeper = Keeper(kind.evict, kind.budget, kind.heads, capacity, kind.observe, kind.pool, device)
+            layers.append(ImportanceLayer(kind.heads, kind.head_dim, keeper, batch_size, dtype, device))
         elif kind.kind == "shared":  # keeps nothing: reads layer `source`'s keys and values of the same pass
             layers.append(SharedLayer(kind.source))
         else:
@@ -139,9 +152,12 @@ def build_cache(kinds: Sequence[LayerKind], capacity: int, *, batch_size: int = 
     return KVCache(layers)
 
 
-def pass_cache(kinds: Sequence[LayerKind]) -> KVCache | None:
-    """What an uncached pass reads through: layers that keep nothing but say their window, so that the pass's
-    queries see what a cached run's would; None where no layer has a window (a plain causal pass)."""
+def pass_cache(kinds: Sequence[LayerKind], prefill: int = 0) -> KVCache | None:
+    """What an uncached pass reads through: layers that keep nothing but say their window, or replay an importance
+    method's choices (its first `prefill` positions fed in one pass, as a cached run's prompt), so that the pass's
+    queries see what a cached run's would; None where no layer evicts (a plain causal pass)."""
+    if any(kind.kind == "importance" for kind in kinds):
+        return KVCache([ReplayLayer(kind, prefill) for kind in kinds])
     if not any(kind.kind == "window" for kind in kinds):
         return None
     return KVCache([SharedLayer(kind.source) if kind.kind == "shared" else PassLayer(kind.window, kind.sinks)

@@ -28,13 +28,15 @@ class Held(NamedTuple):
     positions: torch.Tensor | None = None  # (S,) each key's position; None: 0 .. S-1 in order
     window: int = 0  # a query sees the keys less than `window` positions before it (0: every earlier key) ...
     sinks: int = 0  # ... and the first `sinks` positions ever fed
+    keeper: object = None  # an importance method's layer: it masks and keeps (kvviz.cache.importance), and
+    # `positions` is then (heads, S), each KV head's own
 
 
 @dataclass(frozen=True)
 class LayerKind:
     """What a family asks one layer's cache to be: `kind` is "full", "window", "quantized", "latent", "shared" (it
-    keeps nothing and reads layer `source`'s keys and values) or "state" (a linear-attention layer's fixed-size
-    tensors, of the shapes `state` lists a sequence)."""
+    keeps nothing and reads layer `source`'s keys and values), "state" (a linear-attention layer's fixed-size
+    tensors, of the shapes `state` lists a sequence) or "importance" (`budget` positions a head, kept by `evict`)."""
 
     kind: str
     heads: int = 0  # KV heads a position stores (latent: 0)
@@ -46,6 +48,10 @@ class LayerKind:
     rope_dim: int = 0  # ... and the shared RoPE key's
     source: int = -1  # "shared": the layer whose cache it reads
     state: tuple[tuple[int, ...], ...] = ()  # "state": the shape of each of its tensors, one sequence's
+    evict: str = ""  # "importance": the method (kvviz.core.policy.EVICTION_METHODS) ...
+    budget: int = 0  # ... the positions a head keeps ...
+    observe: int = 0  # ... and SnapKV's observation window and pooling
+    pool: int = 0
 
 
 class LayerCache:
@@ -173,8 +179,12 @@ class PassLayer(LayerCache):
 
 
 def head_layers(n_layer: int, heads: int, head_dim: int, policy: CachePolicy) -> tuple[LayerKind, ...]:
-    """The layers of a cache that keeps keys and values per head, under `policy`: each quantized, or windowed from
-    `policy.first_layer` up (full below), or full."""
+    """The layers of a cache that keeps keys and values per head, under `policy`: each quantized, or keeping its
+    budget by importance, or windowed from `policy.first_layer` up (full below), or full."""
+    if policy.importance:
+        return tuple(LayerKind("importance", heads, head_dim, evict=policy.evict,
+                               budget=policy.layer_budget(layer, n_layer), observe=policy.observe, pool=policy.pool)
+                     for layer in range(n_layer))
     if policy.quantized:
         return (LayerKind("quantized", heads, head_dim, kv_dtype=policy.kv_dtype),) * n_layer
     full = LayerKind("full", heads, head_dim)

@@ -145,23 +145,26 @@ def run_compare(args: argparse.Namespace, load: Callable, say: Callable[[str], N
 
 
 def _compare_window(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
-    """`kvviz compare --window W [--sinks S]` or `--kv-dtype D`: the exact cache against the lossy one (a window,
-    or quantized), in lockstep, each choosing its own tokens."""
+    """`kvviz compare --window W [--sinks S]`, `--kv-dtype D` or `--evict M --budget B`: the exact cache against
+    the lossy one (a window, quantized, or an importance method's), in lockstep, each choosing its own tokens."""
+    from kvviz.cli.eviction import evict_fields, evicted_positions
     from kvviz.core.counting import plural
     from kvviz.core.records import RunRequest
     from kvviz.engine.engine import Engine
     from kvviz.engine.run import start_run
 
     if args.break_cache:
-        raise UsageError("--break-cache goes with an exact cache: leave out --window and --kv-dtype")
+        raise UsageError("--break-cache goes with an exact cache: leave out --window, --evict and --kv-dtype")
     loaded = load(args.model, args.device, args.dtype)
     engine = Engine(loaded.model, loaded.tokenizer, device=args.device)
     request = RunRequest(0, args.prompt, True, args.new_tokens, args.temperature, args.top_k, args.seed,
-                         compare=True, window=args.window, sinks=args.sinks, kv_dtype=args.kv_dtype or "")
+                         compare=True, window=args.window, sinks=args.sinks, kv_dtype=args.kv_dtype or "",
+                         **evict_fields(args))
     run = start_run(engine, request, loaded.name, top_candidates=1)  # the lossy run, the exact one its twin
     lossy, full = run.plan, run.plan.twin
     policy, prompt_ids = lossy.policy, list(lossy.prompt_ids)
-    side, short = ("quantized", policy.kv_dtype) if policy.quantized else ("windowed", "window")
+    side, short = ("quantized", policy.kv_dtype) if policy.quantized else ("windowed", "window") \
+        if policy.window else ("evicting", policy.method_name)
     exact_name = "exact cache" if policy.quantized else "full cache"
     label = engine.tokenizer.token_label
     steps: list[dict] = []
@@ -173,7 +176,7 @@ def _compare_window(args: argparse.Namespace, load: Callable, say: Callable[[str
                  "same": same, "max_abs_logit_diff": step.max_abs_logit_diff,
                  "full_positions_held": exact[-1].positions_held, f"{side}_positions_held": passes[-1].positions_held}
         if policy.evicts:
-            entry["windowed_evicted"] = list(range(*step.kv_evicted))
+            entry[f"{side}_evicted"] = evicted_positions(step)
         steps.append(entry)
         if not same and first is None:
             first = (number, label(exact[0].token_id), label(step.token_id))
@@ -197,11 +200,13 @@ def _compare_window(args: argparse.Namespace, load: Callable, say: Callable[[str
     if args.json:
         print(cli_json.dumps({"model": loaded.name, "prompt_ids": prompt_ids, "dtype": args.dtype,
                               "window": policy.window, "sinks": policy.sinks, "kv_dtype": policy.kv_dtype or None,
+                              "evict": policy.evict or None, "budget": policy.budget or None,
                               "steps": steps, "summary": summary}))
         return 0
-    what = f"the {policy.kv_dtype} cache" if policy.quantized else "the window"
+    what = f"the {policy.kv_dtype} cache" if policy.quantized else "the window" if policy.window else \
+        f"{policy.method_name} (a budget of {policy.budget})"
     if first is None:
-        unseen = "its rounding" if policy.quantized else "what the window no longer sees"
+        unseen = "its rounding" if policy.quantized else "what the cache no longer holds"
         print(f"the same {plural(len(steps), 'token')} with the {exact_name} and {what}; the logits differ by "
               f"up to {largest:.3g}: {unseen} has not changed a choice yet")
     else:
@@ -216,7 +221,7 @@ def _compare_window(args: argparse.Namespace, load: Callable, say: Callable[[str
 
 
 def _compare(args: argparse.Namespace, load: Callable, say: Callable[[str], None]) -> int:
-    if args.window or args.sinks or args.kv_dtype:
+    if args.window or args.sinks or args.kv_dtype or args.evict:
         return _compare_window(args, load, say)
     from kvviz.core.counting import plural
     from kvviz.core.records import RunRequest, describe_sampling

@@ -20,6 +20,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
 
     from kvviz.cli import speculative
     from kvviz.cli.compare import broken_cache_note
+    from kvviz.cli.eviction import evict_fields, evict_json, evicted_positions
     from kvviz.core.counting import plural
     from kvviz.core.records import RunRequest
     from kvviz.engine.engine import Engine
@@ -35,7 +36,8 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
     use_cache = not args.no_cache
     request = RunRequest(0, args.prompt, use_cache, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                          break_cache=args.break_cache, attention=args.attention, window=args.window,
-                         sinks=args.sinks, kv_dtype=args.kv_dtype or "", **speculative.request_fields(args))
+                         sinks=args.sinks, kv_dtype=args.kv_dtype or "", **speculative.request_fields(args),
+                         **evict_fields(args))
     # The whole request is checked before the prompt is echoed: an error is never glued to it.
     run = start_run(engine, request, loaded.name, top_candidates=1)
     prompt_ids, fault = list(run.plan.prompt_ids), run.plan.cache_fault
@@ -55,7 +57,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
         sys.stdout.flush()
     for record in run.passes():
         last = record
-        evicted.append(list(range(*record.kv_evicted)))
+        evicted.append(evicted_positions(record))
         if record.speculation is not None:
             rounds.append(speculative.round_json(record))
         if record.token_id is not None:
@@ -101,6 +103,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
             "layer_kinds": [run.plan.layer_kind(i) for i in range(last.n_layer)],
             "cache_precision": last.cache_precision or None,
             "evicted_per_pass": evicted if run.plan.policy.evicts and use_cache else None,
+            **(evict_json(run.plan.policy, last) if run.plan.policy.importance else {}),
             "seconds": round(seconds, 4),
             "tokens_per_second": round(len(ids) / seconds, 3) if seconds > 0 else None,
             "temperature": args.temperature,

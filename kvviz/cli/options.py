@@ -8,6 +8,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvviz.cli.eviction import evict_refusal
 from kvviz.cli.parser import UsageError
 
 
@@ -55,6 +56,9 @@ REFUSALS = (
 
 def check_options(args: argparse.Namespace) -> None:
     """UsageError (one line, status 2) for the first refused combination of options on `args.command`."""
+    refusal = evict_refusal(args)
+    if refusal:
+        raise UsageError(refusal)
     for refusal in REFUSALS:
         if ("*" in refusal.commands or args.command in refusal.commands) and refusal.when(args):
             raise UsageError(refusal.message)

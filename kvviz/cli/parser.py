@@ -20,6 +20,9 @@ from kvviz.cli.arguments import (
     whole_number,
     window_size,
 )
+from kvviz.cli.eviction import KV_DTYPE_NAMES, MAX_BLOCK_SIZE, add_evict  # noqa: F401 (re-exported)
+from kvviz.cli.eviction import add_kv_dtype as _add_kv_dtype
+from kvviz.cli.eviction import add_window as _add_window
 from kvviz.cli.speculative import add_speculative
 from kvviz.core.errors import KvvizError
 from kvviz.core.records import BROKEN_CACHE_FAULT, CACHE_FAULTS
@@ -95,27 +98,6 @@ def _add_device(parser: argparse.ArgumentParser) -> None:
                         help="where the model runs (default: cpu); cuda and mps only where torch supports them")
 
 
-def _add_window(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--window", type=whole_number(1, MAX_TOKENS), default=0, metavar="W",
-                        help="keep only the last W positions in the KV cache (a sliding window: older keys and "
-                             "values are evicted, and no pass attends to them); default: the model's own window, "
-                             "if its config.json declares one, else every position")
-    parser.add_argument("--sinks", type=whole_number(1, MAX_TOKENS), default=0, metavar="S",
-                        help="with --window: keep the first S positions too, as attention sinks (StreamingLLM); "
-                             "a RoPE model then generates past its context length")
-
-
-MAX_BLOCK_SIZE = 256  # positions a block of the paged cache holds at most, as a lesson's block_size
-KV_DTYPE_NAMES = ("int8", "int4", "fp8")  # kvviz.core.records.KV_DTYPES (a test checks they agree)
-
-
-def _add_kv_dtype(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kv-dtype", default=None, choices=KV_DTYPE_NAMES,
-                        help="store the KV cache quantized: int8, int4 (two a byte) or fp8 (e4m3), each key and "
-                             "value vector with a float32 scale per token and head; it drifts from an exact "
-                             "cache by the rounding (default: the weights' number type, exact)")
-
-
 def _add_dtype(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="the number type of the weights and the KV cache (default: float32)")
@@ -171,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(same tokens, more work)")
     p.add_argument("--break-cache", action="store_true", help=BREAK_CACHE_HELP + "; needs the cache")
     _add_window(p)
+    add_evict(p)
     _add_kv_dtype(p)
     _add_sampling(p)
     _add_dtype(p)
@@ -196,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the two runs may part by rounding alone")
     p.add_argument("--break-cache", action="store_true", help=BREAK_CACHE_HELP + " (the runs should part)")
     _add_window(p)
+    add_evict(p)
     _add_kv_dtype(p)
     _add_device(p)
     add_speculative(p)

@@ -44,6 +44,7 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, element_size: 
 LAYER_SHAPE_KINDS = {  # what one layer keeps, for the memory figures and the grid's row labels
     "full": "keeps every position",
     "window": "keeps a sliding window",
+    "importance": "keeps a budget of positions, chosen by the attention they get",
     "shared": "keeps nothing: reads an earlier layer's keys and values",
     "state": "keeps a fixed-size state",
 }
@@ -54,7 +55,7 @@ class LayerShape:
     """What one layer of a model whose layers differ keeps: "full" every position's keys and values (`kv_heads` x
     `head_dim` each), "window" the last `window` positions' (and `sinks` first ones), "shared" nothing (it reads
     layer `source`'s), "state" `state_elements` numbers whatever the length (a linear-attention layer's recurrent
-    state and convolution window)."""
+    state and convolution window), "importance" `window` positions chosen by an importance method (its budget)."""
 
     kind: str = "full"
     kv_heads: int = 0
@@ -70,8 +71,8 @@ class LayerShape:
 
     @property
     def grows(self) -> bool:
-        """Its bytes grow with the positions it holds (a full or windowed layer)."""
-        return self.kind in ("full", "window")
+        """Its bytes grow with the positions it holds (a full, windowed or budgeted layer)."""
+        return self.kind in ("full", "window", "importance")
 
     def elements_per_position(self) -> int:
         return 2 * self.kv_heads * self.head_dim if self.grows else 0
@@ -79,7 +80,7 @@ class LayerShape:
     def tokens_held(self, context: int) -> int:
         if self.kind == "full":
             return context
-        if self.kind == "window":
+        if self.kind in ("window", "importance"):
             return min(context, self.window + self.sinks)
         return 0
 

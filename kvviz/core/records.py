@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvviz.core.attention_weights import AttentionWeights
+from kvviz.core.eviction import EvictionState
+from kvviz.core.policy import EXACT, CachePolicy
 from kvviz.core.speculation import Drafter, Speculation
 
 if TYPE_CHECKING:  # a plan carries one; records import no formulas at run time
@@ -40,52 +42,6 @@ class ModelInfo:
     dtype: str = "float32"  # the weights' and the cache's number type
 
 
-@dataclass(frozen=True)
-class CachePolicy:
-    """Which positions a cache keeps: every one (`window` 0), or the first `sinks` ever fed and the last `window`
-    (a sliding window, as Mistral's; with sinks, StreamingLLM's attention sinks). A query attends to exactly the
-    positions the cache holds as it runs: its own and the window's others, and the sinks. `kv_dtype` (a key of
-    KV_DTYPES) stores every key and value quantized, with a scale each ("": in the weights' number type)."""
-
-    window: int = 0
-    sinks: int = 0
-    kv_dtype: str = ""
-    first_layer: int = 0  # layers below it keep every position (Qwen2's max_window_layers); the window is above
-
-    @property
-    def evicts(self) -> bool:
-        return self.window > 0
-
-    @property
-    def quantized(self) -> bool:
-        return bool(self.kv_dtype)
-
-    @property
-    def lossy(self) -> bool:
-        """The cache changes what the model attends to (evicting or rounding): its output may part from an exact
-        cache's, by design."""
-        return self.evicts or self.quantized
-
-    @property
-    def capacity(self) -> int:
-        """The most positions a windowed layer holds at once: sinks + window (0: no bound)."""
-        return self.sinks + self.window if self.evicts else 0
-
-    def windows(self, layer: int) -> bool:
-        """Whether `layer` evicts (every layer does, but those below `first_layer`)."""
-        return self.evicts and layer >= self.first_layer
-
-    def describe(self) -> str:
-        if self.quantized:
-            return f"every position, in {self.kv_dtype}"
-        if not self.evicts:
-            return "every position"
-        sinks = f"the first {self.sinks} and " if self.sinks else ""
-        layers = f" in layers {self.first_layer} and above (every position below)" if self.first_layer else ""
-        return f"{sinks}the last {self.window} positions{layers}"
-
-
-EXACT = CachePolicy()
 
 
 @dataclass(frozen=True)
@@ -108,6 +64,10 @@ class RunRequest:
     draft_tokens: int = 0  # speculative decoding: drafts a round, by prompt lookup or the draft model (0: off)
     prompt_lookup: int = 0  # ... drafted by prompt lookup of up to this many tokens (0: by `draft_model`)
     draft_model: str = ""  # ... drafted by this model (a source kvviz loads)
+    evict: str = ""  # an importance method (kvviz.core.policy.EVICTION_METHODS) keeps `budget` positions a layer
+    budget: int = 0
+    observe: int = 0  # SnapKV and PyramidKV: the observation window (0: the method's default)
+    pool: int = 0  # ... and the pooling width (0: the default)
 
 
 MAX_PROMPT_CHARACTERS = 1_000_000  # the longest prompt kvviz takes, typed, pasted or given with --prompt
@@ -179,6 +139,8 @@ class RunPlan:
         """What `layer` keeps: a key of kvviz.core.memory.LAYER_SHAPE_KINDS ("full" where the layers are alike)."""
         if self.layer_shapes:
             return self.layer_shapes[layer].kind
+        if self.policy.importance:
+            return "importance"
         return "window" if self.policy.windows(layer) else "full"
 
     @property
@@ -213,6 +175,8 @@ class RunPlan:
         lossy = self if self.policy.lossy else self.twin
         if lossy.policy.quantized:
             return "exact cache", f"{lossy.policy.kv_dtype} cache"
+        if lossy.policy.importance:
+            return "full cache", f"{lossy.policy.method_name}, budget {lossy.policy.budget}"
         sinks = f" + {lossy.policy.sinks} sinks" if lossy.policy.sinks else ""
         return "full cache", f"window of {lossy.policy.window}{sinks}"
 
@@ -328,6 +292,7 @@ class StepRecord:
     cache_precision: str = ""  # what the cache's numbers are stored in: "float32", "bfloat16", "int8", ...
     layer_bytes: tuple[int, ...] = ()  # bytes each layer's cache holds after this pass, measured (() no cache)
     speculation: Speculation | None = None  # speculative decoding: this target pass's round
+    eviction: EvictionState | None = None  # an importance method's: what each layer keeps, and its scores
 
     @property
     def twin_token_id(self) -> int | None:

@@ -51,7 +51,7 @@ def plan_lockstep(engine: Engine, request: RunRequest, prompt_ids: Sequence[int]
     """The plan of `request`'s run, with the other run of compare mode as its `twin`: the other mode's (cached
     or not) for an exact cache, the exact cache's for a lossy one (a window, or quantized), which stops where the
     exact one must. Both describe the same request (see Engine.plan for `prompt_ids` and `model_name`)."""
-    if request.window or request.kv_dtype:  # a lossy cache: the exact one against it
+    if request.window or request.kv_dtype or request.evict:  # a lossy cache: the exact one against it
         full = engine.plan(replace(request, use_cache=True), prompt_ids, model_name, policy=EXACT)
         lossy = engine.plan(replace(request, use_cache=True, max_new_tokens=full.budget), prompt_ids, model_name)
         return replace(lossy, twin=full)

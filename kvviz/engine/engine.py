@@ -12,7 +12,6 @@ from kvviz.cache.kv_cache import KVCache, build_cache, pass_cache
 from kvviz.cache.probe import PassProbe
 from kvviz.core.counting import kv_with_cache, kv_without_cache
 from kvviz.core.errors import GenerationError
-from kvviz.core.formats import KV_DTYPES
 from kvviz.core.records import (
     BROKEN_CACHE_FAULT,
     EXACT,
@@ -25,6 +24,7 @@ from kvviz.core.records import (
     describe_sampling,
 )
 from kvviz.core.tokenizer import Tokenizer, get_tokenizer
+from kvviz.engine.policies import run_policy
 from kvviz.engine.sampling import SamplingSettings, choose, sampling_generator
 from kvviz.engine.speculative import check_drafter, speculative_passes
 from kvviz.models.cache_shape import run_cache_shape
@@ -140,7 +140,8 @@ class Engine:
         max_new_tokens, use_cache, run_id, attention = (request.max_new_tokens, request.use_cache, request.run_id,
                                                          request.attention)
         cache_fault = BROKEN_CACHE_FAULT if request.break_cache else ""
-        policy = self.policy(request.window, request.sinks, request.kv_dtype) if policy is None else policy
+        policy = self.policy(request.window, request.sinks, request.kv_dtype, request.evict, request.budget,
+                             request.observe, request.pool) if policy is None else policy
         unfit = [kind.kind for kind in self.model.config.cache_layers(policy) if kind.kind != "full"]
         if cache_fault and unfit:
             raise GenerationError(fault_refusal(self.model.config.name, unfit, policy))
@@ -203,25 +204,10 @@ class Engine:
         """What a cache under `policy` stores its numbers in: a quantized type, or the weights' ("float32")."""
         return policy.kv_dtype or str(self.dtype).removeprefix("torch.")
 
-    def policy(self, window: int = 0, sinks: int = 0, kv_dtype: str = "") -> CachePolicy:
-        """The cache policy of a run: `window` (or the model's own sliding window), `sinks` and `kv_dtype`
-        (GenerationError for values no run can use)."""
-        cfg = self.model.config
-        if kv_dtype and kv_dtype not in KV_DTYPES:
-            raise GenerationError(f"no KV cache in {kv_dtype!r}: kvviz quantizes it to {', '.join(KV_DTYPES)}")
-        refusal = cfg.cache_refusal(CachePolicy(window, sinks, kv_dtype))
-        if refusal:
-            raise GenerationError(refusal)
-        if kv_dtype and window:
-            raise GenerationError("a quantized cache keeps every position: leave out the window (one trade-off at "
-                                  "a time)")
-        own, first_layer = (0, 0) if window or kv_dtype else cfg.own_window  # the model's own window, on its layers
-        window = window or own
-        if window < 0 or sinks < 0:
-            raise GenerationError(f"a window and sinks are counts of positions, got {window} and {sinks}")
-        if sinks and not window:
-            raise GenerationError("attention sinks go with a window: give --window too")
-        return CachePolicy(window, sinks, kv_dtype, first_layer)
+    def policy(self, window: int = 0, sinks: int = 0, kv_dtype: str = "", evict: str = "", budget: int = 0,
+               observe: int = 0, pool: int = 0) -> CachePolicy:
+        """The cache policy of a run (kvviz.engine.policies.run_policy; GenerationError for values no run can use)."""
+        return run_policy(self.model.config, self.n_ctx, window, sinks, kv_dtype, evict, budget, observe, pool)
 
     def generate(
         self,
@@ -273,7 +259,7 @@ class Engine:
         fast = self.fast
         decode_weights = fast.decode_weights(model) if fast is not None else None
         one_token_fast = fast is not None and use_cache and not plan.policy.lossy  # decode_one: an exact cache
-        uncached = None if use_cache else pass_cache(model.config.cache_layers(plan.policy))
+        uncached = None if use_cache else pass_cache(model.config.cache_layers(plan.policy), P)
         computed_total = reused_total = without_total = 0
         step = 0
         while True:
@@ -348,6 +334,7 @@ class Engine:
                 layer_bytes=cache.layer_bytes if cache is not None else (),
                 windowed=use_cache and plan.policy.evicts,
                 lossy=use_cache and plan.policy.lossy,
+                eviction=(cache if use_cache else uncached).eviction if plan.policy.importance else None,
             )
             step += 1
             if final:

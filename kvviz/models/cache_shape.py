@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvviz.core.memory import Architecture
+from kvviz.core.memory import Architecture, LayerShape
 from kvviz.core.records import CachePolicy
 
 
@@ -21,5 +21,9 @@ def run_cache_shape(config: object, policy: CachePolicy, name: str | None = None
     """The cache a run under `policy` keeps: the model's, with the policy's window, sinks and first windowed
     layer in place of the model's own (a policy without a window keeps every position)."""
     shape = cache_shape(config, name)
+    if policy.importance:  # each layer its budget (PyramidKV's shrinks with depth), of the model's heads
+        return replace(shape, sliding_window=None, layer_shapes=tuple(
+            LayerShape("importance", shape.kv_heads, shape.head_dim, window=policy.layer_budget(layer, shape.layers))
+            for layer in range(shape.layers)))
     return replace(shape, sliding_window=policy.window or None, sinks=policy.sinks,
                    window_first_layer=policy.first_layer if policy.window else 0)

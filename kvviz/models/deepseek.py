@@ -99,8 +99,9 @@ class DeepseekConfig:
         return (LayerKind("latent", rank=self.kv_lora_rank, rope_dim=self.qk_rope_head_dim),) * self.n_layer
 
     def cache_refusal(self, policy: CachePolicy) -> str:
-        if policy.window or policy.sinks or policy.kv_dtype:
-            return f"{self.name} caches latents (MLA): kvviz windows and quantizes per-head caches only"
+        if policy.lossy:
+            return (f"{self.name} caches latents (MLA): kvviz windows, evicts by importance and quantizes per-head "
+                    "caches only")
         return ""
 
     def cache_shape(self, source: str = "the model's config") -> Architecture:

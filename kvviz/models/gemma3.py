@@ -108,9 +108,9 @@ class Gemma3Config:
         return tuple(local if kind == LOCAL else full for kind in self.kinds)
 
     def cache_refusal(self, policy: CachePolicy) -> str:
-        if policy.window or policy.sinks or policy.kv_dtype:
+        if policy.lossy:
             return (f"{self.name} keeps its own sliding windows (on its local layers): kvviz runs it as it is, "
-                    "without another window, sinks or a quantized cache")
+                    "without another window, sinks, eviction by importance or a quantized cache")
         return ""
 
     def cache_shape(self, source: str = "the model's config") -> Architecture:

@@ -130,9 +130,9 @@ class Gemma4Config:
                      else LayerKind("full", *self.kind_heads(kind)) for layer, kind in enumerate(self.layer_types))
 
     def cache_refusal(self, policy: CachePolicy) -> str:
-        if policy.window or policy.sinks or policy.kv_dtype:
+        if policy.lossy:
             return (f"{self.name} keeps its own windows and shares keys and values across layers: kvviz runs it "
-                    "on its own cache only (no window, sinks or quantized cache)")
+                    "on its own cache only (no window, sinks, eviction by importance or quantized cache)")
         return ""
 
     def cache_shape(self, source: str = "the model's config") -> Architecture:

@@ -114,9 +114,9 @@ class GptOssConfig:
         return tuple(window if sliding else full for sliding in self.sliding)
 
     def cache_refusal(self, policy: CachePolicy) -> str:
-        if policy.window or policy.sinks or policy.kv_dtype:
+        if policy.lossy:
             return (f"{self.name} keeps its own sliding windows ({self.sliding_window} positions on its sliding "
-                    "layers): kvviz runs it without --window, --sinks or --kv-dtype")
+                    "layers): kvviz runs it without --window, --sinks, eviction by importance or --kv-dtype")
         return ""
 
     def cache_shape(self, source: str = "the model's config") -> Architecture:

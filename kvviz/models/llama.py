@@ -88,6 +88,9 @@ class LlamaConfig:
         return head_layers(self.n_layer, self.n_kv_head, self.head_dim, policy)
 
     def cache_refusal(self, policy: CachePolicy) -> str:
+        if policy.importance and self.own_window[0]:
+            return (f"{self.name} keeps its own sliding window of {self.own_window[0]} positions: kvviz evicts by "
+                    "importance on models that attend to every position")
         return head_refusal(self.name, self.head_dim, policy)
 
     def cache_shape(self, source: str = "the model's config") -> Architecture:

@@ -128,9 +128,9 @@ class Qwen35Config:
         return tuple(state if kind == LINEAR else full for kind in self.kinds)
 
     def cache_refusal(self, policy: CachePolicy) -> str:
-        if policy.window or policy.sinks or policy.kv_dtype:
+        if policy.lossy:
             return (f"{self.name} keeps a Gated DeltaNet state in {self.kinds.count(LINEAR)} of its {self.n_layer} "
-                    "layers: kvviz runs its cache exact (no window, sinks or quantized cache)")
+                    "layers: kvviz runs its cache exact (no window, sinks, eviction by importance or quantized cache)")
         return ""
 
     def cache_shape(self, source: str = "the model's config") -> Architecture:
