@@ -127,6 +127,7 @@ def test_the_memory_stops_at_the_budget_measured(peers):
     (dict(evict="tova", budget=8, observe=2), "an observation window and pooling are SnapKV's and PyramidKV's"),
     (dict(evict="h2o", budget=8, window=4), "leave it out (one at a time)"),
     (dict(evict="h2o", budget=8, kv_dtype="int8"), "a quantized cache is another trade-off"),
+    (dict(evict="tova", budget=8, draft_tokens=2, prompt_lookup=2), "TOVA forgets positions for good"),
 ])
 def test_what_no_method_can_take_is_one_line(peers, kwargs, message):
     _, engine = peers["gpt2"]

@@ -80,6 +80,9 @@ def check_drafter(engine: Engine, request: RunRequest, policy: CachePolicy) -> D
     if request.break_cache or request.compare:
         what = "Break the cache" if request.break_cache else "compare mode"
         raise GenerationError(f"speculative decoding runs on its own: turn {what} off first")
+    if policy.importance:
+        raise GenerationError(f"speculative decoding rolls the cache back, and {policy.method_name} forgets "
+                              "positions for good: turn one of them off")
     refusal = rollback_refusal(engine.model.config.cache_layers(policy))
     if refusal:
         raise GenerationError(f"{engine.model.config.name} cannot decode speculatively: {refusal}")
