@@ -22,7 +22,7 @@ from collections import deque
 import torch
 import torch.nn.functional as F
 
-from kvviz.cache.layers import Held, LayerCache, LayerKind
+from kvviz.cache.layers import Held, LayerCache, LayerKind, PassLayer
 from kvviz.core.eviction import EvictionState, LayerEviction
 
 SCORES = {"h2o": "accumulated attention", "tova": "newest query's attention", "snapkv": "observed attention, pooled",
@@ -170,7 +170,7 @@ class ImportanceLayer(LayerCache):
         return self.keeper.state(self.length)
 
 
-class ReplayLayer(LayerCache):
+class ReplayLayer(PassLayer):
     """An uncached pass under an importance method: it keeps nothing, and each pass feeds the text from position 0
     again; its queries see what a cached run's keeper held when each came. The first `prefill` positions came
     in one pass (the prompt), then one a pass, so a fresh keeper replays the cached run's choices in that order."""
@@ -199,14 +199,6 @@ class ReplayLayer(LayerCache):
             w, _ = keep_attention(self.keeper, row, seen, queries[t:t + 1])
             weights[:, t:t + 1].scatter_(2, seen.repeat_interleave(group, 0)[:, None, :], w)
         return weights
-
-    @property
-    def bytes_held(self) -> int:
-        return 0
-
-    @property
-    def bytes_allocated(self) -> int:
-        return 0
 
     def eviction(self) -> LayerEviction:
         return self.keeper.state(self.length)
