@@ -119,6 +119,18 @@ def test_the_memory_stops_at_the_budget_measured(peers):
     assert "evicted at step" in records[-1].eviction.tooltip(0, gone)
 
 
+def test_every_query_heads_weights_are_recorded_over_what_its_kv_head_keeps(peers):
+    """GQA: 4 query heads read 2 KV heads; each query head's recorded weights sum to 1 over the positions its KV
+    head holds, and are 0 where that head evicted."""
+    _, engine = peers["llama"]
+    *_, last = (r for r in engine.run(plan_ids(engine, PROMPT_IDS, 3, evict="h2o", budget=BUDGET, attention=True))
+                if r.token_id is not None)
+    for layer in range(2):
+        rows = [last.attention.row(layer, head) for head in range(4)]
+        assert [round(sum(row), 5) for row in rows] == [1.0] * 4
+        assert [sum(w > 0 for w in row) for row in rows] == [BUDGET + 1] * 4  # the budget and the newest
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(evict="h2o", budget=0), "a budget is the positions a layer keeps: 1 to the context's 64, got 0"),
     (dict(evict="h2o", budget=65), "a budget is the positions a layer keeps: 1 to the context's 64, got 65"),

@@ -112,7 +112,7 @@ def _by_importance(q: torch.Tensor, k: torch.Tensor, held: Held, positions: torc
     scores = (q.reshape(B, nkv, group * T, d) @ k.transpose(-2, -1)).float().view(nh, T, S) * scale
     weights = held.keeper.attend(scores, held.positions, positions)  # (nh, T, S)
     if probe is not None and probe.attention is not None:  # the newest query's, each key's at its position
-        keys = held.positions.repeat_interleave(group, 0)  # (nh, S)
+        keys = held.positions.repeat_interleave(nh // held.positions.shape[0], 0)  # (nh, S): its KV head's
         by_position = weights.new_zeros(nh, int(positions[-1]) + 1)
         probe.attention.append(by_position.scatter_(1, keys, weights[:, -1, :]))
     y = weights.reshape(B, nkv, group * T, S).to(v.dtype) @ v  # (B, nkv, group * T, d)
