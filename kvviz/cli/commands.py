@@ -183,9 +183,16 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return run_memory(args)
 
 
+def cmd_quality(args: argparse.Namespace) -> int:
+    from kvviz.cli.quality import run_quality
+
+    return run_quality(args, _load, _say)
+
+
 COMMANDS = {"generate": cmd_generate, "batch": cmd_batch, "compare": cmd_compare, "count": cmd_count,
             "bench": lambda args: cmd_bench(args, PROCESS_STARTED),
-            "export": cmd_export, "train": cmd_train, "lesson": cmd_lesson, "memory": cmd_memory}
+            "export": cmd_export, "train": cmd_train, "lesson": cmd_lesson, "memory": cmd_memory,
+            "quality": cmd_quality}
 
 
 class _GuardedStdout:
@@ -297,7 +304,8 @@ PRELOADS = {"count": ("kvviz.core.counting",), "generate": _TORCH_SIDE,
             "batch": ("kvviz.engine.serving", *_TORCH_SIDE), "compare": ("kvviz.engine.compare", *_TORCH_SIDE),
             "bench": _TORCH_SIDE,
             "export": ("pyqtgraph", "kvviz.app.export", *_TORCH_SIDE), "train": ("kvviz.training.train", *_TORCH_SIDE),
-            "lesson": ("kvviz.cli.lesson",), "memory": ("kvviz.cli.memory", "kvviz.core.memory")}
+            "lesson": ("kvviz.cli.lesson",), "memory": ("kvviz.cli.memory", "kvviz.core.memory"),
+            "quality": ("kvviz.measure.quality", *_TORCH_SIDE)}
 GUI_BENCH_PRELOAD = ("pyqtgraph", "kvviz.app.gui_bench", "kvviz.app.window.main_window")  # torch loads with the model
 
 

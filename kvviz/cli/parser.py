@@ -23,6 +23,7 @@ from kvviz.cli.arguments import (
 from kvviz.cli.eviction import KV_DTYPE_NAMES, MAX_BLOCK_SIZE, add_evict  # noqa: F401 (re-exported)
 from kvviz.cli.eviction import add_kv_dtype as _add_kv_dtype
 from kvviz.cli.eviction import add_window as _add_window
+from kvviz.cli.quality import add_quality
 from kvviz.cli.speculative import add_speculative
 from kvviz.core.errors import KvvizError
 from kvviz.core.records import BROKEN_CACHE_FAULT, CACHE_FAULTS
@@ -276,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --gui: time the window with View > Attention open, the headless run recording "
                         "attention too")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    add_quality(commands, _add_model)
 
     p = commands.add_parser("export", help="render the chart and grid of a run to image files",
                             description="Run a generation headless and write the chart, the grid and the whole "
