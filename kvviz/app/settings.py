@@ -162,6 +162,7 @@ class AppSettings(TypedSettings):
     seed: int = setting("run/seed", 0, 0, 2**31 - 1)
     speed_index: int = setting("view/speed_index", 2, 0, 6)
     colour_blind: bool = setting("view/colour_blind", False)
+    scores: bool = setting("view/scores", False)  # View > Scores: kept cells shaded by an importance method's score
     compare: bool = setting("view/compare", False)  # compare mode; "break the cache" is never remembered
     speculative: bool = setting("run/speculative", False)  # Run > Speculative decoding: on, its drafter and k
     draft_tokens: int = setting("run/draft_tokens", 4, 1, MAX_DRAFT_TOKENS)

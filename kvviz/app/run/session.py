@@ -266,7 +266,8 @@ class RunSession(StreamSession):
 
 MAX_QUEUED_STEPS = 4096  # Step presses kept while a run is prepared (a run's budget caps what is taken)
 MENU_SETTINGS = ("use_cache", "compare", "break_cache", "attention", "window", "sinks", "kv_dtype", "draft_tokens",
-                 "prompt_lookup", "draft_model")  # set by menus and keys (C: Run > Toggle KV cache)
+                 "prompt_lookup", "draft_model", "evict", "budget", "observe",
+                 "pool")  # set by menus and keys (C: Run > Toggle KV cache)
 
 
 def _menu_change(accepted: RunRequest, asked: RunRequest) -> bool:

@@ -51,6 +51,19 @@ class AttentionState:
             strip[: values.shape[0], :shown] = values[:, :shown]
         return strip
 
+    def evicted(self, layer: int, width: int) -> np.ndarray | None:
+        """(width,) the positions an importance method had evicted from every head of `layer` before the latest
+        record with attention (its query read none of them; those it dropped after that pass, the query read), as
+        the record says; None for a run without one."""
+        record = self.last
+        if record is None or record.eviction is None or layer >= len(record.eviction.layers):
+            return None
+        state = record.eviction.layers[layer]
+        gone = (np.asarray(state.heads[:width]) == 0) & (np.asarray(state.evicted_in[:width]) < record.step)
+        evicted = np.zeros(width, dtype=bool)
+        evicted[: gone.size] = gone
+        return evicted
+
     def token(self, position: int, missing: str = "?") -> str:
         return chip_text(self.labels[position]) if position < len(self.labels) else missing
 
@@ -77,8 +90,13 @@ class AttentionState:
         if values.size == 0 or not (0 <= head < values.shape[0] and 0 <= position < values.shape[1]):
             return ""
         query = values.shape[1] - 1
+        eviction = self.last.eviction if self.last is not None else None  # an importance method's: kept or why not
+        why = eviction.tooltip(layer, position) if eviction is not None and layer < len(eviction.layers) else ""
+        gone = self.evicted(layer, values.shape[1])
+        reads = "reads no key of it: evicted" if gone is not None and gone[position] else "reads this key"
+        method = f"\n{self.plan.policy.method_name}: {why}" if why and self.plan is not None else ""
         return (f"layer {layer}, head {head}, position {position}\ntoken: {self.token(position)}\n"
-                f"weight {values[head, position]:.4f} (the query at position {query} reads this key)")
+                f"weight {values[head, position]:.4f} (the query at position {query} {reads}){method}")
 
     def heading(self, layer: int) -> str:
         """The view's heading (rich text): whose query, reading which keys."""
@@ -102,6 +120,11 @@ class AttentionState:
             source = f"layer {self.plan.layer_shapes[layer].source}'s keys (a shared layer keeps none of its own)"
         elif kind == "window" and self.plan.layer_shapes:  # a window of the model's own: a local layer
             source += f", the last {self.plan.layer_shapes[layer].window:,} positions only (a local layer)"
+        elif kind == "importance" and record.eviction is not None:  # what the method keeps, what it evicted
+            state = record.eviction.layers[layer]
+            gone = int(self.evicted(layer, len(state.heads)).sum())
+            source += (f", the {len(state.heads) - gone} positions {self.plan.policy.method_name} kept (striped: the "
+                       f"{gone} it evicted before)")
         sinks = self.sink_shares(layer)
         sink = (f"; the learned sink takes {float(sinks.mean()):.2f} of a head's softmax on average (the column "
                 "\u201csink\u201d below: with the positions' weights, 1)" if sinks is not None else "")

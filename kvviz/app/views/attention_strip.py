@@ -44,13 +44,14 @@ def strip_plot(min_height: int) -> tuple[pg.PlotWidget, pg.PlotItem, pg.ImageIte
 
 
 def draw_strip(plot_item: pg.PlotItem, image_item: pg.ImageItem, strip: np.ndarray, brightest: float,
-               theme: Theme, group: int = 1) -> None:
+               theme: Theme, group: int = 1, evicted: np.ndarray | None = None) -> None:
     """`strip`'s (heads, width) weights in shades from 0 to `brightest` (NaN: empty), a row a head, the plot's
-    height."""
+    height; the `evicted` positions (an importance method's) in the K/V grid's evicted colour, striped."""
     heads, width = strip.shape
     empty = np.array(QColor(theme.empty).getRgb(), dtype=np.uint8)
     gap = np.array(QColor(theme.grid_line).getRgb(), dtype=np.uint8)
-    image = strip_image(strip, brightest, shade_table(theme), empty, gap, group)
+    image = strip_image(strip, brightest, shade_table(theme), empty, gap, group, evicted,
+                        np.array(QColor(theme.evicted).getRgb(), dtype=np.uint8))
     image_item.setImage(image, autoLevels=False, levels=(0, 255))
     image_item.setRect(QRectF(0, 0, width, heads))
     plot_item.getViewBox().setYRange(0, heads, padding=0)

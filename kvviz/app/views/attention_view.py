@@ -113,8 +113,10 @@ class AttentionView(QWidget):
         self._strip = np.zeros((heads, max(1, plan.width)), dtype=np.float32)
         self._heads = heads
         widest = "W" * 12
+        kept = (f", the {plan.width} positions {plan.policy.method_name} kept (striped: the {plan.width} it "
+                "evicted before)" if plan.policy.importance else "")  # an importance method's
         self.heading.reserve(f"<b>Attention, layer {plan.n_layer - 1}</b> &nbsp; the query of \u201c{widest}\u201d "
-                             f"(position {plan.width}) reads keys recomputed this pass (no cache); "
+                             f"(position {plan.width}) reads keys recomputed this pass (no cache){kept}; "
                              "brightest: weight 0.00")
         self.top_list.reserve(heads, plan.width)
         self._fit_height()
@@ -256,7 +258,8 @@ class AttentionView(QWidget):
     # ----- drawing -----
     def _draw(self) -> None:
         # shades run from 0 to the largest weight shown, which the heading gives
-        draw_strip(self.plot_item, self.image_item, self._strip, self.brightest(), self._theme, self._group)
+        draw_strip(self.plot_item, self.image_item, self._strip, self.brightest(), self._theme, self._group,
+                   self._state.evicted(self._layer, self._strip.shape[1]))
         self._label_heads()
         outline_head(self.head_outline, self._head, self._strip.shape, self._theme)
 

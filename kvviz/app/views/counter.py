@@ -127,7 +127,8 @@ class CounterPanel(CountPanel):
         self.window_note.setText(self._window_text(plan, rec))
         self.latent_note.setVisible(plan.multi_head_numbers > 0)
         self.latent_note.setText(self.latent_text(plan))
-        self.layers_note.setVisible(bool(plan.layer_shapes) and plan.use_cache)
+        # (an importance method's layers are alike but for PyramidKV's budgets: the window note says what they hold)
+        self.layers_note.setVisible(bool(plan.layer_shapes) and plan.use_cache and not plan.policy.importance)
         self.layers_note.setText(self.layers_text(plan, rec))
         measured = "with_cache" if plan.use_cache else "without_cache"
         counted = "without_cache" if measured == "with_cache" else "with_cache"
@@ -185,7 +186,8 @@ class CounterPanel(CountPanel):
         "" for a model whose layers are alike, or a run without a cache."""
         if not plan.layer_shapes or not plan.use_cache:
             return ""
-        names = {"full": "full", "window": "window", "shared": "shared", "state": "state (fixed)"}
+        names = {"full": "full", "window": "window", "shared": "shared", "state": "state (fixed)",
+                 "importance": plan.policy.method_name}
         sizes = rec.layer_bytes if rec is not None and rec.layer_bytes else (0,) * plan.n_layer
         totals: dict[str, tuple[int, int]] = {}  # kind -> (layers, bytes)
         for shape, size in zip(plan.layer_shapes, sizes, strict=True):
@@ -203,6 +205,8 @@ class CounterPanel(CountPanel):
         keeps = f"the cache keeps {plan.policy.describe()}"
         if rec is None:
             return keeps
+        if rec.eviction is not None:  # an importance method's: what each layer holds and dropped, measured
+            return f"{keeps}: {importance_text(rec)}"
         end = rec.speculation.rolled_back[0] if rec.speculation is not None else rec.fed_stop  # (drafts rolled back)
         evicted = end - rec.positions_held
         windowed = rec.n_layer - min(plan.policy.first_layer, rec.n_layer)
@@ -222,3 +226,17 @@ class CounterPanel(CountPanel):
         if stop_reason is None:
             return text
         return f"{text}; {STOP_REASONS.get(stop_reason, stop_reason).format(n_ctx=plan.n_ctx)}"
+
+
+def importance_text(rec: StepRecord) -> str:
+    """What an importance method's cache holds and has evicted after `rec`, per layer as the record measured it:
+    "a head holds 8 positions a layer; K/V evicted from every head: 10 per layer (60 in all 6 layers)" (PyramidKV's
+    differ by layer: "4 to 14")."""
+
+    def per_layer(counts: list[int]) -> str:
+        return f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)} to {max(counts)}"
+
+    held = list(rec.layer_positions_held) or [rec.positions_held]
+    evicted = [len(layer.evicted()) for layer in rec.eviction.layers]
+    return (f"a head holds {per_layer(held)} positions a layer; K/V evicted from every head: {per_layer(evicted)} "
+            f"per layer ({sum(evicted)} in all {len(evicted)} layers)")

@@ -53,8 +53,9 @@ class MemoryState:
         if self.plan is None or self.plan.cache_bytes_per_position == 0:
             return np.zeros(0), np.zeros(0)
         capacity = self.plan.policy.capacity
-        x = contexts([*sorted(self.points), *([capacity] if capacity else [])])
         shape = self.plan.cache_shape
+        edges = {layer.window for layer in self.plan.layer_shapes if layer.kind == "importance"}  # PyramidKV's
+        x = contexts([*sorted(self.points), *([capacity] if capacity else []), *edges])
         if shape is not None:
             precision = precision or self.precision
             return x, np.array([shape.cache_bytes(int(c), precision) for c in x], dtype=np.float64)
@@ -134,6 +135,8 @@ class MemoryState:
                 "linear axes: each token adds the same bytes, so every line is straight")
         window = (f", at most {plan.policy.capacity} positions held ({plan.policy.describe()})"
                   if plan.policy.evicts else "")
+        if plan.policy.importance:  # a budget, not a window: flat once every layer holds its budget
+            window = f" up to the budget, then flat: {plan.policy.describe()}"
         parts = self.parts_text(precision) if plan.cache_shape is not None else ""
         if parts:  # a model whose layers differ: per token while every layer holds it, then its two parts
             window = f" while every layer holds it ({parts})"

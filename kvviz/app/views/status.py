@@ -70,6 +70,8 @@ class StatusLine(LiveLabel):
         if plan.twin is not None:
             first, second = plan.lockstep_names
             article = "an" if second[:1] in "aeiouf" else "a"  # an int8 cache, an fp8 cache; a window of 8
+            if (plan.twin.policy.importance or plan.policy.importance) and plan.against_lossy:
+                article = "the cache of"  # the cache of H2O, budget 8
             mode = (f"comparing the {first} and {article} {second}" if plan.against_lossy
                     else "comparing with and without cache")
         else:

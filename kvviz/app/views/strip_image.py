@@ -14,17 +14,26 @@ def cell_pixels(heads: int, width: int) -> int:
 
 
 def strip_image(strip: np.ndarray, brightest: float, table: np.ndarray, empty: np.ndarray,
-                gap: np.ndarray, group: int = 1) -> np.ndarray:
+                gap: np.ndarray, group: int = 1, evicted: np.ndarray | None = None,
+                evicted_colour: np.ndarray | None = None) -> np.ndarray:
     """(heads, width) weights as an RGBA image: `table`'s shades from 0 to `brightest`, `empty` where a weight is
     NaN, and from squares of 4 pixels a `gap` line between heads and between positions; query heads that share a
-    KV head (`group` a KV head) are set apart from the next group by a double line."""
+    KV head (`group` a KV head) are set apart from the next group by a double line. The `evicted` positions (width,)
+    (an importance method's, which no head reads) are `evicted_colour`, from 4 pixels `empty` with stripes of it, so
+    that no shade of a weight reads as one."""
     shade = np.nan_to_num(strip, nan=0.0) / (brightest or 1.0)
     index = np.clip(shade * (len(table) - 1), 0, len(table) - 1).astype(np.intp)
     image = table[index]  # (heads, width, 4)
     image[np.isnan(strip)] = empty
+    gone = evicted is not None and evicted_colour is not None and bool(evicted.any())
+    if gone:
+        image[:, evicted] = evicted_colour
     size = cell_pixels(*strip.shape)
     if size >= 4:
         image = np.repeat(np.repeat(image, size, axis=0), size, axis=1)  # (heads * s, width * s, 4)
+        if gone:  # hatched: the empty colour, striped in the evicted one (no weight's solid shade looks like it)
+            columns = np.repeat(evicted, size) & (np.arange(image.shape[1]) % 3 != 1)
+            image[:, columns] = empty
         image[size - 1::size, :] = gap
         image[:, size - 1::size] = gap
         if group > 1:

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 
 from kvviz.app.settings import AppSettings
 from kvviz.app.views.flow_layout import FlowLayout
+from kvviz.app.window.eviction_dialog import EvictionChoice
 from kvviz.app.window.speculative_dialog import SpeculativeChoice
 from kvviz.core.records import MAX_PROMPT_CHARACTERS, RunRequest
 
@@ -99,6 +100,7 @@ class RunControls(QWidget):
         self.break_cache = False  # Run > Break the cache (never remembered)
         self.window, self.sinks = 0, 0  # Run > Sliding window (never remembered): 0, every position
         self.kv_dtype = ""  # Run > KV cache precision (never remembered): "" exact, or int8, int4, fp8
+        self.eviction = EvictionChoice()  # Run > Evict by importance (never remembered): off
         self.attention = False  # View > Attention is open: records carry attention weights
         self.speculative = SpeculativeChoice()  # Run > Speculative decoding (remembered)
         self.cache_check = QCheckBox("KV cache")
@@ -187,6 +189,7 @@ class RunControls(QWidget):
             sinks=self.sinks,
             kv_dtype=self.kv_dtype,
             **self.speculative.request_fields(),
+            **self.eviction.request_fields(),
         )
 
     def show_request(self, request: RunRequest) -> None:
@@ -194,6 +197,7 @@ class RunControls(QWidget):
         self.window, self.sinks, self.kv_dtype = request.window, request.sinks, request.kv_dtype
         self.compare, self.break_cache, self.attention = request.compare, request.break_cache, request.attention
         self.speculative = self.speculative.of_request(request)
+        self.eviction = self.eviction.of_request(request)
         with contextlib.ExitStack() as blocked:
             for widget in self._run_widgets():
                 blocked.enter_context(QSignalBlocker(widget))
@@ -217,6 +221,14 @@ class RunControls(QWidget):
         if kv_dtype != self.kv_dtype:
             self.kv_dtype = kv_dtype
             self.request_changed.emit()
+
+    def set_eviction(self, choice: EvictionChoice) -> None:
+        """Run > Evict by importance: its method and budget, or off; the run restarts up to the same token."""
+        if choice.request_fields() != self.eviction.request_fields():
+            self.eviction = choice
+            self.request_changed.emit()
+        else:
+            self.eviction = choice  # the values kept for the next time it is turned on
 
     def set_speculative(self, choice: SpeculativeChoice) -> None:
         """Run > Speculative decoding: its drafter and k, or plain decoding; the run restarts up to the same token."""

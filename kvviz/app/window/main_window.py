@@ -21,6 +21,7 @@ from kvviz.app.window.banner import Banner
 from kvviz.app.window.clipboard import ImageCopier
 from kvviz.app.window.controls import RunControls
 from kvviz.app.window.dialogs import AboutDialog, ShortcutsDialog, show_error
+from kvviz.app.window.eviction_dialog import choose_eviction
 from kvviz.app.window.lesson_slot import NO_LESSON, LessonSlot
 from kvviz.app.window.loading import LoadingIndicator
 from kvviz.app.window.model_picker import ModelPicker, source_label
@@ -132,6 +133,7 @@ class MainWindow(QMainWindow):
         for grid in panel.findChildren(KVGridView):  # compare mode's two
             grid.export_requested.connect(self.export)
             grid.set_colour_blind(self.actions["colour_blind"].isChecked())
+            grid.show_scores(self.actions["scores"].isChecked())
 
     # ----- settings -----
     def save_settings(self) -> None:
@@ -352,9 +354,12 @@ def action_slots(w: MainWindow) -> dict[str, Callable]:
         "lesson_quantized": lambda: w.lesson.switch("kv-quantized"),
         "lesson_layers": lambda: w.lesson.switch("kv-layers"),
         "lesson_speculative": lambda: w.lesson.switch("kv-speculative"),
+        "lesson_importance": lambda: w.lesson.switch("kv-importance"),
         "lesson_next": lambda: w.lesson.next(), "lesson_back": lambda: w.lesson.back(),
         "colour_blind": w.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
         "sliding_window": w.choose_window, "speculative": lambda: choose_speculative(w),
+        "evict_importance": lambda: choose_eviction(c, w),
+        "scores": lambda on: [grid.show_scores(on) for grid in w.workspace.grids()],
         **{f"kv_{name or 'exact'}": (lambda on, name=name: on and w.set_kv_dtype(name))
            for name in ("", "int8", "int4", "fp8")},
         "memory": lambda on: (w.workspace.show_memory(on), w.redraw()),

@@ -25,6 +25,7 @@ def restore_window(window: QMainWindow, store: SettingsFile, settings: AppSettin
     """Set `window` as it was left: run settings (`prompt` unless None), view options, zoom, geometry."""
     controls.restore(settings, prompt)
     actions["colour_blind"].setChecked(settings.colour_blind)
+    actions["scores"].setChecked(settings.scores)
     actions["compare"].setChecked(settings.compare)
     actions[f"theme_{theme.current().name}"].setChecked(True)
     presentation.set_zoom(settings.zoom)
@@ -45,6 +46,7 @@ def save_window(window: QMainWindow, store: SettingsFile, settings: AppSettings,
     if controls is not None:
         controls.store(settings)
     settings.colour_blind = actions["colour_blind"].isChecked()
+    settings.scores = actions["scores"].isChecked()
     settings.zoom = presentation.remembered_zoom
     settings.theme = presentation.theme.name
     if session.source is not None:

@@ -74,6 +74,7 @@ class DivergenceBanner(QWidget):
         self._names = ("with cache", "without cache")  # RunPlan.lockstep_names
         self._against_lossy = False
         self._quantized = False  # against a quantized cache, not a window
+        self._importance = ""  # against an importance method's cache, its name ("H2O"), not a window
         self._cached: list[str] = []  # each token step's token text, per run
         self._uncached: list[str] = []
         self.first_divergence: int | None = None
@@ -89,6 +90,7 @@ class DivergenceBanner(QWidget):
         self._names = plan.lockstep_names
         self._against_lossy = plan.against_lossy
         self._quantized = plan.against_lossy and (plan.policy.quantized or plan.twin.policy.quantized)
+        self._importance = (plan.policy.method_name or plan.twin.policy.method_name) if plan.against_lossy else ""
         self._cached, self._uncached = [], []
         self.first_divergence = None
         self.first_logit_divergence = None
@@ -144,6 +146,9 @@ class DivergenceBanner(QWidget):
         if against_lossy:
             why = (f" An {self._names[1]} rounds every key and value: a trade-off for memory, not a bug."
                    if self._quantized else " A window changes what the model attends to: a trade-off, not a bug.")
+            if self._importance:
+                why = (f" {self._importance} keeps a budget of positions and forgets the rest, so the model attends "
+                       "to less: a trade-off for memory, not a bug.")
         logits = ""
         if self.first_logit_divergence is not None and (
                 self.first_divergence is None or self.first_logit_divergence < self.first_divergence):
@@ -154,7 +159,7 @@ class DivergenceBanner(QWidget):
         texts = self.continuations()
         first, second = self._names
         if texts is None:
-            lossy = "quantized" if self._quantized else "windowed"
+            lossy = "quantized" if self._quantized else (self._importance or "windowed")
             text = (f"{logits}The tokens still agree, but the {lossy} run computes something else." if against_lossy
                     else f"{logits}The tokens still agree, but the cached run computes something else.")
         else:

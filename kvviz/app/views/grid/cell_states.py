@@ -40,9 +40,11 @@ LATENT_STATE_NAMES = {
 }
 
 
-def state_names(latent: bool) -> dict[int, str]:
-    """The cell states' names: of a cache of K and V, or of latent attention's cache of latents (`latent`)."""
-    return LATENT_STATE_NAMES if latent else STATE_NAMES
+def state_names(latent: bool, method: str = "") -> dict[int, str]:
+    """The cell states' names: of a cache of K and V, or of latent attention's cache of latents (`latent`); a run
+    that evicts by importance names its `method` ("H2O") for the evicted cells, not a window."""
+    names = LATENT_STATE_NAMES if latent else STATE_NAMES
+    return {**names, EVICTED: f"K/V evicted: {method} dropped it"} if method else names
 
 # What a row of the grid shows, for its cells' separators.
 LAYER_ROW = 0  # a layer: the usual gap below it

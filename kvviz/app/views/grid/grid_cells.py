@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from kvviz.app.views.grid.grid_rows import GridRows
 
 MAX_IMAGE_PIXELS = 1800  # the grid's image size limit per axis, so a redraw stays cheap
+SCORES = -1  # the legend's entry of View > Scores (not a cell state)
 
 
 def state_colours(theme: Theme) -> dict[int, str]:
@@ -89,6 +90,33 @@ def cell_tile(state: int, size: int, colour_blind: bool, theme: Theme, row: int 
         middle = (body - thick) // 2
         tile[middle:middle + thick, :] = np.array(themes.rgba(theme.foreground), dtype=np.uint8)
     return tile
+
+
+FAINTEST = 0.3  # View > Scores: the lowest-scored kept cell keeps this share of its colour over the empty one
+
+
+def shade_cells(image: np.ndarray, shades: np.ndarray, size: int, theme: Theme) -> np.ndarray:
+    """`image` (rows × size, width × size, 4) with each cell's colour drawn `shades` (rows, width) of the way from
+    the empty cell's colour (FAINTEST at 0, all of it at 1; NaN: as drawn), its gap lines and patterns kept."""
+    if not np.isfinite(shades).any():
+        return image
+    share = FAINTEST + (1 - FAINTEST) * np.nan_to_num(shades, nan=1.0)
+    share = np.repeat(np.repeat(share, size, axis=0), size, axis=1)[..., None]  # (rows × s, width × s, 1)
+    empty = np.array(themes.rgba(theme.empty), dtype=np.float32)
+    dark = np.array(themes.rgba(theme.grid_line), dtype=np.uint8)
+    shaded = (empty + (image.astype(np.float32) - empty) * share).astype(np.uint8)
+    lines = np.all(image == dark, axis=-1)  # the gaps between cells, colour-blind patterns: as they are
+    shaded[lines] = image[lines]
+    return shaded
+
+
+def scores_swatch(theme: Theme, size: int = 14) -> QPixmap:
+    """The legend's swatch of View > Scores: three reused cells, from the lowest score's shade to the highest's."""
+    tile = cell_tile(REUSED, size, False, theme)
+    cells = np.concatenate([tile] * 3, axis=1)
+    cells = np.ascontiguousarray(shade_cells(cells, np.array([[0.0, 0.5, 1.0]]), size, theme)[:-1, :-1])
+    h, w = cells.shape[:2]
+    return QPixmap.fromImage(QImage(cells.data, w, h, 4 * w, QImage.Format.Format_RGBA8888).copy())
 
 
 def state_swatch(state: int, colour_blind: bool, theme: Theme, size: int = 14) -> QPixmap:
@@ -165,6 +193,36 @@ class GridLegend(FlowLayout):
             self._show_optional(DRAFTED, on)
             self._show_optional(ROLLED_BACK, on)
 
+    def show_scores(self, on: bool) -> None:
+        """Show the entry of View > Scores (kept cells shaded by their score, an importance run's), or hide it; made
+        the first time it shows, beside the reused cells' entry (as the drafts', on demand)."""
+        if on and SCORES not in self._optional:
+            self._scores = QLabel(), QLabel("kept, shaded by score: faint = lowest of its layer")
+            self._scores[1].setObjectName("muted")
+            entry = self._optional[SCORES] = QWidget()
+            entry_row = QHBoxLayout(entry)
+            entry_row.setContentsMargins(0, 0, 0, 0)
+            for label in self._scores:
+                entry_row.addWidget(label)
+            entry.setVisible(self._shown)
+            self.addWidget(entry)
+            self._items.insert(self._index_of(REUSED) + 1, self._items.pop())
+            self._restyle_scores()
+            self.invalidate()
+        if SCORES in self._optional:
+            self._show_optional(SCORES, on)
+
+    def _index_of(self, state: int) -> int:
+        entry = next(text.parentWidget() for _swatch, text, entry_state in self._entries if entry_state == state)
+        return next(i for i, item in enumerate(self._items) if item.widget() is entry)
+
+    def _restyle_scores(self) -> None:
+        if SCORES in self._optional:
+            if self._look is not None:
+                self._scores[0].setPixmap(scores_swatch(self._look[1]))
+            if self._font is not None:
+                self._scores[1].setFont(self._font)
+
     def is_shown(self, state: int) -> bool:
         """Whether the entry of `state` is in the legend now (an optional one only for the runs it fits)."""
         if all(entry_state != state for _swatch, _text, entry_state in self._entries):
@@ -177,10 +235,11 @@ class GridLegend(FlowLayout):
         if entry.parentWidget() is not None:
             entry.setVisible(on and self._shown)
 
-    def show_latent(self, latent: bool) -> None:
+    def show_latent(self, latent: bool, method: str = "") -> None:
         """Name the states for a cache of latents (MLA: the latent is computed and reused, each head's K and V
-        rebuilt from it every pass) or of K and V."""
-        names = state_names(latent)
+        rebuilt from it every pass) or of K and V; the evicted cells for the importance `method` ("H2O") that
+        evicts them, else for a window."""
+        names = state_names(latent, method)
         for _swatch, text, state in self._entries:
             text.setText(names[state])
 
@@ -189,11 +248,13 @@ class GridLegend(FlowLayout):
         self._look = (colour_blind, theme)
         for swatch, _text, state in self._entries:
             swatch.setPixmap(state_swatch(state, colour_blind, theme))
+        self._restyle_scores()
 
     def set_text_font(self, font: QFont) -> None:
         self._font = font
         for _swatch, text, _state in self._entries:
             text.setFont(font)
+        self._restyle_scores()
 
 
 class CellTiles:
@@ -202,8 +263,10 @@ class CellTiles:
     def __init__(self) -> None:
         self._tiles: dict[tuple[int, bool, Theme], np.ndarray] = {}
 
-    def image(self, states: np.ndarray, rows: GridRows, colour_blind: bool, theme: Theme) -> np.ndarray:
-        """(rows × s, width × s, 4) RGBA pixels of (n_layer, width) `states` shown as `rows`."""
+    def image(self, states: np.ndarray, rows: GridRows, colour_blind: bool, theme: Theme,
+              shades: np.ndarray | None = None) -> np.ndarray:
+        """(rows × s, width × s, 4) RGBA pixels of (n_layer, width) `states` shown as `rows`, the cells with
+        `shades` (n_layer, width; View > Scores) drawn fainter (see shade_cells)."""
         n_rows, width = len(rows), states.shape[1]
         size = max(1, min(16, MAX_IMAGE_PIXELS // width, (MAX_IMAGE_PIXELS // 2) // n_rows))
         if colour_blind:
@@ -216,6 +279,8 @@ class CellTiles:
         tiles = self._tiles[key]
         display = states[rows.layers]  # (R, W): each head row repeats its layer's
         if size == 1:
-            return tiles[rows.kinds, display, 0, 0]  # (R, W, 4)
-        cells = tiles[rows.kinds, display]  # (R, W, s, s, 4)
-        return cells.transpose(0, 2, 1, 3, 4).reshape(n_rows * size, width * size, 4)
+            image = tiles[rows.kinds, display, 0, 0]  # (R, W, 4)
+        else:
+            cells = tiles[rows.kinds, display]  # (R, W, s, s, 4)
+            image = cells.transpose(0, 2, 1, 3, 4).reshape(n_rows * size, width * size, 4)
+        return image if shades is None else shade_cells(image, shades[rows.layers], size, theme)

@@ -56,10 +56,12 @@ class GridPlot(QObject):
         self._outline.setPen(pen)
         style_plot(self.plot_item, theme)
 
-    def draw(self, cells: GridState, rows: GridRows, colour_blind: bool, theme: Theme) -> None:
-        """Paint `cells` in `rows` (framing the view box to them when their shape changed), and label them."""
+    def draw(self, cells: GridState, rows: GridRows, colour_blind: bool, theme: Theme, scores: bool = False) -> None:
+        """Paint `cells` in `rows` (framing the view box to them when their shape changed), and label them; with
+        `scores` (View > Scores), the cells an importance method keeps shaded by their score."""
         n_rows, width = len(rows), cells.width
-        image = self._tiles.image(cells.states, rows, colour_blind, theme)
+        shades = cells.score_shades() if scores and cells.eviction is not None else None
+        image = self._tiles.image(cells.states, rows, colour_blind, theme, shades)
         self.image_item.setImage(image, autoLevels=False, levels=(0, 255))
         if self._framed_shape != (n_rows, width):  # a new frame repaints the axes: only when the shape changes
             self._framed_shape = (n_rows, width)

@@ -143,10 +143,15 @@ def plan_rows(plan: RunPlan, expanded: Collection[int] = ()) -> GridRows:
 
 def layer_kind_labels(plan: RunPlan) -> tuple[str, ...]:
     """What each layer keeps, as its row label says it where the model's layers differ: "window 512", "full",
-    "→ L5" (reads layer 5's keys and values), "state 12.0 KiB"; () where every layer is alike."""
+    "→ L5" (reads layer 5's keys and values), "state 12.0 KiB", "keeps 24" (an importance method's budget, where
+    it differs from layer to layer: PyramidKV's); () where every layer is alike."""
+    if plan.policy.importance and len({shape.window for shape in plan.layer_shapes}) <= 1:
+        return ()  # an importance method's layers with one budget (every one but PyramidKV): the title says it
     labels = []
     for shape in plan.layer_shapes:
-        if shape.kind == "window":
+        if shape.kind == "importance":
+            labels.append(f"keeps {shape.window:,}")
+        elif shape.kind == "window":
             labels.append(f"window {shape.window:,}")
         elif shape.kind == "shared":
             labels.append(f"\u2192 L{shape.source}")

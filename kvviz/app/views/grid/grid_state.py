@@ -20,6 +20,7 @@ from kvviz.app.views.grid.cell_states import (
     state_names,
 )
 from kvviz.app.views.labels import chip_text
+from kvviz.core.eviction import EvictionState
 from kvviz.core.records import RunPlan, StepRecord
 
 
@@ -62,6 +63,11 @@ class GridState:
         self.shared_rows = np.array([kind == "shared" for kind in kinds], dtype=bool)
         self.state_rows = np.array([kind == "state" for kind in kinds], dtype=bool)
         self.window_rows = np.array([kind == "window" for kind in kinds], dtype=bool)
+        # an importance method's (H2O...): what the latest pass kept and dropped, and each position's score
+        self.method = plan.policy.method_name if plan is not None else ""
+        self.eviction: EvictionState | None = None
+        self.scores = np.full(shape, np.nan, dtype=np.float32)
+        self.heads_holding = np.zeros(shape, dtype=np.int32)  # KV heads that hold each position (0: none, or no method)
         self.rolled_back = slice(0, 0)  # speculative decoding: the positions struck through now (the last round's)
         self.drafts: dict[int, str] = {}  # the latest round's drafts: position -> label
 
@@ -81,7 +87,9 @@ class GridState:
         written = record.written_positions(width) if record.kv_written is not None else fed
         computed = np.s_[:, written]  # every layer, the slots this pass wrote
         start, stop = record.kv_evicted  # a window's: gone before this pass read the cache
-        if self.window_rows.size:  # the model's own windows, on the layers it gives one
+        if record.eviction is not None:  # an importance method's, layer by layer (gone from every head)
+            self._take_eviction(record.eviction, record.use_cache)
+        elif self.window_rows.size:  # the model's own windows, on the layers it gives one
             self.evicted_at[self.window_rows, min(start, width):min(stop, width)] = record.step + 1
         else:
             first = self.plan.policy.first_layer if self.plan is not None else 0  # layers below keep every position
@@ -116,6 +124,34 @@ class GridState:
                 states[:, new_position] = PENDING
         states[self.shared_rows] = SHARED  # computes queries only: no cell of its own
         self.last = record
+
+    def _take_eviction(self, eviction: EvictionState, cached: bool) -> None:
+        """What an importance method keeps after this pass: each position's score, and (`cached`: the cache drops
+        them; an uncached pass recomputes them and only attends around them) the positions no head holds any more,
+        evicted at the pass that dropped them from their last head."""
+        self.eviction = eviction
+        for layer, state in enumerate(eviction.layers[: self.n_layer]):
+            n = min(len(state.heads), self.width)
+            self.scores[layer, :n] = state.scores[:n]
+            self.heads_holding[layer, :n] = state.heads[:n]
+            if cached:
+                gone = self.heads_holding[layer, :n] == 0
+                self.evicted_at[layer, :n] = np.where(gone, np.asarray(state.evicted_in[:n]) + 1, -1)
+
+    def score_shades(self) -> np.ndarray:
+        """(n_layer, width) how strongly View > Scores draws each cell an importance method keeps in its cache (the
+        reused ones): its score's rank among them in its layer, from 0 (the lowest: next to go) to 1 (the highest);
+        NaN for a cell not shaded (just computed, evicted, not fed yet, a run without a cache or a method)."""
+        shades = np.full(self.states.shape, np.nan, dtype=np.float32)
+        if self.plan is None or not self.plan.use_cache:  # nothing kept: every position recomputed each pass
+            return shades
+        kept = (self.states == REUSED) & np.isfinite(self.scores) & (self.heads_holding > 0)  # (the new: amber)
+        for layer in range(self.n_layer):
+            positions = np.flatnonzero(kept[layer])
+            if positions.size:
+                ranks = np.argsort(np.argsort(self.scores[layer, positions], kind="stable"), kind="stable")
+                shades[layer, positions] = ranks / max(1, positions.size - 1) if positions.size > 1 else 1.0
+        return shades
 
     def _mark_drafts(self, record: StepRecord) -> None:
         """A speculative round's drafts, after its pending token: those the target accepted DRAFTED, the ones it
@@ -184,7 +220,10 @@ class GridState:
         at = int(self.computed_at[layer, position])
         holds, broken = int(self.holds[layer, position]), bool(plan.cache_fault)
         evicted_at = int(self.evicted_at[layer, position])
-        if evicted_at >= 0:
+        dropped = self.eviction.tooltip(layer, position) if self.eviction is not None else ""  # H2O's...
+        if evicted_at >= 0 and dropped:
+            lines.extend([f"K/V computed at step {at}; {self.method} evicted it: no later step reads it", dropped])
+        elif evicted_at >= 0:
             window = plan.policy.window
             lines.append(f"K/V computed at step {at}, evicted at step {evicted_at}: outside the window of "
                          f"{window} positions, no later step reads it")
@@ -202,8 +241,10 @@ class GridState:
             else:
                 n = int(self.times_computed[layer, position])
                 lines.append(f"no cache: computed {n} time{'s' if n != 1 else ''} so far, reused never")
+        if dropped and evicted_at < 0:  # kept (by how many heads, at what score); uncached: what the query reads
+            lines.append(dropped if plan.use_cache else f"{self.method} (the query reads what it keeps): {dropped}")
         if state != EMPTY:
-            lines.append(state_names(bool(plan.cache_parts))[state])
+            lines.append(state_names(bool(plan.cache_parts), self.method if plan.use_cache else "")[state])
         if plan.use_cache and position < plan.policy.sinks:
             lines.append("an attention sink: kept in the cache for good")
         kv = "K and V" if head is None else f"K and V of head {head}"

@@ -23,7 +23,11 @@ def grid_title(plan: RunPlan, record: StepRecord | None, lockstep: str | None, t
         mode = f"<span style='color:{theme.alert}'>{mode} \u2014 {BROKEN_NOTE}</span>"
     size = f"{plan.n_layer} layers \u00d7 {plan.width} positions"
     # what the cache keeps, the sinks by position (compare mode against a window names it: "window of 8 + 1 sinks")
-    if plan.policy.evicts and plan.use_cache and not (lockstep is not None and plan.against_lossy):
+    policy = plan.policy
+    if policy.importance and plan.use_cache and not (lockstep is not None and plan.against_lossy):
+        average = " on average" if policy.evict == "pyramidkv" else ""  # its budget shrinks with depth
+        size += f", keeping {policy.budget} a layer{average} by {policy.method_name}"
+    elif plan.policy.evicts and plan.use_cache and not (lockstep is not None and plan.against_lossy):
         sinks = plan.policy.sinks
         kept = f", the sinks {0}\u2013{sinks - 1}" if sinks > 1 else ", the sink 0" if sinks else ""
         size += f", keeping the last {plan.policy.window}{kept}"

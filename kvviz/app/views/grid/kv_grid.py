@@ -69,6 +69,24 @@ def least_column_height(layout: QLayout, width: int, title: LiveLabel, plot_widg
     return margins.top() + margins.bottom() + sum(parts) + layout.spacing() * (len(parts) - 1)
 
 
+def show_legend_of(legend: GridLegend, plan: RunPlan, shown: RunPlan, scores: bool) -> str:
+    """The legend's entries for `plan` (in compare mode, under both grids; `shown`: the run of this grid): the stale
+    slot of a cache broken on purpose, the evicted cells of a window or an importance method (named for it), the
+    layer kinds, the drafts, latent attention's names, View > Scores (`scores`). Gives the importance method whose
+    kept cells View > Scores shades ("H2O": of a cached run, or compare mode's), or ""."""
+    legend.show_stale(plan.cache_broken)
+    kinds = tuple(shape.kind for shape in shown.layer_shapes)  # a model whose layers differ: what each keeps
+    policies = (plan.policy, *((plan.twin.policy,) if plan.twin is not None else ()))  # compare: the lossy one
+    method = "".join(policy.method_name for policy in policies)
+    legend.show_evicted(any(policy.evicts for policy in policies) or "window" in kinds)
+    legend.show_layer_kinds(kinds)
+    legend.show_drafted(plan.drafter is not None)  # speculative decoding: accepted and rejected drafts
+    legend.show_latent(bool(shown.cache_parts), method)  # latent attention computes and reuses latents
+    shaded = method if plan.use_cache else ""  # an uncached run keeps nothing: it attends to what the method keeps
+    legend.show_scores(scores and shaded != "")
+    return shaded
+
+
 class KVGridView(QWidget):
     """Which K/V exist, per layer and position, and what this forward pass did with them.
 
@@ -98,6 +116,8 @@ class KVGridView(QWidget):
         self._was_reset = False
         self._plan: RunPlan | None = None
         self._colour_blind = False
+        self._scores = False  # View > Scores: an importance method's kept cells shaded by their score
+        self._method = ""  # the importance method of the run shown or its compare twin ("H2O"), or ""
         self._font_scale = 1.0
         self._theme = themes.current()
         self._cells = GridState()  # the cells of the run shown, from its records
@@ -151,13 +171,7 @@ class KVGridView(QWidget):
         names = plan.lockstep_names if plan.against_lossy else None
         self._run_name = names[0 if self.lockstep == "cached" else 1] if names and self.lockstep else None
         self._cells = GridState(shown)
-        self.legend_row.show_stale(plan.cache_broken)  # compare mode: the legend under both grids
-        kinds = tuple(shape.kind for shape in shown.layer_shapes)  # a model whose layers differ: what each keeps
-        self.legend_row.show_evicted(plan.policy.evicts or (plan.twin is not None and plan.twin.policy.evicts)
-                                     or "window" in kinds)
-        self.legend_row.show_layer_kinds(kinds)
-        self.legend_row.show_drafted(plan.drafter is not None)  # speculative decoding: accepted and rejected drafts
-        self.legend_row.show_latent(bool(shown.cache_parts))  # latent attention computes and reuses latents
+        self._method = show_legend_of(self.legend_row, plan, shown, self._scores)
         self._set_rows()
         self._plot.axes.reserve_width(self._plan)
         self._update_outline()
@@ -190,7 +204,7 @@ class KVGridView(QWidget):
         if not self._dirty:
             return
         self._dirty = False
-        self._plot.draw(self._cells, self._rows, self._colour_blind, self._theme)
+        self._plot.draw(self._cells, self._rows, self._colour_blind, self._theme, self._scores)
         self._update_title()
         self.tooltips.refresh()
 
@@ -201,6 +215,13 @@ class KVGridView(QWidget):
         self._colour_blind = enabled
         self.legend_row.show_look(self._colour_blind, self._theme)
         self._dirty = True
+        self.refresh()
+
+    def show_scores(self, on: bool) -> None:
+        """View > Scores: shade the cells an importance method keeps by their score (faint: its layer's lowest)."""
+        self._scores = on
+        self.legend_row.show_scores(on and self._method != "")
+        self._dirty = self._plan is not None
         self.refresh()
 
     def set_theme(self, theme: Theme) -> None:
