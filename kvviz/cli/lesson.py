@@ -86,7 +86,7 @@ def run_lesson(args: argparse.Namespace, exporter: Callable[[], Callable[..., li
 def _takes_window(step) -> bool:
     """A step --window and --sinks change: one whose runs keep every position (cached or not), not a serving batch
     and not a step with a window or a quantized cache of its own."""
-    return not (step.serving or step.window or step.kv_dtype)
+    return not (step.serving or step.window or step.kv_dtype or step.evict)
 
 
 def _takes_kv_dtype(step) -> bool:

@@ -4,10 +4,14 @@ Qt-free, as kvviz.lessons.lesson, which asks the questions."""
 
 from __future__ import annotations
 
+import math
+
 from kvviz.core.batch_records import BatchRecord
 from kvviz.core.memory import format_bytes
 from kvviz.core.records import StepRecord
+from kvviz.lessons.perplexity import Perplexities
 
+Answer = float | tuple[int, ...] | Perplexities  # a number; the positions a layer keeps; perplexities measured
 LONG_CONTEXT = 8192  # the tokens of cache_bytes_at_8k
 SHORT_CONTEXT = 1000  # the tokens of cache_bytes_at_1k
 
@@ -36,7 +40,14 @@ def acceptance_percent(record: StepRecord) -> float:
     return 100.0 * rate if rate is not None else 0.0
 
 
-def measured_answer(question: str, previous: StepRecord | None, record: StepRecord, sinks: int = 0) -> float:
+def kept_positions(record: StepRecord, layer: int = 0) -> tuple[int, ...]:
+    """The positions some KV head of `layer` holds after `record`'s pass, as its importance method left them."""
+    if record.eviction is None:
+        raise ValueError("the record carries no eviction state: its run evicts by no importance method")
+    return record.eviction.layers[layer].kept()
+
+
+def measured_answer(question: str, previous: StepRecord | None, record: StepRecord, sinks: int = 0) -> Answer:
     """The answer to `question`, from the last record of the next generation step (`record`: its token pass,
     or the cache-filling pass that follows the last token, as the counter shows it; a speculative run's next round)
     and the last record
@@ -59,6 +70,8 @@ def measured_answer(question: str, previous: StepRecord | None, record: StepReco
         return record.positions_held
     if question == "acceptance_rate_after_next":
         return acceptance_percent(record)
+    if question == "kept_positions_after_next":
+        return kept_positions(record)
     # each layer's bytes a position and its bytes that do not grow, from what each layer holds and measured (a
     # window's layers hold fewer positions than the others; a linear-attention layer holds a state, no position)
     held = record.layer_positions_held or (record.positions_held,) * record.n_layer
@@ -75,9 +88,28 @@ def measured_answer(question: str, previous: StepRecord | None, record: StepReco
     raise ValueError(f"unknown question {question!r}")
 
 
-def format_answer(question: str, value: float, precision: str = "") -> str:
-    """The answer as the app and the slides show it: 87, 6.8x, 36,864 bytes; a byte answer names the
-    `precision` its cache was measured in, when given (a record's `cache_precision`): 36,864 bytes in float32."""
+def format_positions(positions: tuple[int, ...]) -> str:
+    """Positions as runs: (0, 1, 2, 3, 14, 15, 16, 17) -> '0\u20133, 14\u201317'; (0, 2) -> '0, 2'."""
+    runs: list[list[int]] = []
+    for position in positions:
+        if runs and position == runs[-1][1] + 1:
+            runs[-1][1] = position
+        else:
+            runs.append([position, position])
+    return ", ".join(f"{first}" if first == last else f"{first}, {last}" if last == first + 1 else
+                     f"{first}\u2013{last}" for first, last in runs)
+
+
+def format_answer(question: str, value: Answer, precision: str = "") -> str:
+    """The answer as the app and the slides show it: 87, 6.8x, 36,864 bytes, 0\u20133, 14\u201317; a byte answer
+    names the `precision` its cache was measured in, when given (a record's `cache_precision`): 36,864 bytes in
+    float32. A perplexity question's: the ratio asked for, then each perplexity measured."""
+    if isinstance(value, Perplexities):
+        return value.describe()
+    if isinstance(value, float) and math.isnan(value):
+        return "not measured"
+    if isinstance(value, tuple):
+        return format_positions(value)
     if question == "ratio_after_next":
         return f"{value:.1f}x"
     stored = f" in {precision}" if precision else ""

@@ -2,7 +2,8 @@
 
 A step names a prompt, a cache mode (`true`, `false` or `"compare"`), the token budget and how many
 generation steps the run has taken when the step is shown (`advance_to`). A question names one live
-quantity; its answer is measured from the record of the next generation step, never written in the file.
+quantity; its answer is measured from the record of the next generation step (a perplexity question's: on the
+shipped held-out text, under the cache policies kvviz.lessons.perplexity names), never written in the file.
 A step's text may say `{measured_speed}`: the app puts there what its speed sweep measured on this machine
 (a "speed" focus shows the sweep itself), so no number in a lesson can be contradicted by the screen.
 Torch-free and Qt-free: the CLI lists lessons without loading a model, and the app reads them as they are.
@@ -18,37 +19,26 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from kvviz.core.errors import KvvizError, control_characters, visible
+from kvviz.core.errors import control_characters, visible
 from kvviz.core.files import read_text_file, user_path
 from kvviz.core.formats import KV_DTYPES
-from kvviz.core.speculation import MAX_DRAFT_TOKENS, MAX_PROMPT_LOOKUP
 from kvviz.lessons.answers import LONG_CONTEXT as LONG_CONTEXT
 from kvviz.lessons.answers import SHORT_CONTEXT as SHORT_CONTEXT
+from kvviz.lessons.answers import Answer as Answer
 from kvviz.lessons.answers import format_answer as format_answer
 from kvviz.lessons.answers import measured_answer as measured_answer
 from kvviz.lessons.answers import measured_batch_answer as measured_batch_answer
 from kvviz.lessons.answers import sink_attention_share as sink_attention_share
+from kvviz.lessons.errors import LessonError as LessonError
+from kvviz.lessons.perplexity import question_values
+from kvviz.lessons.questions import ATTENTION_QUESTIONS as ATTENTION_QUESTIONS
+from kvviz.lessons.questions import BATCH_QUESTIONS as BATCH_QUESTIONS
+from kvviz.lessons.questions import PERPLEXITY_QUESTIONS as PERPLEXITY_QUESTIONS
+from kvviz.lessons.questions import QUESTIONS as QUESTIONS
+from kvviz.lessons.questions import SINK_QUESTIONS
+from kvviz.lessons.questions import SPECULATIVE_QUESTIONS as SPECULATIVE_QUESTIONS
+from kvviz.lessons.step_options import parse_drafter, parse_eviction
 
-QUESTIONS = {
-    "next_kv_with_cache": "How many K/V computations per layer will the next step make with the cache?",
-    "next_kv_without_cache": "How many K/V computations per layer will the next step make without the cache?",
-    "avoided_after_next": "After the next step, how many K/V computations per layer will the cache have avoided?",
-    "ratio_after_next": "After the next step, how many times less K/V work will the cache have done?",
-    "cache_bytes_after_next": "After the next step, how many bytes will the KV cache hold?",
-    "cache_bytes_per_token": "How many bytes of KV cache does one token take, over all layers?",
-    "cache_bytes_at_8k": "How many bytes will this model's KV cache hold at 8,192 tokens?",
-    "cache_bytes_at_1k": "How many bytes will this model's KV cache hold after 1,000 tokens?",
-    "shared_layer_kv": "At the next step, how many keys and values will a shared layer compute (its last layer)?",
-    "blocks_at_end": "When every request is done, how many blocks of the pool will the batch hold?",
-    "sink_attention_share": "At the next step, what share of its attention will the newest token give the sinks, "
-                            "the first positions (mean over layers and heads)?",
-    "positions_held_after_next": "After the next step, how many positions will the model's KV cache hold?",
-    "acceptance_rate_after_next": "After the next round, what share of all the drafts so far will the model have "
-                                  "accepted (in %)?",
-}
-ATTENTION_QUESTIONS = ("sink_attention_share",)  # answered from the attention weights: the run records them
-BATCH_QUESTIONS = ("blocks_at_end",)  # asked of a serving step (a batch of `prompts`), answered by its last pass
-SPECULATIVE_QUESTIONS = ("acceptance_rate_after_next",)  # answered from the rounds of a speculative step's run
 FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all", "serving")
 # a serving step's: the whole serving view, its block pool and tables, or its memory chart and speed (a slide
 # shows that part, large enough to read; the app shows the whole view)
@@ -62,15 +52,11 @@ LESSON_KEYS = {"title": str, "step": list}
 STEP_KEYS = {"title": str, "text": str, "notes": str, "prompt": str, "cache": (bool, str), "advance_to": int,
              "max_new_tokens": int, "model": str, "focus": str, "question": str, "window": int, "sinks": int,
              "prompts": list, "block_size": int, "kv_dtype": str, "draft_tokens": int, "prompt_lookup": int,
-             "draft_model": str}
+             "draft_model": str, "evict": str, "budget": int, "observe": int, "pool": int}
 REQUIRED_STEP_KEYS = ("title", "text", "prompt", "cache", "advance_to", "max_new_tokens")
 REQUIRED_SERVING_KEYS = ("title", "text", "prompts", "advance_to", "max_new_tokens")  # a step with `prompts`
 MAX_LESSON_BYTES = 32 * 1024  # ten times the built-in lesson; anything larger is refused unread
 MULTILINE_KEYS = ("text", "notes", "prompt")  # may hold tabs and line breaks; no other control character anywhere
-
-
-class LessonError(KvvizError):
-    """A lesson file that cannot be used; the message names the file, the step and the key."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +81,10 @@ class LessonStep:
     draft_tokens: int = 0  # speculative decoding: tokens drafted a round (0: plain decoding, a token a pass)
     prompt_lookup: int = 0  # ... drafted by prompt lookup of up to this many tokens
     draft_model: str = ""  # ... or by this draft model (a --model value)
+    evict: str = ""  # the cache keeps `budget` positions a layer chosen by this importance method ("": none)
+    budget: int = 0
+    observe: int = 0  # ... SnapKV's and PyramidKV's observation window and pooling (0: the engine's defaults)
+    pool: int = 0
 
     @property
     def speculative(self) -> bool:
@@ -106,6 +96,20 @@ class LessonStep:
         """The step's drafter as RunRequest fields (draft_tokens, prompt_lookup, draft_model; zeros: none)."""
         return {"draft_tokens": self.draft_tokens, "prompt_lookup": self.prompt_lookup,
                 "draft_model": self.draft_model}
+
+    def eviction_fields(self) -> dict:
+        """The step's eviction by importance as RunRequest (and Engine.policy) fields (evict "": none)."""
+        return {"evict": self.evict, "budget": self.budget, "observe": self.observe, "pool": self.pool}
+
+    def cache_fields(self) -> dict:
+        """Everything the step's cache keeps and how, as RunRequest fields: window, sinks, precision, eviction."""
+        return {"window": self.window, "sinks": self.sinks, "kv_dtype": self.kv_dtype, **self.eviction_fields()}
+
+    @property
+    def measures_perplexity(self) -> bool:
+        """The step's question is answered by perplexities measured on the held-out text, not by its run's record
+        (kvviz.lessons.perplexity)."""
+        return self.question in PERPLEXITY_QUESTIONS
 
     @property
     def serving(self) -> bool:
@@ -128,7 +132,7 @@ class LessonStep:
 
     @property
     def question_text(self) -> str:
-        return QUESTIONS[self.question] if self.question else ""
+        return QUESTIONS[self.question].format(**question_values(self)) if self.question else ""
 
     @property
     def needs_attention(self) -> bool:
@@ -172,6 +176,7 @@ BUILTIN_LESSONS = {  # name -> what it teaches; the first is the default, each i
     "kv-quantized": "a quantized KV cache: a quarter of the bytes, and the drift it costs",
     "kv-layers": "not every layer keeps a cache: local and global layers, shared KV, linear-attention state",
     "kv-speculative": "speculative decoding: draft cheaply, verify in one pass, roll the cache back",
+    "kv-importance": "which tokens can we forget? eviction by importance (H2O) against a window, and its cost",
 }
 
 
@@ -277,14 +282,15 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
             raise LessonError(f"{source}: {where}{key}: {value} is not from 0 to {MAX_LESSON_TOKENS}")
     if sinks and not window:
         raise LessonError(f"{source}: {where}sinks: attention sinks go with a window: give window too")
-    if question in ATTENTION_QUESTIONS and not sinks:
+    if question in SINK_QUESTIONS and not sinks:
         raise LessonError(f"{source}: {where}question: {question} asks about the sinks: give sinks too")
     kv_dtype = item.get("kv_dtype", "")
     if kv_dtype and kv_dtype not in KV_DTYPES:
         raise LessonError(f"{source}: {where}kv_dtype: expected one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}"[:300])
     if kv_dtype and window:
         raise LessonError(f"{source}: {where}kv_dtype: a quantized cache keeps every position: no window with it")
-    drafter = _parse_drafter(item, source, where)
+    drafter = parse_drafter(item, source, where)
+    eviction = parse_eviction(item, source, where, MAX_LESSON_TOKENS)
     focus = item.get("focus", "all")
     if focus not in FOCUSES:
         raise LessonError(f"{source}: {where}focus: expected one of {', '.join(FOCUSES)}, got {focus!r}"[:300])
@@ -297,29 +303,7 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
     return LessonStep(title=item["title"].strip(), text=" ".join(item["text"].split()), prompt=item["prompt"],
                       cache=cache, advance_to=advance, max_new_tokens=budget, notes=item.get("notes", "").strip(),
                       model=item.get("model"), focus=focus, question=question, window=window, sinks=sinks,
-                      kv_dtype=kv_dtype, **drafter)
-
-
-def _parse_drafter(item: dict, source: str, where: str) -> dict:
-    """A step's speculative decoding: `draft_tokens` a round with one drafter, `prompt_lookup` or `draft_model`, on
-    the cached run alone (the engine refuses compare mode with it); {} for plain decoding."""
-    k, lookup, model = item.get("draft_tokens", 0), item.get("prompt_lookup", 0), item.get("draft_model", "")
-    if not (k or lookup or model):
-        if item.get("question") in SPECULATIVE_QUESTIONS:
-            raise LessonError(f"{source}: {where}question: {item['question']} asks about drafts: give draft_tokens "
-                              "and a drafter too")
-        return {}
-    if not 1 <= k <= MAX_DRAFT_TOKENS:
-        raise LessonError(f"{source}: {where}draft_tokens: {k} is not from 1 to {MAX_DRAFT_TOKENS} (speculative "
-                          "decoding drafts that many tokens a round)")
-    if bool(lookup) == bool(model):
-        raise LessonError(f"{source}: {where}draft_tokens: give one drafter, prompt_lookup or draft_model")
-    if lookup and not 1 <= lookup <= MAX_PROMPT_LOOKUP:
-        raise LessonError(f"{source}: {where}prompt_lookup: {lookup} is not from 1 to {MAX_PROMPT_LOOKUP}")
-    if item["cache"] is not True:
-        raise LessonError(f"{source}: {where}cache: speculative decoding checks drafts against the cache, on its "
-                          "own: cache = true")
-    return {"draft_tokens": k, "prompt_lookup": lookup, "draft_model": model}
+                      kv_dtype=kv_dtype, **drafter, **eviction)
 
 
 def _parse_serving_step(item: dict, source: str, where: str) -> LessonStep:
@@ -327,7 +311,8 @@ def _parse_serving_step(item: dict, source: str, where: str) -> LessonStep:
     for key in REQUIRED_SERVING_KEYS:
         if key not in item:
             raise LessonError(f"{source}: {where}{key}: missing")
-    for key in ("prompt", "cache", "window", "sinks", "kv_dtype", "draft_tokens", "prompt_lookup", "draft_model"):
+    for key in ("prompt", "cache", "window", "sinks", "kv_dtype", "draft_tokens", "prompt_lookup", "draft_model",
+                "evict", "budget", "observe", "pool"):
         if key in item:
             raise LessonError(f"{source}: {where}{key}: a serving step has prompts, one cache for all, no window")
     prompts = item["prompts"]

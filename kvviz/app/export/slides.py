@@ -33,7 +33,8 @@ from kvviz.app.export.slide_layout import Deck, SlideText, slide_png, view_rect
 from kvviz.app.export.slide_stage import SlideStage
 from kvviz.core.errors import KvvizError, first_line
 from kvviz.core.files import check_stop, folder_problem, stops_deferred, user_path
-from kvviz.lessons.lesson import Lesson, LessonError, LessonStep, format_answer, measured_answer
+from kvviz.lessons.lesson import Answer, Lesson, LessonError, LessonStep, format_answer, measured_answer
+from kvviz.lessons.perplexity import PERPLEXITY_TOKENS, Perplexities, perplexity_runs
 
 LESSON_FORMATS = ("png", "pdf")
 DECK_NAME = "kvviz-lesson.pdf"
@@ -53,7 +54,7 @@ class StepRun:
     plan: RunPlan
     shown: tuple[StepRecord, ...]
     advanced: tuple[StepRecord, ...]
-    answer: float | None
+    answer: Answer | None
     speed: SweepResult | None = None  # the speed sweep of the step's model, for a step that needs it
     batch_speed: BatchSpeed | None = None  # a serving step's batch against one at a time, once its batch is done
 
@@ -93,7 +94,7 @@ def _footer(step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], dt
     made = records[-1].new_tokens if records else 0
     if step.compare and plan.against_lossy:
         first, second = plan.lockstep_names
-        mode = f"the {first} and the {second} in lockstep"
+        mode = f"the {first} and {'' if second[:1].isupper() else 'the '}{second} in lockstep"  # H2O, the window
     elif step.compare:
         mode = "with and without KV cache in lockstep"
     else:
@@ -108,10 +109,30 @@ def _footer(step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], dt
 # ----- the runs -----
 
 
-def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> StepRun:
+def measure_perplexities(engine: Engine, step: LessonStep, tokens: int = PERPLEXITY_TOKENS,
+                         known: dict | None = None) -> Perplexities:
+    """The answer to `step`'s perplexity question: each policy perplexity_runs names, measured on the first `tokens`
+    tokens of the shipped held-out text (kvviz.measure.quality), teacher-forced one token a pass. `known` keeps what
+    was measured on this engine, by policy and tokens, for the next question (the app's lesson mode measures with it
+    too, in the background). KvvizError (one line) for a policy the model refuses."""
+    from kvviz.measure.quality import heldout_ids, perplexity
+
+    known = {} if known is None else known
+    ids = heldout_ids(engine.tokenizer, tokens)
+    measured = []
+    for run in perplexity_runs(step):
+        policy = engine.policy(**run.fields)
+        if (policy, tokens) not in known:
+            known[policy, tokens] = perplexity(engine, ids, policy).value
+        measured.append((run.label, known[policy, tokens]))
+    return Perplexities(tokens, tuple(measured))
+
+
+def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int, known: dict | None = None) -> StepRun:
     """Plan step `index`'s run and take its records up to `advance_to` token steps (one more for a
-    question); with the cache, the filling pass only after the run's last token. LessonError (naming
-    the file, the step and the key) when the model cannot run it."""
+    question); with the cache, the filling pass only after the run's last token. A perplexity question's answer is
+    measured on the held-out text (measure_perplexities, with `known`). LessonError (naming the file, the step and
+    the key) when the model cannot run it."""
     from kvviz.core.records import RunRequest
     from kvviz.engine.run import start_run
 
@@ -120,8 +141,7 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
     if step.serving:
         return _run_batch_step(engine, model_name, step, where)
     request = RunRequest(0, step.prompt, step.use_cache or step.compare, step.max_new_tokens, compare=step.compare,
-                         window=step.window, sinks=step.sinks, kv_dtype=step.kv_dtype, attention=step.needs_attention,
-                         **step.drafter_fields())
+                         attention=step.needs_attention, **step.cache_fields(), **step.drafter_fields())
     try:
         if step.draft_model and engine.draft is None:  # speculative decoding with a draft model: loaded once
             from kvviz.sources.weights import attach_draft
@@ -147,7 +167,12 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int) -> Ste
             run.close()
     shown = tuple(r for r in records if r.new_tokens <= step.advance_to)
     answer = None
-    if step.question:
+    if step.measures_perplexity:
+        try:
+            answer = measure_perplexities(engine, step, known=known)
+        except KvvizError as exc:
+            raise LessonError(f"{where}question: {first_line(exc)}") from exc
+    elif step.question:
         answer = measured_answer(step.question, shown[-1] if shown else None, records[-1], step.sinks)
     return StepRun(plan=plan, shown=shown, advanced=tuple(records), answer=answer)
 
@@ -261,7 +286,9 @@ def export_lesson(
         raise ExportError(f"{out_dir}: {problem}")
     app = ensure_application()
     engines = _step_engines(lesson, model, dtype)
-    runs = [run_step(engine, name, lesson, index) for index, (name, engine) in enumerate(engines)]
+    known: dict[int, dict] = {}  # perplexities measured, per engine
+    runs = [run_step(engine, name, lesson, index, known.setdefault(id(engine), {}))
+            for index, (name, engine) in enumerate(engines)]
     runs = _with_speed(lesson, engines, runs, progress)
     replaced = all_or_nothing(out_dir, stale=lambda: earlier_deck(out_dir))  # the whole earlier deck, or none of it
     with without_offscreen_chatter(), themes.using(theme), stops_deferred(), replaced as files:

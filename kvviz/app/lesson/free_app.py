@@ -1,6 +1,6 @@
 """What the free app had when a lesson began, and giving it back when the lesson ends: its model, the token its
-run was at, and the settings a lesson changes (Break the cache, a window, a KV precision). The prompt and the
-other run settings are kept in the window's settings."""
+run was at, and the settings a lesson changes (Break the cache, a window, a KV precision, eviction by importance).
+The prompt and the other run settings are kept in the window's settings."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvviz.app.window.actions import check_run_actions
+from kvviz.app.window.eviction_dialog import EvictionChoice
 
 if TYPE_CHECKING:
     from kvviz.app.lesson.host import LessonHost
@@ -23,6 +24,7 @@ class FreeApp:
     window: tuple[int, int] = (0, 0)  # Run > Sliding window: positions and sinks
     kv_dtype: str = ""  # Run > KV cache precision
     attention: bool = False  # View > Attention (a lesson's sink step opens it)
+    eviction: EvictionChoice = EvictionChoice()  # Run > Evict by importance
 
 
 def keep_free_app(w: LessonHost) -> FreeApp:
@@ -30,7 +32,7 @@ def keep_free_app(w: LessonHost) -> FreeApp:
     w.controls.store(w.settings)
     c = w.controls
     return FreeApp(w.session.latest_source, w.session.steps_target, c.break_cache, (c.window, c.sinks), c.kv_dtype,
-                   c.attention)
+                   c.attention, c.eviction)
 
 
 def give_back(w: LessonHost, free: FreeApp) -> None:
@@ -41,6 +43,7 @@ def give_back(w: LessonHost, free: FreeApp) -> None:
     c.window, c.sinks = free.window
     c.kv_dtype = free.kv_dtype
     c.attention = free.attention
+    c.eviction = free.eviction
     w.workspace.run_view.show_attention(free.attention)
     check_run_actions(w.actions, free.break_cache, c.compare, free.attention, free.kv_dtype)
     if free.source != w.session.latest_source:

@@ -6,8 +6,8 @@ from PySide6.QtCore import QEvent, QRegularExpression, Qt
 from PySide6.QtGui import QKeyEvent, QRegularExpressionValidator
 from PySide6.QtWidgets import QLineEdit, QWidget
 
-GUESS_PATTERN = r"([0-9][0-9 ,.\x{2009}]{0,15}x?)?"  # empty, 90, 6.8, 6.8x, 36,864
-GUESS_CHARACTERS = "0123456789,.x"  # what typing puts into the guess field; other keys reach the shortcuts
+GUESS_PATTERN = r"([0-9][0-9 ,.\x{2009}-]{0,39}x?)?"  # empty, 90, 6.8, 6.8x, 36,864; positions: 0-3,14,15
+GUESS_CHARACTERS = "0123456789,.-x"  # what typing puts into the guess field; other keys reach the shortcuts
 GUESS_EDIT_KEYS = (Qt.Key.Key_Backspace, Qt.Key.Key_Delete, Qt.Key.Key_Home, Qt.Key.Key_End, Qt.Key.Key_Return,
                    Qt.Key.Key_Enter)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QSignalBlocker, QTimer
 
@@ -11,12 +10,14 @@ from kvviz.app.lesson.focus import LessonFocus
 from kvviz.app.lesson.free_app import FreeApp, give_back, keep_free_app
 from kvviz.app.lesson.host import LessonHost
 from kvviz.app.lesson.panel import LessonPanel
-from kvviz.app.lesson.step_state import plan_is_step, put_step_controls, run_at
+from kvviz.app.lesson.perplexity_answers import Key, PerplexityAnswers
+from kvviz.app.lesson.step_state import plan_is_step, put_step_controls, show_serving, shows_step, start_batch
 from kvviz.app.theme import Theme
 from kvviz.app.window.actions import set_lesson_keys
 from kvviz.app.window.dialogs import show_error
 from kvviz.core.records import ModelInfo, StepRecord
 from kvviz.lessons.lesson import (
+    Answer,
     Lesson,
     LessonError,
     LessonStep,
@@ -25,10 +26,6 @@ from kvviz.lessons.lesson import (
     measured_answer,
     measured_batch_answer,
 )
-
-if TYPE_CHECKING:
-    pass
-
 
 BUILTIN = ("", "builtin")  # lesson sources that mean the built-in lesson
 
@@ -45,7 +42,8 @@ class LessonMode(QObject):
     sampling, and replays the run to its `advance_to`. A step with a question shows the question
     first; the next press takes one generation step and shows, beside the audience's guess, the answer
     measured from the step's last record (the one the counter shows: after the last token, the pass
-    that fills the cache) and the record before the step. Any slide reached backwards (or after free
+    that fills the cache) and the record before the step; a perplexity question's, on the held-out text in the
+    background, from the question on (PerplexityAnswers). Any slide reached backwards (or after free
     steps) is replayed, so it looks as it did. A question's guess field has the keyboard focus, so
     typed digits go in (Enter reveals). Leaving gives the keys back and the free app its own state: its
     prompt and run settings, compare mode and Break the cache, its model, and its run at the token it was at.
@@ -61,7 +59,7 @@ class LessonMode(QObject):
         self.lesson: Lesson | None = None
         self.active = False
         self.slide = 0
-        self.measured: float | None = None  # the current slide's measured answer, once it is in
+        self.measured: Answer | None = None  # the current slide's measured answer, once it is in
         self._guesses: dict[int, str] = {}  # step index -> the audience's guess
         self._nexts_when_measured = 0  # Page Down presses while the revealed answer was being measured
         self._revealing = False  # waiting for the record that answers the question
@@ -75,6 +73,9 @@ class LessonMode(QObject):
         panel.guess_entered.connect(self.next)
         panel.guess_edited.connect(self._on_guess_edited)
         panel.placed.connect(self._on_placed)
+        self.perplexity = PerplexityAnswers(window, self)  # a perplexity question's, measured in the background
+        self.perplexity.measured.connect(self._on_perplexity_measured)
+        self.perplexity.failed.connect(lambda key, message: self._on_perplexity_measured(key, float("nan"), message))
 
     # ----- entering and leaving -----
     def open(self, source: str | None = None) -> bool:
@@ -127,7 +128,8 @@ class LessonMode(QObject):
         w = self._window
         self.active = False
         self._revealing = False
-        self._show_serving(False)
+        self.perplexity.shut_down()
+        show_serving(self._window, False)
         set_lesson_keys(w.actions, False)
         self.panel.hide()
         w.controls.show()
@@ -184,8 +186,11 @@ class LessonMode(QObject):
             self._nexts_when_measured = queued - 1
             QTimer.singleShot(0, self, self.next)
 
-    def _answer_measured(self) -> None:
-        """An answer is in: a Page Down pressed while it was measured goes on now."""
+    def _set_measured(self, value: Answer, precision: str = "") -> None:
+        """The revealed question's answer is in: shown, and a Page Down pressed while it was measured goes on now."""
+        self._revealing = False
+        self.measured = value
+        self.panel.set_answer(format_answer(self.step.question, value, precision))
         if self._nexts_when_measured:
             self._nexts_when_measured -= 1
             QTimer.singleShot(0, self, self.next)  # after the answer is drawn
@@ -202,14 +207,14 @@ class LessonMode(QObject):
         self._show_step_text()
         self.measured = None
         self._revealing = revealed
-        self._show_serving(step.serving)
+        show_serving(self._window, step.serving)
         if step.serving:
             self.focus.point_at(step)
             if step.model is not None and step.model not in (w.session.source, self._model_asked):
                 self._model_asked = step.model
                 w.load_model(step.model)  # the batch follows once it is loaded (_on_model_loaded)
                 return
-            self._start_batch()
+            start_batch(w, step, revealed)
             w.focus_grid()
             return
         self._set_controls(step)
@@ -217,6 +222,10 @@ class LessonMode(QObject):
         w.focus_grid()  # the keys step the lesson and the run, none of them types
         if step.question and not revealed:
             self.panel.focus_guess()  # ... but digits go into the guess (GuessEdit passes the other keys on)
+        if step.measures_perplexity:  # measured from the question on; at once when known
+            known = self.perplexity.ask(self._perplexity_key(step), step)
+            if known is not None and revealed:
+                self._set_measured(known)
         if step.model is not None and step.model not in (w.session.source, self._model_asked):
             self._model_asked = step.model
             w.load_model(step.model)  # the step's run follows once it is loaded (_on_model_loaded)
@@ -252,31 +261,15 @@ class LessonMode(QObject):
     def _start_run(self) -> None:
         w = self._window
         if self.step.serving:
-            self._start_batch()
+            start_batch(w, self.step, self.revealed)
             return
         w.session.start_run(w.controls.request(), self.step.advance_to + int(self.revealed))
 
     # ----- serving steps -----
-    def _show_serving(self, on: bool) -> None:
-        """View > Serving on for a serving step, off for the others (and when the lesson ends)."""
-        action = self._window.actions["serving"]
-        if action.isChecked() != on:
-            action.setChecked(on)
-        self._window.serving.show_inputs(not on)  # a step's batch is the step's: no inputs to edit
-
-    def _start_batch(self) -> None:
-        """The step's batch, planned anew and taken to `advance_to` passes (its answer's slide: to the end)."""
-        step = self.step
-        passes = step.passes if self.revealed else step.advance_to
-        self._window.serving.run_to(step.prompts, step.block_size, step.max_new_tokens, passes)
-
     def _on_batch_computed(self, record) -> None:
         step = self.step
         if self.active and self._revealing and step is not None and step.serving and step.question and record.final:
-            self._revealing = False
-            self.measured = measured_batch_answer(step.question, record)
-            self.panel.set_answer(format_answer(step.question, self.measured))
-            self._answer_measured()
+            self._set_measured(measured_batch_answer(step.question, record))
 
     def _at_question(self, step: LessonStep) -> bool:
         """Whether the current run is the step's, at its `advance_to` (its records there in), and can step."""
@@ -302,15 +295,24 @@ class LessonMode(QObject):
     def _on_record_computed(self, record: StepRecord) -> None:
         step, plan = self.step, self._window.session.plan
         if not (self.active and self._revealing and step is not None and step.question
-                and record.new_tokens > step.advance_to and plan_is_step(plan, step)):
+                and not step.measures_perplexity and record.new_tokens > step.advance_to and plan_is_step(plan, step)):
             return
         if record.token_id is not None and plan.pass_follows_in_step(record):
             return  # the last token: the pass that fills the cache belongs to the step, and the answer is after it
-        self._revealing = False
         previous = self._window.session.record_at(step.advance_to)  # None at the first step
-        self.measured = measured_answer(step.question, previous, record, step.sinks)
-        self.panel.set_answer(format_answer(step.question, self.measured, record.cache_precision))
-        self._answer_measured()
+        self._set_measured(measured_answer(step.question, previous, record, step.sinks), record.cache_precision)
+
+    def _perplexity_key(self, step: LessonStep) -> Key:
+        s = self._window.session
+        return (s.latest_source if step.model is None else step.model, s.dtype, step)
+
+    def _on_perplexity_measured(self, key: Key, answer: Answer, failure: str = "") -> None:
+        step = self.step
+        if (self.active and self._revealing and step is not None and step.measures_perplexity
+                and key == self._perplexity_key(step)):
+            if failure:
+                show_error(self._window, "Perplexity not measured", failure)
+            self._set_measured(answer)
 
     def _on_model_loaded(self, _info: ModelInfo) -> None:
         self._model_asked = None
@@ -326,13 +328,5 @@ class LessonMode(QObject):
     @property
     def ready(self) -> bool:
         """Whether the window shows the current slide's state: its run at its step, its answer measured."""
-        step, s = self.step, self._window.session
-        if self.active and step is not None and step.serving:
-            batch = self._window.serving.batch
-            target = step.passes if self.revealed else step.advance_to
-            return (batch.plan is not None and tuple(r.prompt for r in batch.plan.requests) == step.prompts
-                    and len(batch.records) == target and (not self.revealed or self.measured is not None))
-        if not self.active or step is None or not plan_is_step(s.plan, step):
-            return False
-        target = min(step.advance_to + int(self.revealed), s.plan.budget)
-        return run_at(s, target) and (not self.revealed or self.measured is not None)
+        return (self.active and self.step is not None and shows_step(self._window, self.step, self.revealed)
+                and (not self.revealed or self.measured is not None))
