@@ -116,7 +116,7 @@ class GptOssConfig:
     def cache_refusal(self, policy: CachePolicy) -> str:
         if policy.lossy:
             return (f"{self.name} keeps its own sliding windows ({self.sliding_window} positions on its sliding "
-                    "layers): kvviz runs it without --window, --sinks, eviction by importance or --kv-dtype")
+                    "layers): kvviz runs it without --window, --sinks, --evict or --kv-dtype")
         return ""
 
     def cache_shape(self, source: str = "the model's config") -> Architecture:
