@@ -182,12 +182,9 @@ def test_the_cli_runs_a_method_and_says_bad_input_in_one_line(kvviz_cli):
 
 def test_compare_puts_the_full_cache_beside_a_method_and_calls_the_parting_a_trade_off(kvviz_cli):
     result = kvviz_cli("compare", "--prompt", "Time flies like an arrow and", "--new-tokens", "8", "--evict", "h2o",
-                       "--budget", "4", "--json")  # the embedded model: it parts from the full cache at step 6
+                       "--budget", "4")  # the embedded model: it parts from the full cache at step 6
     assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout)
-    assert out["evict"] == "h2o" and out["budget"] == 4 and out["summary"]["first_divergence"] == 6
-    assert [s["evicting_positions_held"] for s in out["steps"]] == [4] * 8
-    assert [s["full_positions_held"] for s in out["steps"]] == [6, 7, 8, 9, 10, 11, 12, 14]  # the last: filled
-    text = kvviz_cli("compare", "--prompt", "Time flies like an arrow and", "--new-tokens", "6", "--evict", "h2o",
-                     "--budget", "4").stdout
-    assert "with H2O (a budget of 4)" in text and "a trade-off, not a bug" in text
+    text = result.stdout
+    assert "the runs part at step 6" in text and "with H2O (a budget of 4)" in text and "a trade-off, not a bug" in text
+    held = [line.split()[-1] for line in text.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert held == ["6/4", "7/4", "8/4", "9/4", "10/4", "11/4", "12/4", "14/4"]  # the full cache's, then the budget

@@ -212,7 +212,8 @@ def test_a_quantized_checkpoint_and_a_user_window_are_refused_in_one_line(oss, t
     engine = engine_of(model, folder)
     for options in ({"window": 8}, {"window": 8, "sinks": 2}, {"kv_dtype": "int8"}):
         with pytest.raises(GenerationError, match="keeps its own sliding windows .4 positions on its sliding "
-                                                  "layers.: kvviz runs it without --window, --sinks, --evict or --kv-dtype"):
+                                                  "layers.: kvviz runs it without --window, --sinks, --evict or "
+                                                  "--kv-dtype"):
             engine.policy(**options)
 
 
