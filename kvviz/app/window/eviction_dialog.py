@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QSpinBox, QWidget
+from PySide6.QtWidgets import QComboBox, QDialog, QLabel, QWidget
 
+from kvviz.app.window.dialog_form import settings_form, spin
 from kvviz.core.policy import EVICTION_METHODS, SNAP_METHODS
 from kvviz.core.records import RunRequest
 
@@ -51,11 +52,6 @@ class EvictionDialog(QDialog):
     def __init__(self, choice: EvictionChoice, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Evict by importance")
-        note = QLabel("The cache keeps a budget of B positions a layer, chosen by the attention they get, and evicts "
-                      "the rest; every step attends to what it keeps, with the cache or without it. One trade-off "
-                      "at a time: a sliding window or a quantized cache is refused beside it.")
-        note.setWordWrap(True)
-        note.setMinimumWidth(440)
         self.method_combo = QComboBox()
         self.method_combo.addItem("off: no eviction by importance", "")
         for method, rule in EVICTION_METHODS.items():
@@ -65,24 +61,17 @@ class EvictionDialog(QDialog):
         self.rule = QLabel()  # the chosen method's published rule, in a sentence
         self.rule.setObjectName("muted")
         self.rule.setWordWrap(True)
-        self.budget_spin = _spin(1, MAX_POSITIONS, choice.budget)
+        self.budget_spin = spin(1, MAX_POSITIONS, choice.budget)
         self.budget_spin.setToolTip("Positions each layer keeps (PyramidKV: on average, more below, fewer above)")
-        self.observe_spin = _spin(0, MAX_POSITIONS, choice.observe, "default: a quarter of B, at most 32")
+        self.observe_spin = spin(0, MAX_POSITIONS, choice.observe, "default: a quarter of B, at most 32")
         self.observe_spin.setToolTip("The latest queries whose attention decides what is kept (fewer than B)")
-        self.pool_spin = _spin(0, 63, choice.pool, "default: 5")
+        self.pool_spin = spin(0, 63, choice.pool, "default: 5")
         self.pool_spin.setToolTip("Scores are averaged over this many neighbouring positions (an odd number)")
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        form = QFormLayout(self)
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
-        form.addRow(note)
-        form.addRow("method", self.method_combo)
-        form.addRow(self.rule)
-        form.addRow("budget B (positions a layer)", self.budget_spin)
-        form.addRow("observation window (queries)", self.observe_spin)
-        form.addRow("pooling (positions)", self.pool_spin)
-        form.addRow(buttons)
+        settings_form(self, "The cache keeps a budget of B positions a layer, chosen by the attention they get, "
+                      "and evicts the rest; every step attends to what it keeps, with the cache or without it. One "
+                      "trade-off at a time: a sliding window or a quantized cache is refused beside it.",
+                      (("method", self.method_combo), self.rule, ("budget B (positions a layer)", self.budget_spin),
+                       ("observation window (queries)", self.observe_spin), ("pooling (positions)", self.pool_spin)))
         self.method_combo.currentIndexChanged.connect(self._show_enabled)
         self._show_enabled()
 
@@ -95,8 +84,8 @@ class EvictionDialog(QDialog):
         self.rule.setText(EVICTION_METHODS[method].split(": ", 1)[1] if method else "The cache keeps every "
                           "position (or the sliding window's).")
         self.budget_spin.setEnabled(bool(method))
-        for spin in (self.observe_spin, self.pool_spin):
-            spin.setEnabled(method in SNAP_METHODS)
+        for box in (self.observe_spin, self.pool_spin):
+            box.setEnabled(method in SNAP_METHODS)
         if self.isVisible():  # a rule of more lines: the dialog grows to it, never squeezing the note
             self.layout().activate()
             self.resize(self.width(), max(self.height(), self.layout().totalHeightForWidth(self.width())))
@@ -104,15 +93,6 @@ class EvictionDialog(QDialog):
     def chosen(self) -> EvictionChoice:
         return EvictionChoice(self.method, self.budget_spin.value(), self.observe_spin.value(),
                               self.pool_spin.value())
-
-
-def _spin(low: int, high: int, value: int, special: str = "") -> QSpinBox:
-    spin = QSpinBox()
-    spin.setRange(low, high)
-    if special:
-        spin.setSpecialValueText(special)
-    spin.setValue(value)
-    return spin
 
 
 def choose_eviction(controls, parent: QWidget) -> None:

@@ -9,13 +9,10 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDialog,
-    QDialogButtonBox,
-    QFormLayout,
-    QLabel,
-    QSpinBox,
     QWidget,
 )
 
+from kvviz.app.window.dialog_form import settings_form, spin
 from kvviz.core.records import RunRequest
 from kvviz.core.resources import embedded_model_dir
 from kvviz.core.speculation import MAX_DRAFT_TOKENS, MAX_PROMPT_LOOKUP
@@ -68,33 +65,22 @@ class SpeculativeDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Speculative decoding")
         self._choice = choice
-        note = QLabel("A cheap drafter guesses the next k tokens; the model checks every guess in one pass, keeps "
-                      "the longest run it agrees with and its own next token, and crops the rolled-back guesses out "
-                      "of its KV cache. The text is the same as plain greedy decoding, in fewer passes of the model. "
-                      "It needs the KV cache, and runs without compare mode and Break the cache.")
-        note.setWordWrap(True)
-        note.setMinimumWidth(440)
         self.on_check = QCheckBox("Decode speculatively")
         self.on_check.setChecked(choice.on)
         self.drafter_combo = QComboBox()  # (radio buttons had no clear mark in the dark theme's style sheet)
         self.drafter_combo.addItem("prompt lookup (no model): what followed the text's last n tokens before")
         self.drafter_combo.addItem(f"the draft model {choice.model} (the same tokenizer, 2 layers)")
         self.drafter_combo.setCurrentIndex(int(choice.by_model))
-        self.lookup_spin = _spin(1, MAX_PROMPT_LOOKUP, choice.lookup)
+        self.lookup_spin = spin(1, MAX_PROMPT_LOOKUP, choice.lookup)
         self.lookup_spin.setToolTip("Prompt lookup tries the last n tokens, then n - 1, ... down to 1")
-        self.k_spin = _spin(1, MAX_DRAFT_TOKENS, choice.k)
+        self.k_spin = spin(1, MAX_DRAFT_TOKENS, choice.k)
         self.k_spin.setToolTip("Tokens the drafter proposes a round; the model checks them all in one pass")
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        form = QFormLayout(self)
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
-        form.addRow(note)
-        form.addRow(self.on_check)
-        form.addRow("drafter", self.drafter_combo)
-        form.addRow("prompt lookup's n (tokens)", self.lookup_spin)
-        form.addRow("draft tokens a round, k", self.k_spin)
-        form.addRow(buttons)
+        settings_form(self, "A cheap drafter guesses the next k tokens; the model checks every guess in one pass, "
+                      "keeps the longest run it agrees with and its own next token, and crops the rolled-back "
+                      "guesses out of its KV cache. The text is the same as plain greedy decoding, in fewer passes "
+                      "of the model. It needs the KV cache, and runs without compare mode and Break the cache.",
+                      (self.on_check, ("drafter", self.drafter_combo), ("prompt lookup's n (tokens)", self.lookup_spin),
+                       ("draft tokens a round, k", self.k_spin)))
         self.on_check.toggled.connect(self._show_enabled)
         self.drafter_combo.currentIndexChanged.connect(self._show_enabled)
         self._show_enabled()
@@ -112,11 +98,3 @@ class SpeculativeDialog(QDialog):
     def chosen(self) -> SpeculativeChoice:
         return replace(self._choice, on=self.on_check.isChecked(), k=self.k_spin.value(),
                        lookup=self.lookup_spin.value(), by_model=self.by_model)
-
-
-def _spin(low: int, high: int, value: int) -> QSpinBox:
-    spin = QSpinBox()
-    spin.setRange(low, high)
-    spin.setValue(value)
-    return spin
-
