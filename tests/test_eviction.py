@@ -188,3 +188,22 @@ def test_compare_puts_the_full_cache_beside_a_method_and_calls_the_parting_a_tra
     assert "the runs part at step 6" in text and "with H2O (a budget of 4)" in text and "a trade-off, not a bug" in text
     held = [line.split()[-1] for line in text.splitlines() if line.split() and line.split()[0].isdigit()]
     assert held == ["6/4", "7/4", "8/4", "9/4", "10/4", "11/4", "12/4", "14/4"]  # the full cache's, then the budget
+
+
+def test_an_importance_layer_keeps_the_layer_contract_and_refuses_to_roll_back():
+    """The contract every layer kind keeps (update returns what the pass reads, with each key's position; bytes held
+    measured), and crop refused in words: an evicted position cannot come back."""
+    from kvviz.cache.kv_cache import build_cache
+    from kvviz.cache.layers import LayerKind
+
+    cache = build_cache([LayerKind("importance", 2, 4, evict="h2o", budget=3)], 16)
+    k = torch.randn(1, 2, 5, 4)
+    held = cache.update(0, torch.arange(5), k, k)
+    assert held.positions.tolist() == [[0, 1, 2, 3, 4]] * 2 and torch.equal(held.keys, k)
+    held.keeper.attend(torch.zeros(2, 5, 5), held.positions, torch.arange(5))  # equal scores: causal softmax rows
+    assert cache.layer_positions_held == (3,) and cache.bytes_used == 3 * 2 * 2 * 4 * 4  # 3 x (K, V) x 2 x 4 x 4 B
+    # accumulated attention by hand: position p gets 1/(t + 1) from each query t >= p: 2.28, 1.28, 0.78, 0.45, 0.2;
+    # H2O keeps the most recent 1 (3 // 2), position 4, and the 2 best of the rest, 0 and 1
+    assert cache.layers[0].keeper.held.tolist() == [[0, 1, 4]] * 2
+    with pytest.raises(ValueError, match="cannot roll back"):
+        cache.crop(4)
