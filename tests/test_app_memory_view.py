@@ -299,6 +299,12 @@ def test_every_line_is_drawn_in_one_precision_and_the_axis_names_it(qtbot):
     assert view.points()[0].size == 0 and "choose float32 to see the points" in view.formula.text()
     view.dtype_box.setCurrentText("float32")
     assert view.points()[1].tolist() == [3 * 27 * 576 * 4, 4 * 27 * 576 * 4]  # measured, at 3 and 4 positions
+    # a step at 4 positions, a layer: the naive one rebuilds 2 heads x (72 + 8) numbers x 4 positions x 4 bytes =
+    # 2,560 bytes = 2.5 KiB; the absorbed one 2 scores x 4 positions x 4 bytes = 32 bytes; the latent 576 x 4
+    assert ("a decode step keeps the latent, 2,304 bytes a position and layer; to attend at 4 positions the naive "
+            "step (deepseek.py) rebuilds each head's key and value, 2 \u00d7 (72 + 8) numbers a position: 2.5 KiB a "
+            "layer; the absorbed step (deepseek_fast.py) scores the latents, 2 numbers a position: 32 B"
+            ) in view.formula.text()
 
 
 def test_on_a_slide_the_gb_labels_stand_apart_and_axis_titles_and_controls_read_as_the_ticks(qtbot, engine):

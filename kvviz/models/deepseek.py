@@ -4,9 +4,10 @@ MLA caches one compressed *latent* per position and layer instead of a key and a
 hidden state projected down to `kv_lora_rank` numbers (and RMS-normed), plus `k_pe`, a small key of
 `qk_rope_head_dim` numbers that carries the position (RoPE) and is shared by every head. Each head's key and value
 are rebuilt from the latent by one up-projection, `kv_b_proj`, every time attention runs: that is where this file
-spends the memory it saves. (DeepSeek's fast kernels *absorb* the up-projection into the query and the output
-projections instead, and attend to the latents directly; the arithmetic is the same.) For DeepSeek-V3 the cache
-holds 512 + 64 numbers a layer and position, where multi-head attention would hold 2 x 128 heads x 128.
+spends the memory it saves. This is the naive path, the lesson; `deepseek_fast.py` is DeepSeek's absorbed decode
+step, which multiplies the up-projection into the query and the output instead and attends to the latents directly
+(the same arithmetic, summed in another order). For DeepSeek-V3 the cache holds 512 + 64 numbers a layer and
+position, where multi-head attention would hold 2 x 128 heads x 128.
 
 The RoPE here turns pairs of neighbouring numbers (x[2i], x[2i+1]), as DeepSeek's checkpoints expect, not the two
 halves of a head as Llama's does. Module names follow transformers' DeepseekV2 checkpoint keys. Mixture-of-experts
@@ -164,7 +165,8 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class LatentAttention(nn.Module):
-    """Multi-head latent attention: the keys and values of every head come from one cached latent per position."""
+    """Multi-head latent attention: the keys and values of every head come from one cached latent per position,
+    rebuilt for every held position at every pass (the naive path; deepseek_fast.py's decode step absorbs them)."""
 
     def __init__(self, config: DeepseekConfig, layer_index: int) -> None:
         super().__init__()

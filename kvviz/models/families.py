@@ -18,6 +18,7 @@ from torch import nn
 from kvviz.core.errors import ModelLoadError
 from kvviz.models import (
     deepseek,
+    deepseek_fast,
     deepseek_format,
     gemma3,
     gemma3_format,
@@ -54,7 +55,7 @@ class Family:
 FAMILIES: dict[str, Family] = {model_type: family for family in (
     Family(("gpt2",), "GPT-2", gpt2.GPT, gpt2_format, gpt2_fast),
     Family(llama_format.MODEL_TYPES, "Llama-family", llama.Llama, llama_format, llama_fast),
-    Family(deepseek_format.MODEL_TYPES, "DeepSeek-V2", deepseek.Deepseek, deepseek_format),
+    Family(deepseek_format.MODEL_TYPES, "DeepSeek-V2", deepseek.Deepseek, deepseek_format, deepseek_fast),
     Family(gemma3_format.MODEL_TYPES, "Gemma 3", gemma3.Gemma3, gemma3_format, spread),
     Family(gemma4_format.MODEL_TYPES, "Gemma 4", gemma4.Gemma4, gemma4_format, spread),
     Family(gpt_oss_format.MODEL_TYPES, "gpt-oss", gpt_oss.GptOss, gpt_oss_format, spread),

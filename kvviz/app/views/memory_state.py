@@ -140,10 +140,26 @@ class MemoryState:
         parts = self.parts_text(precision) if plan.cache_shape is not None else ""
         if parts:  # a model whose layers differ: per token while every layer holds it, then its two parts
             window = f" while every layer holds it ({parts})"
+        step = f"<br><span style='color:{muted}'>{self.latent_step_text()}</span>" if plan.multi_head_numbers else ""
         return (f"{general}<br><span style='color:{theme.teal}'>{plan.model_name} in {precision}: "
                 f"{per_token:,} bytes per token{window}{measured}</span> "
                 f"<span style='color:{muted}'>(every line in {precision}; lines for other models: their published "
-                f"configs; {axes})</span>")
+                f"configs; {axes})</span>{step}")
+
+    def latent_step_text(self) -> str:
+        """Latent attention (MLA), in the run's own precision: what a decode step keeps a position and layer, and
+        what it holds a layer at the current length (the last measured, else the run's last) to attend: the naive
+        step (deepseek.py) each head's key and value, the absorbed one (deepseek_fast.py) a score a head."""
+        plan = self.plan
+        length = max(self.points) if self.points else plan.width
+        key, value = plan.head_key_value
+        rebuilt = plan.multi_head_numbers * length * plan.dtype_bytes
+        scores = plan.n_head * length * plan.dtype_bytes
+        return (f"a decode step keeps the latent, {plan.cache_bytes_per_position // plan.n_layer:,} bytes a position "
+                f"and layer; to attend at {length:,} positions the naive step (deepseek.py) rebuilds each head's key "
+                f"and value, {plan.n_head} \u00d7 ({key} + {value}) numbers a position: {format_bytes(rebuilt)} a "
+                f"layer; the absorbed step (deepseek_fast.py) scores the latents, {plan.n_head} numbers a position: "
+                f"{format_bytes(scores)}")
 
 
 def contexts(extra: Sequence[int] = ()) -> np.ndarray:
