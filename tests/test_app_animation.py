@@ -4,10 +4,7 @@ formats, and copying views to the clipboard (Ctrl+Shift+C, "Copy image")."""
 from __future__ import annotations
 
 import errno
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import av
@@ -56,12 +53,6 @@ def mp4_facts(path: Path) -> dict:
                 "seconds": float(stream.duration * stream.time_base), "last": frames[-1].to_ndarray(format="rgb24")}
 
 
-def kvviz(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
-    return subprocess.run([sys.executable, "-m", "kvviz", *args], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=300)
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> str:
     return str(save_kvviz_folder(tmp_path_factory.mktemp("models") / "tiny", n_layer=2, n_head=2, n_embd=32))
@@ -78,12 +69,12 @@ def source() -> AnimationSource:
 
 
 # ----- kvviz export --animate -----
-def test_cli_animates_the_run_as_gif_and_mp4(app_model, tmp_path):
+def test_cli_animates_the_run_as_gif_and_mp4(app_model, tmp_path, kvviz_cli):
     """The command of the README, on the embedded model: a GIF and an MP4 of every step of the whole view."""
     out = tmp_path / "anim"
     model = [] if app_model is None else ["--model", app_model]
-    done = kvviz("export", "--animate", "--prompt", PROMPT, "--new-tokens", str(N), "--out", str(out),
-                 "--format", "gif,mp4", *model)
+    done = kvviz_cli("export", "--animate", "--prompt", PROMPT, "--new-tokens", str(N), "--out", str(out),
+                     "--format", "gif,mp4", *model)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # no progress line when stderr is not a terminal
     gif, mp4 = out / f"kvviz-view-steps1-{CACHED_STEPS}.gif", out / f"kvviz-view-steps1-{CACHED_STEPS}.mp4"

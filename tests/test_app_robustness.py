@@ -3,6 +3,7 @@ the terminal, stale status text, names in the picker, a crowded token strip, no 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers_process import ctrl_c_as_on_a_terminal
+from helpers_process import ForkServer, command_preloads
 from helpers_qt import download_until_cancelled
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QTextDocument
@@ -250,20 +251,29 @@ def gui_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="module")
+def app_fork_server(tmp_path_factory):
+    """The app's processes, forked from one that has imported what the app imports (see ForkServer)."""
+    server = ForkServer(gui_env(tmp_path_factory.mktemp("fork-server")),
+                        preload=[*command_preloads(), "PySide6.QtWidgets", "pyqtgraph", "kvviz.app.assembly"])
+    yield server
+    server.close()
+
+
 @pytest.mark.parametrize(("state", "signum"), [("idle", signal.SIGINT), ("play", signal.SIGINT),
                                                ("play", signal.SIGTERM), ("idle", signal.SIGHUP)],
                          ids=["ctrl-c-idle", "ctrl-c-playing", "sigterm-playing", "sighup-idle"])
-def test_a_stop_signal_quits_like_ctrl_q(tmp_path, app_model, state, signum):
-    args = [sys.executable, "-c", LAUNCHER, state, "--prompt", "Stop test"]
+def test_a_stop_signal_quits_like_ctrl_q(tmp_path, app_model, app_fork_server, state, signum):
+    args = [state, "--prompt", "Stop test"]
     if app_model is not None:
         args += ["--model", app_model]
-    proc = subprocess.Popen(args, env=gui_env(tmp_path), stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            preexec_fn=ctrl_c_as_on_a_terminal)
+    proc = app_fork_server.start(args, tmp_path, stdout="null", code=LAUNCHER, env=gui_env(tmp_path))
+    said = io.TextIOWrapper(proc.stderr, encoding="utf-8", errors="backslashreplace")
     lines: list[str] = []
     ready = threading.Event()
 
     def read() -> None:
-        for line in proc.stderr:
+        for line in said:
             lines.append(line)
             if line.startswith("probe: ready"):
                 ready.set()
@@ -279,7 +289,7 @@ def test_a_stop_signal_quits_like_ctrl_q(tmp_path, app_model, state, signum):
             proc.kill()
             proc.wait()
     reader.join(10)
-    proc.stderr.close()
+    said.close()
     stderr = "".join(lines)
     assert code == 0, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr

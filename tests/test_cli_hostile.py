@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers_checkpoints import save_kvviz_folder
-from helpers_process import ctrl_c_as_on_a_terminal
+from helpers_process import ForkServer, ctrl_c_as_on_a_terminal
 
 HUGE = str(10**30)
 TIMEOUT = 120
@@ -333,18 +333,55 @@ def run(command: list[str], stdout: str, cwd: Path) -> tuple[int, str]:
     return process.returncode, err.decode("utf-8", "backslashreplace")
 
 
+@pytest.fixture(scope="module")
+def fork_servers():
+    """`fork_servers(locked)`: the ForkServer of this module's `kvviz` processes, started when first asked for; a
+    `locked` one runs unprivileged (see `unprivileged`)."""
+    servers: dict[bool, ForkServer] = {}
+
+    def server(locked: bool = False) -> ForkServer:
+        if locked not in servers:
+            servers[locked] = ForkServer(ENV, prefix=unprivileged() if locked else (), timeout=TIMEOUT)
+        return servers[locked]
+
+    yield server
+    for started in servers.values():
+        started.close()
+
+
+def run_forked(server: ForkServer, args: list[str], stdout: str, cwd: Path) -> tuple[int, str]:
+    """`kvviz *args` forked from `server`, its standard output as `stdout` says; its status and stderr."""
+    if stdout == "full" and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    process = server.start(args, cwd, stdout)
+    try:
+        _, err = process.communicate(timeout=TIMEOUT)
+    finally:
+        process.kill()
+    return process.returncode, err.decode("utf-8", "backslashreplace")
+
+
 def needs_a_process(hostile: Case) -> bool:
     """A case runs in a `python -m kvviz` process only where one is needed: a closed, full or vanished
     stdout, permission bits, the app's own options (a regression would open the app), the GUI benchmark."""
     return hostile.stdout != "pipe" or hostile.locked or hostile.args[0].startswith("--") or "--gui" in hostile.args
 
 
+def starts_the_interpreter(hostile: Case) -> bool:
+    """A case whose process must start Python afresh: a closed stdout (Python starts with sys.stdout None), the
+    app's own options and the GUI benchmark (Qt's start). The other processes are forked from a `python` that has
+    imported what the command imports: each still has its own output, permissions, status and stderr."""
+    return hostile.stdout == "closed" or hostile.args[0].startswith("--") or "--gui" in hostile.args
+
+
 @pytest.mark.parametrize("hostile", CASES)
-def test_hostile_command_line(hostile: Case, place, tmp_path, kvviz_cli):
+def test_hostile_command_line(hostile: Case, place, tmp_path, kvviz_cli, fork_servers):
     args = [arg.format(tmp=tmp_path, **place) for arg in hostile.args]
-    if needs_a_process(hostile):
+    if needs_a_process(hostile) and starts_the_interpreter(hostile):
         command = [*(unprivileged() if hostile.locked else []), sys.executable, "-m", "kvviz", *args]
         status, err = run(command, hostile.stdout, tmp_path)
+    elif needs_a_process(hostile):
+        status, err = run_forked(fork_servers(hostile.locked), args, hostile.stdout, tmp_path)
     else:
         done = kvviz_cli(*args, cwd=tmp_path)
         status, err = done.returncode, done.stderr
@@ -418,14 +455,14 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
 
 
-def stopped_export(command: list[str], out: Path, earlier: dict[str, bytes], signum: int, marker: bytes,
-                   cwd: Path) -> tuple[int, str]:
-    """Run `command` over `earlier` files in `out` and send `signum` once it prints a line starting `marker`."""
+def stopped_export(server: ForkServer, args: list[str], out: Path, earlier: dict[str, bytes], signum: int,
+                   marker: bytes, cwd: Path, code: str | None = None) -> tuple[int, str]:
+    """Run `kvviz *args` (`python -c code *args` with `code`), forked from `server`, over `earlier` files in `out`
+    and send `signum` once it prints a line starting `marker`."""
     out.mkdir()
     for name, data in earlier.items():
         (out / name).write_bytes(data)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=ENV,
-                               preexec_fn=ctrl_c_as_on_a_terminal)
+    process = server.start(args, cwd, code=code)
     try:
         for line in process.stdout:
             if line.startswith(marker):
@@ -438,24 +475,27 @@ def stopped_export(command: list[str], out: Path, earlier: dict[str, bytes], sig
 
 
 @pytest.mark.parametrize("signum, status, line", STOPS)
-def test_a_stop_signal_during_a_lesson_export_leaves_the_earlier_deck(place, tmp_path, signum, status, line):
+def test_a_stop_signal_during_a_lesson_export_leaves_the_earlier_deck(place, tmp_path, fork_servers, signum, status,
+                                                                      line):
     earlier = {**{f"kvviz-lesson-{n:02d}.png": b"slide %d" % n for n in range(1, 13)}, "kvviz-lesson.pdf": b"%PDF"}
-    command = [sys.executable, "-m", "kvviz", "lesson", "--export", str(tmp_path / "deck"), "--model",
-               place["model"], "--format", "png,pdf", "--width", "64"]
-    result = stopped_export(command, tmp_path / "deck", earlier, signum, b"slide 1/", tmp_path)
+    args = ["lesson", "--export", str(tmp_path / "deck"), "--model", place["model"], "--format", "png,pdf",
+            "--width", "64"]
+    result = stopped_export(fork_servers(), args, tmp_path / "deck", earlier, signum, b"slide 1/", tmp_path)
     assert result == (status, line + "\n")
     assert folder_bytes(tmp_path / "deck") == earlier
 
 
 @pytest.mark.parametrize("animate", [False, True], ids=["stills", "animation"])
-def test_sigterm_during_an_export_leaves_the_earlier_files_and_no_temporary_file(place, tmp_path, animate):
+def test_sigterm_during_an_export_leaves_the_earlier_files_and_no_temporary_file(place, tmp_path, fork_servers,
+                                                                                 animate):
     formats = ("--animate", "--format", "gif,mp4", "--width", "128") if animate else ("--format", "png,svg")
     names = (["kvviz-view-steps1-3.gif", "kvviz-view-steps1-3.mp4"] if animate else
              [f"kvviz-{target}-step3.{fmt}" for target in ("chart", "grid", "view") for fmt in ("png", "svg")])
     earlier = {name: b"earlier " + name.encode() for name in names}
-    command = [sys.executable, "-c", SAYS_WHEN_A_FILE_IS_WRITTEN, "export", "--model", place["model"], "--prompt",
-               "hi", "--new-tokens", "3", "--out", str(tmp_path / "out"), *formats]
-    result = stopped_export(command, tmp_path / "out", earlier, signal.SIGTERM, b"a file is being written", tmp_path)
+    args = ["export", "--model", place["model"], "--prompt", "hi", "--new-tokens", "3", "--out", str(tmp_path / "out"),
+            *formats]
+    result = stopped_export(fork_servers(), args, tmp_path / "out", earlier, signal.SIGTERM, b"a file is being written",
+                            tmp_path, code=SAYS_WHEN_A_FILE_IS_WRITTEN)
     assert result == (143, "kvviz: stopped by SIGTERM\n")
     assert folder_bytes(tmp_path / "out") == earlier
 
