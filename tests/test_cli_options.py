@@ -13,7 +13,7 @@ REFUSED = [
                  id="generate-kv-dtype-no-cache"),
     pytest.param(("export", *NO_MODEL, "--prompt", "x", "--out", "o", "--kv-dtype", "int8", "--no-cache"),
                  "--no-cache", id="export-kv-dtype-no-cache"),
-    pytest.param(("bench", *NO_MODEL, "--sweep", "--kv-dtype", "int8"), "--sweep", id="bench-sweep-kv-dtype"),
+    pytest.param(("bench", *NO_MODEL, "--gui", "--kv-dtype", "int8"), "--gui", id="bench-gui-kv-dtype"),
     pytest.param(("generate", *NO_MODEL, "--prompt", "x", "--sinks", "2"), "attention sinks go with a window",
                  id="generate-sinks-without-window"),
     pytest.param(("compare", *NO_MODEL, "--prompt", "x", "--sinks", "2"), "attention sinks go with a window",

@@ -23,6 +23,8 @@ def check_device(device: str) -> None:
 def cmd_bench(args: argparse.Namespace, launched_at: float) -> int:
     """`kvviz bench`: headless (with --peer, against transformers), --gui (the window against headless) or
     --sweep (ms per token step against the length); `launched_at` is when the process started."""
+    if args.variants is not None or args.window or (args.sweep and args.kv_dtype):  # the long sweep
+        return _bench_long_sweep(args)
     if args.sweep:
         return _bench_sweep(args)
     from kvviz.cli import speculative
@@ -123,6 +125,66 @@ def _bench_sweep(args: argparse.Namespace) -> int:
                                                result.ratios, strict=True):
         print(f"{length:>6}  {cached:>10.2f}  {uncached:>11.2f}  {ratio:>14.1f}x")
     print(result.headline())
+    print(result.as_dict()["why"])
+    return 0
+
+
+def _variants_of(args: argparse.Namespace) -> str:
+    if not args.sweep:
+        raise UsageError("--variants and --window time the steps of a speed sweep: add --sweep")
+    for option, given in (("--gui", args.gui), ("--peer", args.peer), ("--compare", args.compare),
+                          ("--attention", args.attention), ("--window-size", args.window_size is not None)):
+        if given:
+            raise UsageError(f"{option} does not apply to --sweep")
+    if args.variants is not None and (args.kv_dtype or args.window):
+        raise UsageError("--variants lists every variant: name the format or the window there "
+                         "(e.g. --variants exact,int8,window:1024)")
+    if args.variants is not None:
+        return args.variants
+    return ",".join(("exact", *((args.kv_dtype,) if args.kv_dtype else ()),
+                     *((f"window:{args.window}",) if args.window else ())))
+
+
+def _bench_long_sweep(args: argparse.Namespace) -> int:
+    """Run the long sweep and print its table (or its JSON)."""
+    names = _variants_of(args)
+    from kvviz.cli.compare import dtype_honoured
+    from kvviz.engine.engine import Engine
+    from kvviz.measure.cache_sweep import LONG_REPEAT, run_cache_sweep
+    from kvviz.sources.weights import load_model, torch_dtype
+
+    check_device(args.device)
+
+    def progress(done: int, total: int) -> None:
+        print(f"progress {done}/{total}", file=sys.stderr, flush=True)
+
+    def partial(result) -> None:
+        print(f"partial {json_output.dumps(result.as_dict())}", file=sys.stderr, flush=True)
+
+    if args.background:
+        _run_in_the_background()
+    with dtype_honoured(args.dtype, args.device):
+        loaded = load_model(args.model, device=args.device, dtype=torch_dtype(args.dtype))
+        result = run_cache_sweep(Engine(loaded.model, loaded.tokenizer, device=args.device), names,
+                                 args.max_length, repeat=args.repeat or LONG_REPEAT, model_name=loaded.name,
+                                 progress=progress if args.background else None,
+                                 partial=partial if args.background else None)
+    if args.json:
+        print(json_output.dumps(result.as_dict()))
+        return 0
+    print(f"kvviz bench --sweep: {visible(result.model)}, {result.dtype}, {result.threads} threads, median of "
+          f"{result.repeat} turns per length; read rate {result.read_bytes_per_second / 1e9:.1f} GB/s measured, "
+          f"weights {result.weight_bytes / 1e6:,.1f} MB a step")
+    for curve in result.variants:
+        print(f"\n{curve.name}: {curve.label}")
+        print(f"{'length':>7}  {'ms':>9}  {'predicted':>9}  {'of bound':>8}  {'cache MB':>9}")
+        for length, ms, predicted, share, held in zip(result.lengths, curve.ms, curve.predicted_ms,
+                                                      curve.fraction_of_prediction, curve.cache_bytes, strict=True):
+            print(f"{length:>7}  {ms:>9.2f}  {predicted:>9.2f}  {share:>7.0%}  {held / 1e6:>9.1f}")
+        crossover = curve.crossover_length
+        print("the cache holds as many bytes as the weights " + (
+            f"at {crossover:,} positions" if crossover is not None else "at no length (it stops growing)"))
+    print(f"\n{result.headline()}")
     print(result.as_dict()["why"])
     return 0
 

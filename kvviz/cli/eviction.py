@@ -89,3 +89,17 @@ def evict_json(policy, last) -> dict:
             "pool": policy.pool or None, "layer_budgets": [layer.budget for layer in state.layers],
             "kept_per_layer": [list(layer.kept()) for layer in state.layers],
             "heads_holding_per_layer": [list(layer.heads) for layer in state.layers], "score": state.score}
+
+
+VARIANTS_HELP = ("with --sweep: time a cached decode step for each kind of cache listed, comma-separated: exact, "
+                 "int8, int4, fp8, window:N (the last N positions), mla-naive, mla-absorbed (latent attention), or "
+                 "all; at lengths doubling up to --max-length (default: the model's context, at most 32768), beside "
+                 "the bandwidth model (weights and cache bytes over this machine's measured read rate). "
+                 "--kv-dtype X or --window N with --sweep time that variant against the exact cache")
+
+
+def add_variants(parser: argparse.ArgumentParser) -> None:
+    """`--variants` of `kvviz bench`, and `--window` for --sweep (the other commands' --window keeps a run's)."""
+    parser.add_argument("--variants", default=None, metavar="LIST", help=VARIANTS_HELP)
+    parser.add_argument("--window", type=whole_number(1, MAX_WINDOW), default=0, metavar="W",
+                        help="with --sweep: time a cache keeping the last W positions against the exact cache")

@@ -20,7 +20,7 @@ from kvviz.cli.arguments import (
     whole_number,
     window_size,
 )
-from kvviz.cli.eviction import KV_DTYPE_NAMES, MAX_BLOCK_SIZE, add_evict  # noqa: F401 (re-exported)
+from kvviz.cli.eviction import KV_DTYPE_NAMES, MAX_BLOCK_SIZE, add_evict, add_variants  # noqa: F401 (re-exported)
 from kvviz.cli.eviction import add_kv_dtype as _add_kv_dtype
 from kvviz.cli.eviction import add_window as _add_window
 from kvviz.cli.quality import add_quality
@@ -265,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "cache (both modes interleaved, the median of --repeat turns per length)")
     p.add_argument("--max-length", type=whole_number(speed.MIN_SWEEP_LENGTH, MAX_TOKENS), default=None,
                    metavar="L", help=f"with --sweep: the longest sequence measured (default: the model's context, "
-                                     f"at most {speed.DEFAULT_MAX_LENGTH})")
+                                     f"at most {speed.DEFAULT_MAX_LENGTH}; with --variants, at most 32768)")
+    add_variants(p)
     p.add_argument("--background", action="store_true", help=argparse.SUPPRESS)  # --sweep for the app: progress
     # lines on stderr, and the priority of the app's own worker, so the sweep never starves the window's runs
     p.add_argument("--window-size", type=window_size, default=None, metavar="WxH",

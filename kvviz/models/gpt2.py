@@ -190,6 +190,11 @@ class GPT(nn.Module):
     def blocks(self) -> nn.ModuleList:
         return self.transformer.h
 
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output head's (V, C) matrix: the token embeddings (GPT-2 ties them)."""
+        return self.transformer.wte.weight
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
