@@ -27,6 +27,7 @@ from kvviz.core.tokenizer import Tokenizer, get_tokenizer
 from kvviz.engine.policies import run_policy
 from kvviz.engine.sampling import SamplingSettings, choose, sampling_generator
 from kvviz.engine.speculative import check_drafter, speculative_passes
+from kvviz.engine.threads import ThreadChooser
 from kvviz.models.cache_shape import run_cache_shape
 from kvviz.models.families import family_of
 
@@ -262,6 +263,7 @@ class Engine:
         uncached = None if use_cache else pass_cache(model.config.cache_layers(plan.policy), P)
         computed_total = reused_total = without_total = 0
         step = 0
+        threads = ThreadChooser()
         while True:
             generated = len(tokens) - P
             flush = use_cache and generated == budget
@@ -276,8 +278,13 @@ class Engine:
             probe = PassProbe(n_layer, record_attention, self.before_block)
             attention = None
             started = time.perf_counter()
-            if one_token_fast and len(fed) == 1:
-                logits = fast.decode_one(model, fed[0], fed_start, cache, decode_weights, probe)[0]  # (V,)
+            one_token = one_token_fast and len(fed) == 1
+            if one_token:
+                threads.threads()  # the count this machine runs a step fastest on now (kvviz.engine.threads)
+                try:
+                    logits = fast.decode_one(model, fed[0], fed_start, cache, decode_weights, probe)[0]  # (V,)
+                finally:
+                    threads.restore()
             else:
                 idx = torch.tensor([fed], dtype=torch.long, device=self.device)  # (1, T)
                 positions = torch.arange(fed_start, fed_stop, device=self.device)  # (T,)
@@ -290,6 +297,8 @@ class Engine:
             else:
                 token, candidates = self.choose(logits, sampling, generator, top_candidates)
             seconds = time.perf_counter() - started
+            if one_token:
+                threads.took(seconds)
             if watch_logits is not None and not flush:
                 watch_logits(logits)  # outside the timed span
             computed = tuple(probe.kv_rows)
