@@ -1,5 +1,6 @@
-"""The speed sweep in the background: `kvviz bench --sweep` in a child process, its progress and its result
-as signals. A process of its own loads its own copy of the model, so the sweep neither shares the worker's
+"""The speed sweeps in the background: `kvviz bench --sweep` (cached against uncached) or the long sweep
+(`--variants all`: every kind of cache against the bandwidth bound) in a child process, its progress and its
+result as signals. A process of its own loads its own copy of the model, so the sweep neither shares the worker's
 model nor takes the GUI thread's interpreter lock; cancelling ends it at once."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
 
 from kvviz.core.errors import KvvizError
+from kvviz.measure.cache_speed import CacheSweepResult
 from kvviz.measure.speed import SweepResult
 
 PROGRESS_PREFIX = "progress "
@@ -28,21 +30,33 @@ def sweep_arguments(source: str, dtype: str, max_length: int | None = None) -> l
     return arguments
 
 
+def long_sweep_arguments(source: str, dtype: str, max_length: int | None = None) -> list[str]:
+    """The long sweep's command line (after the interpreter): every kind of cache model `source` ("" = the
+    embedded one) runs, at lengths doubling up to `max_length` (None: as far as the command goes)."""
+    arguments = sweep_arguments(source, dtype, max_length)
+    return [*arguments[:4], "--variants", "all", *arguments[4:]]
+
+
 class SpeedSweeper(QObject):
     """Runs one sweep at a time: `start(source, dtype)` (a running one is cancelled first), `cancel()`.
-    `result` keeps the last finished sweep, with the source and dtype it measured."""
+    `result` keeps the last finished sweep, with the source and dtype it measured. A `long` sweeper runs the
+    long sweep: its results are CacheSweepResult (kvviz.measure.cache_speed), its partial results too."""
 
     started = Signal(str, str)  # source, dtype
     progressed = Signal(int, int)  # measurements done, of total
-    measured_part = Signal(object)  # SweepResult of the lengths measured so far (its first turn)
+    measured_part = Signal(object)  # SweepResult (CacheSweepResult) of the lengths measured so far
     paused_changed = Signal(bool)
-    finished = Signal(object)  # SweepResult
+    finished = Signal(object)  # SweepResult (CacheSweepResult)
     failed = Signal(str)  # one sentence
     cancelled = Signal()
 
-    def __init__(self, parent: QObject | None = None) -> None:
+    def __init__(self, parent: QObject | None = None, long: bool = False) -> None:
         super().__init__(parent)
-        self.result: SweepResult | None = None
+        self.long = long
+        self._arguments = long_sweep_arguments if long else sweep_arguments
+        self._read = CacheSweepResult.from_dict if long else SweepResult.from_dict
+        self._what = "The long speed sweep" if long else "The speed sweep"
+        self.result: SweepResult | CacheSweepResult | None = None
         self.measured: tuple[str, str] | None = None  # (source, dtype) of `result`
         self._asked: tuple[str, str] | None = None
         self._process: QProcess | None = None
@@ -86,7 +100,7 @@ class SpeedSweeper(QObject):
         process.finished.connect(self._on_finished)
         process.errorOccurred.connect(self._on_error)
         self._process, self._asked, self._stderr, self._errors = process, (source, dtype), b"", []
-        process.start(sys.executable, sweep_arguments(source, dtype, max_length))
+        process.start(sys.executable, self._arguments(source, dtype, max_length))
         self.started.emit(source, dtype)
 
     def cancel(self) -> None:
@@ -116,7 +130,7 @@ class SpeedSweeper(QObject):
                     self.progressed.emit(int(done), int(total))
             elif line.startswith(PARTIAL_PREFIX):
                 try:
-                    self.measured_part.emit(SweepResult.from_dict(json.loads(line[len(PARTIAL_PREFIX):])))
+                    self.measured_part.emit(self._read(json.loads(line[len(PARTIAL_PREFIX):])))
                 except (ValueError, KvvizError):
                     pass  # a curve drawn later, from the whole result
             elif line:
@@ -126,7 +140,7 @@ class SpeedSweeper(QObject):
         if error == QProcess.ProcessError.FailedToStart and self._process is not None:
             self._process.deleteLater()
             self._process = None
-            self.failed.emit(f"The speed sweep could not start ({sys.executable}).")
+            self.failed.emit(f"{self._what} could not start ({sys.executable}).")
 
     def _on_finished(self, exit_code: int, exit_status: QProcess.ExitStatus) -> None:
         process = self._process
@@ -140,12 +154,12 @@ class SpeedSweeper(QObject):
         if exit_status != QProcess.ExitStatus.NormalExit or exit_code != 0:
             last = next((line for line in reversed(self._errors) if line), "")
             reason = last.removeprefix("kvviz: ") or f"it ended with status {exit_code}"
-            self.failed.emit(f"The speed sweep failed: {reason}")
+            self.failed.emit(f"{self._what} failed: {reason}")
             return
         try:
-            result = SweepResult.from_dict(json.loads(output))
+            result = self._read(json.loads(output))
         except (ValueError, KvvizError) as exc:
-            self.failed.emit(f"The speed sweep printed no result ({exc}).")
+            self.failed.emit(f"{self._what} printed no result ({exc}).")
             return
         self.result, self.measured = result, self._asked
         self.finished.emit(result)

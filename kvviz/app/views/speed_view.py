@@ -1,5 +1,6 @@
 """The speed view: ms per token step against the sequence length, with and without the cache, as measured on
-this machine by a speed sweep, with the ratio and why the curves look as they do."""
+this machine by a speed sweep, with the ratio and why the curves look as they do; or the long sweep: every kind
+of cache against the bandwidth bound (views.long_sweep_chart)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import time
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFont
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QStackedWidget, QVBoxLayout, QWidget
 
 from kvviz.app import theme as themes
 from kvviz.app.theme import Theme
 from kvviz.app.views.base import style_plot
+from kvviz.app.views.long_sweep_chart import LongSweepChart, long_headline
+from kvviz.measure.cache_speed import CACHE_SWEEP_WHY, CacheSweepResult
 from kvviz.measure.speed import SWEEP_WHY, SweepResult
 
 WAITING = "Not measured yet: press Measure to time both modes on this machine."
@@ -24,9 +27,14 @@ class SpeedView(QWidget):
     ratio in words (`headline`), below them why the curves look so. While a sweep runs it shows its progress
     and a Cancel button; `measure_requested` and `cancel_requested` ask for a sweep or its end.
 
+    The long sweep (kvviz.measure.cache_speed.CacheSweepResult, asked for by `long_requested`) is drawn by its
+    own chart in the same place (`long_chart`); the view shows whichever sweep ran last, `show_long_*` the long
+    one's start, parts, result, failure and end.
+
     Reads results only: the sweep runs elsewhere (app.speed_runner)."""
 
     measure_requested = Signal()
+    long_requested = Signal()
     cancel_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -37,6 +45,7 @@ class SpeedView(QWidget):
         self._font_scale = 1.0
         self._controls_shown = True
         self.result: SweepResult | None = None
+        self.long_result: CacheSweepResult | None = None
         self._pace: tuple[float, int, float] | None = None  # (when, steps timed then, seconds paused since)
         self._paused_at: float | None = None
 
@@ -50,9 +59,13 @@ class SpeedView(QWidget):
         self.progress.hide()
         self.measure_button = QPushButton("&Measure")
         self.measure_button.setToolTip("Time a token step at several lengths, both modes taking turns")
+        self.long_button = QPushButton("&Long sweep\u2026")
+        self.long_button.setToolTip("Time a cached token step of every kind of cache the model runs, at lengths "
+                                    "doubling from 64, beside what the bandwidth bound predicts (Shift+S)")
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.hide()
         self.measure_button.clicked.connect(self.measure_requested)
+        self.long_button.clicked.connect(self.long_requested)
         self.cancel_button.clicked.connect(self.cancel_requested)
 
         self.plot_widget = pg.PlotWidget()
@@ -76,12 +89,17 @@ class SpeedView(QWidget):
         controls.addWidget(self.progress, 1)
         controls.addStretch(0)
         controls.addWidget(self.measure_button)
+        controls.addWidget(self.long_button)
         controls.addWidget(self.cancel_button)
+        self.long_chart = LongSweepChart()
+        self.charts = QStackedWidget()  # the cached/uncached sweep's plot, or the long sweep's chart
+        self.charts.addWidget(self.plot_widget)
+        self.charts.addWidget(self.long_chart)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         layout.addWidget(self.heading)
         layout.addWidget(self.headline)
-        layout.addWidget(self.plot_widget, 1)
+        layout.addWidget(self.charts, 1)
         layout.addWidget(self.why)
         layout.addLayout(controls)
         self.setMinimumSize(420, 320)
@@ -91,14 +109,37 @@ class SpeedView(QWidget):
     # ----- what the sweep says -----
     def show_started(self, model: str) -> None:
         self.heading.setText(f"<b>Speed</b> of {model}, measured on this machine")
+        self._begin_progress(long=False)
+        if self.result is not None:
+            self.headline.setText(f"<b>{self.result.headline()}</b>")
+        else:
+            self.headline.setText("Measuring: both modes take turns at every length.")
+
+    def show_long_started(self, model: str) -> None:
+        self.heading.setText(f"<b>Long sweep</b> of {model}: every kind of cache, measured on this machine")
+        self._begin_progress(long=True)
+        self.long_result = None
+        self.long_chart.clear()
+        self.headline.setText("Measuring: every kind of cache takes turns at every length, from 64 positions.")
+
+    def _begin_progress(self, long: bool) -> None:
+        self.show_long(long)
         self._pace, self._paused_at = None, None
         self.progress.setRange(0, 0)
         self.progress.setFormat("loading the model\u2026")
         self.progress.setVisible(self._controls_shown)
         self.cancel_button.setVisible(self._controls_shown)
         self.measure_button.setEnabled(False)
-        if self.result is None:
-            self.headline.setText("Measuring: both modes take turns at every length.")
+        self.long_button.setEnabled(False)
+
+    def show_long(self, on: bool) -> None:
+        """The long sweep's chart (`on`) or the cached/uncached sweep's plot, each with its why."""
+        self.charts.setCurrentWidget(self.long_chart if on else self.plot_widget)
+        self.why.setText(CACHE_SWEEP_WHY if on else SWEEP_WHY)
+
+    @property
+    def showing_long(self) -> bool:
+        return self.charts.currentWidget() is self.long_chart
 
     def show_progress(self, done: int, total: int) -> None:
         """`done` of `total` steps timed, and the time left at the pace so far (pauses for the live run not
@@ -153,25 +194,46 @@ class SpeedView(QWidget):
         self.plot_item.setXRange(0, last * 1.3, padding=0.02)  # room for the labels at the lines' ends
         self.plot_item.setYRange(0, top * 1.15, padding=0.0)
 
+    def show_long_partial(self, result: CacheSweepResult) -> None:
+        """The lines as far as the sweep has measured them."""
+        if self.long_result is None:
+            self.long_chart.show_result(result)
+            self.headline.setText(long_headline(result, self._theme, final=False))
+
+    def show_long_result(self, result: CacheSweepResult) -> None:
+        self.long_result = result
+        self._end_progress()
+        self.show_long(True)
+        self.heading.setText(f"<b>Long sweep</b> of {result.model} ({result.dtype}): every kind of cache, measured "
+                             f"on this machine")
+        self.long_chart.show_result(result)
+        self.headline.setText(long_headline(result, self._theme))
+
     def show_failure(self, sentence: str) -> None:
         self._end_progress()
         self.headline.setText(sentence)
 
     def show_cancelled(self) -> None:
         self._end_progress()
-        if self.result is None:
+        if self.showing_long and self.long_result is None:
+            self.long_chart.clear()
+            self.headline.setText("The long sweep was cancelled. Press Long sweep to measure it again.")
+        elif self.result is None and not self.showing_long:
             self.headline.setText("The sweep was cancelled. " + WAITING)
 
     def _end_progress(self) -> None:
         self.progress.hide()
         self.cancel_button.hide()
         self.measure_button.setEnabled(True)
-        self.measure_button.setText("&Measure again")
+        self.long_button.setEnabled(True)
+        if self.result is not None or not self.showing_long:
+            self.measure_button.setText("&Measure again")
 
     def set_controls_shown(self, shown: bool) -> None:
         """Show or hide the Measure and Cancel buttons and the progress (a slide has no buttons)."""
         self._controls_shown = shown
         self.measure_button.setVisible(shown)
+        self.long_button.setVisible(shown)
         if not shown:
             self.progress.hide()
             self.cancel_button.hide()
@@ -184,11 +246,15 @@ class SpeedView(QWidget):
     def set_font_scale(self, scale: float) -> None:
         self._font_scale = scale
         self._apply_fonts()
+        self.long_chart.set_font_scale(scale)
 
     def set_theme(self, theme: Theme) -> None:
         self._theme = theme
         self._apply_theme()
         self._apply_fonts()
+        self.long_chart.set_theme(theme)
+        if self.showing_long and self.long_result is not None:  # the variants' names in their new colours
+            self.headline.setText(long_headline(self.long_result, theme))
 
     def _apply_theme(self) -> None:
         theme = self._theme

@@ -67,6 +67,8 @@ ACTIONS = (
     ActionSpec("heads", "&View", "&Heads of the selected layer (or double-click a grid row)", ("H",)),
     ActionSpec("serving", "&View", "Ser&ving: several prompts from a paged KV cache", ("Shift+B",), checkable=True),
     ActionSpec("speed", "&View", "&Speed of a token step, measured against the length", ("S",)),
+    ActionSpec("long_speed", "&View", "&Long speed sweep: every kind of cache against the bandwidth bound\u2026",
+               ("Shift+S",)),
     ActionSpec("presenter", "&View", "&Presenter mode", ("F11",), checkable=True, separator_before=True),
     ActionSpec("colour_blind", "&View", "&Colour-blind patterns", ("B",), checkable=True),
     ActionSpec("theme_dark", "&View/&Theme", "&Dark", checkable=True, group="theme"),

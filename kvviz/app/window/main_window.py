@@ -204,7 +204,7 @@ class MainWindow(QMainWindow):
         """The background speed sweep stops while the live run loads, plays or computes a step, and goes on
         when it is idle: a step the lecturer waits for never shares the machine with it."""
         s = self.session
-        self.speed.sweeper.pause(s.playing or s.loading or s.asking or s.steps_target > s.steps_done)
+        self.speed.pause(s.playing or s.loading or s.asking or s.steps_target > s.steps_done)
 
     def _show_staleness(self) -> None:
         """The veil over the run's views while they show what is being replaced: a model loading, a run asked
@@ -256,17 +256,19 @@ class MainWindow(QMainWindow):
         self.reset_run()
         self.focus_grid()
 
-    def show_speed(self, activate: bool = True) -> None:
+    def show_speed(self, activate: bool = True, long: bool = False) -> None:
         """View > Speed: the speed of a token step against the length, for the loaded model (measured once);
-        without `activate` the keys stay with this window."""
+        without `activate` the keys stay with this window. `long` (View > Long speed sweep): asks for the long
+        sweep of every kind of cache."""
         info = self.session.model_info
         if info is None:
             self.banner.say("No model is loaded yet: the speed is measured on the loaded model.", alert=True)
             return
-        if self.speed.isVisible():
+        if self.speed.isVisible() and not long:
             self.speed.close()
             return
-        self.speed.show_for(self.session.source or "", info.dtype, info.name, activate)
+        self.speed.context = info.n_ctx
+        self.speed.show_for(self.session.source or "", info.dtype, info.name, activate, long)
 
     def focus_grid(self) -> None:
         """Keyboard focus on the shown K/V grid (keys step the run, none of them types)."""
@@ -365,7 +367,7 @@ def action_slots(w: MainWindow) -> dict[str, Callable]:
         "memory": lambda on: (w.workspace.show_memory(on), w.redraw()),
         "attention": lambda on: (w.run_view.show_attention(on), c.set_attention(on)),
         "heads": lambda: w.grid.toggle_heads(),
-        "speed": lambda: w.show_speed(),
+        "speed": lambda: w.show_speed(), "long_speed": lambda: w.show_speed(long=True),
         "serving": w.serving_toggled,
         "theme_dark": lambda on: on and w.set_theme("dark"),
         "theme_light": lambda on: on and w.set_theme("light"),
