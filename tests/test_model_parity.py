@@ -109,7 +109,9 @@ def test_decode_one_equals_forward_and_transformers(tmp_path):
             reference = model(torch.tensor([[PROMPT_IDS[pos]]]), torch.tensor([pos]), through_forward,
                               probe=forward_probe)[0]  # (1, V)
             got = gpt2_fast.decode_one(model, PROMPT_IDS[pos], pos, through_decode, probe=decode_probe)  # (1, V)
-            assert torch.equal(got, reference)
+            # the layers are the forward's bit for bit (the caches below); the tied head takes one row in column
+            # blocks over the threads, summing in another order than the forward's one product
+            assert (got - reference).abs().max().item() <= 1e-5 and int(got.argmax()) == int(reference.argmax())
             assert (got - expected[:, pos]).abs().max().item() <= TOLERANCE
     assert torch.equal(*(torch.stack([layer.kv for layer in c.layers]) for c in (through_decode, through_forward)))
     assert through_decode.length == len(PROMPT_IDS)
@@ -189,8 +191,9 @@ def test_random_weights_do_not_depend_on_the_layout():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_decode_one_equals_forward_in_every_dtype(dtype):
-    """In each dtype the decode step and forward take the same products (chunked float32, packed bfloat16),
-    so their logits and caches are equal bit for bit."""
+    """In each dtype the decode step and forward take the same products (chunked float32, packed bfloat16), so
+    their caches are equal bit for bit, and their logits too but for float32's head (the decode step's one row in
+    column blocks over the threads, the forward's one product: within 1e-5)."""
     model = load_model("random:kvviz-shakespeare", dtype=dtype).model
     cfg = model.config
     ids = HELLO_IDS + [257, 1310, 290, 314]
@@ -201,7 +204,11 @@ def test_decode_one_equals_forward_in_every_dtype(dtype):
         for pos in range(2, len(ids)):
             reference = model(torch.tensor([[ids[pos]]]), torch.tensor([pos]), caches[0])[0]  # (1, V)
             got = gpt2_fast.decode_one(model, ids[pos], pos, caches[1])  # (1, V)
-            assert got.dtype == dtype and torch.equal(got, reference)
+            assert got.dtype == dtype
+            if dtype == torch.float32:
+                assert (got - reference).abs().max().item() <= 1e-5 and int(got.argmax()) == int(reference.argmax())
+            else:
+                assert torch.equal(got, reference)
     assert torch.equal(*(torch.stack([layer.kv for layer in c.layers]) for c in caches))
 
 

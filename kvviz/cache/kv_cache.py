@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from kvviz.cache.importance import ImportanceLayer, Keeper, ReplayLayer, eviction_state
+from kvviz.cache.kivi import KiviLayer
 from kvviz.cache.latent import LatentLayer
 from kvviz.cache.layers import FullLayer, Held, LateWriteLayer, LayerCache, LayerKind, PassLayer
 from kvviz.cache.quantized import QuantizedLayer
@@ -28,6 +29,12 @@ class KVCache:
     def update(self, layer: int, positions: torch.Tensor | int, k: torch.Tensor, v: torch.Tensor) -> Held:
         """Store `layer`'s new rows at `positions`; what that layer attends to (kvviz.cache.layers.Held)."""
         return self.layers[layer].update(positions, k, v)
+
+    def decode(self, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float | None = None) -> torch.Tensor:
+        """One token's step in `layer`: store its `k`, `v` at `position` and return its query `q`'s attention
+        (1, nh, 1, hd) over what the layer holds (LayerCache.decode: a quantized layer reads its codes)."""
+        return self.layers[layer].decode(position, q, k, v, scale)
 
     def crop(self, position: int) -> None:
         """Roll every layer back to `position`: as if no pass had fed it or anything after."""
@@ -105,14 +112,15 @@ class KVCache:
         return sum(layer.bytes_allocated for layer in self.layers)
 
 
-ROLLS_BACK = ("full", "window", "quantized", "latent", "shared", "state")  # every kind build_cache makes but one:
-# "importance" forgets positions by the attention they got, and cannot bring them back
+ROLLS_BACK = ("full", "window", "quantized", "kivi", "latent", "shared", "state")  # every kind build_cache makes
+# but one: "importance" forgets positions by the attention they got, and cannot bring them back
 
 def rollback_refusal(kinds: Sequence[LayerKind]) -> str:
     """Why a cache of `kinds` cannot roll back by `crop` to a position inside its latest pass ("": it can). Every
     kind build_cache makes rolls back, so this is "" for every cache it builds: full, quantized and latent layers
     forget the rows past the position, a shared layer its count, a window layer brings back the `spare` rows it
-    keeps past its window, a state layer the state it kept after that position (one of its last `spare`). A pass
+    keeps past its window, a KIVI layer the `spare` keys it keeps exact past its groups, a state layer the state it
+    kept after that position (one of its last `spare`). A pass
     of at most `spare` positions (build_cache's) rolls back to any position inside it."""
     unknown = sorted({kind.kind for kind in kinds} - set(ROLLS_BACK))
     if unknown:
@@ -125,7 +133,8 @@ def build_cache(kinds: Sequence[LayerKind], capacity: int, *, batch_size: int = 
                 spare: int = 0) -> KVCache:
     """A cache of one layer each of `kinds`, for `capacity` positions. `fault` "late_write" plants the teaching bug
     in its full layers; `spare` is how far back a crop may go: window layers keep that many positions past their
-    window, state layers the states after that many last positions."""
+    window, KIVI layers that many keys exact past their groups, state layers the states after that many last
+    positions."""
     if fault not in ("", "late_write"):
         raise ValueError(f"unknown cache fault {fault!r}")
     full = LateWriteLayer if fault else FullLayer
@@ -138,6 +147,9 @@ def build_cache(kinds: Sequence[LayerKind], capacity: int, *, batch_size: int = 
                                       spare))
         elif kind.kind == "quantized":
             layers.append(QuantizedLayer(kind.heads, kind.head_dim, capacity, kind.kv_dtype, batch_size, dtype, device))
+        elif kind.kind == "kivi":  # keys per channel in groups of `residual` tokens; `spare` more kept exact
+            layers.append(KiviLayer(kind.heads, kind.head_dim, capacity, kind.kv_dtype, kind.residual, batch_size,
+                                    dtype, device, spare))
         elif kind.kind == "latent":
             layers.append(LatentLayer(kind.rank, kind.rope_dim, capacity, batch_size, dtype, device))
         elif kind.kind == "state":  # a linear-attention layer's fixed state; `spare`: positions it can roll back

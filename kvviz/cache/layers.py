@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from kvviz.core.records import CachePolicy
 
@@ -34,16 +35,18 @@ class Held(NamedTuple):
 
 @dataclass(frozen=True)
 class LayerKind:
-    """What a family asks one layer's cache to be: `kind` is "full", "window", "quantized", "latent", "shared" (it
-    keeps nothing and reads layer `source`'s keys and values), "state" (a linear-attention layer's fixed-size
-    tensors, of the shapes `state` lists a sequence) or "importance" (`budget` positions a head, kept by `evict`)."""
+    """What a family asks one layer's cache to be: `kind` is "full", "window", "quantized", "kivi" (keys quantized
+    per channel, `residual` tokens a group), "latent", "shared" (it keeps nothing and reads layer `source`'s keys
+    and values), "state" (a linear-attention layer's fixed-size tensors, of the shapes `state` lists a sequence)
+    or "importance" (`budget` positions a head, kept by `evict`)."""
 
     kind: str
     heads: int = 0  # KV heads a position stores (latent: 0)
     head_dim: int = 0
     window: int = 0  # "window": the last this many positions ...
     sinks: int = 0  # ... and the first this many
-    kv_dtype: str = ""  # "quantized": a key of kvviz.core.records.KV_DTYPES
+    kv_dtype: str = ""  # "quantized" and "kivi": a key of kvviz.core.records.KV_DTYPES
+    residual: int = 0  # "kivi": the tokens of a group of keys, quantized per channel, and the most held exact
     rank: int = 0  # "latent": the latent's width ...
     rope_dim: int = 0  # ... and the shared RoPE key's
     source: int = -1  # "shared": the layer whose cache it reads
@@ -74,6 +77,14 @@ class LayerCache:
         """Store this pass's `k`, `v` at `positions` ((T,), or the first position of a one-token pass), which
         continue the layer; return what the pass attends to."""
         raise NotImplementedError
+
+    def decode(self, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float | None = None) -> torch.Tensor:
+        """One token's step: store its `k`, `v` (1, h, 1, hd) at `position` and return the attention (1, nh, 1, hd)
+        of its query `q` (1, nh, 1, hd) over every held position (query head i reads KV head i // (nh // h)).
+        Here: `update`, then scaled dot-product attention; a kind that stores its rows otherwise reads them faster."""
+        held = self.update(position, k, v)
+        return F.scaled_dot_product_attention(q, held.keys, held.values, scale=scale, enable_gqa=True)
 
     def crop(self, position: int) -> None:
         """Forget every position from `position` on, as if the layer had never been fed past it."""
@@ -179,12 +190,15 @@ class PassLayer(LayerCache):
 
 
 def head_layers(n_layer: int, heads: int, head_dim: int, policy: CachePolicy) -> tuple[LayerKind, ...]:
-    """The layers of a cache that keeps keys and values per head, under `policy`: each quantized, or keeping its
-    budget by importance, or windowed from `policy.first_layer` up (full below), or full."""
+    """The layers of a cache that keeps keys and values per head, under `policy`: each quantized (per token, or KIVI's
+    keys per channel), or keeping its budget by importance, or windowed from `policy.first_layer` up (full below),
+    or full."""
     if policy.importance:
         return tuple(LayerKind("importance", heads, head_dim, evict=policy.evict,
                                budget=policy.layer_budget(layer, n_layer), observe=policy.observe, pool=policy.pool)
                      for layer in range(n_layer))
+    if policy.quantized and policy.kv_layout == "kivi":
+        return (LayerKind("kivi", heads, head_dim, kv_dtype=policy.kv_dtype, residual=policy.kv_residual),) * n_layer
     if policy.quantized:
         return (LayerKind("quantized", heads, head_dim, kv_dtype=policy.kv_dtype),) * n_layer
     full = LayerKind("full", heads, head_dim)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kvviz.cache.layers import Held, LayerCache
+from kvviz.cache.quantized_attention import key_scores, query_rows, reads_codes, unpack, value_sum
 from kvviz.core.formats import KV_DTYPES
 
 
@@ -12,9 +13,10 @@ class QuantizedLayer(LayerCache):
     """Stores every key and value quantized (`kv_dtype`: int8, int4 or fp8), per token and head: each (head_dim,)
     vector gets a float32 scale, its largest magnitude over the format's largest value, and is stored as
     round(x / scale) (int8 and int4, two int4 numbers to a byte) or x / scale in float8 e4m3 (fp8). A new token never
-    rescales the old ones, so it streams; KIVI's per-channel keys would need a group of tokens first. Attention reads
-    the dequantized rows, q * scale, in the model's number type: the output drifts from an exact cache's by that
-    rounding, and `bytes_held` counts the stored numbers and their scales."""
+    rescales the old ones, so it streams (KIVI's per-channel keys wait for a group of tokens: kvviz.cache.kivi).
+    `update`, the teaching path, returns the dequantized rows, c * scale, in the model's number type; `decode`, one
+    query's step, reads the codes themselves. The output drifts from an exact cache's by the rounding, and
+    `bytes_held` counts the stored numbers and their scales."""
 
     def __init__(self, heads: int, head_dim: int, capacity: int, kv_dtype: str, batch_size: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
@@ -34,33 +36,39 @@ class QuantizedLayer(LayerCache):
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes and scales of `x` (..., hd): scales (..., 1) float32, codes in the stored type."""
-        x = x.float()
-        scale = (x.abs().amax(dim=-1, keepdim=True) / self.largest).clamp_min(1e-12)
-        if self.kv_dtype == "fp8":
-            return (x / scale).to(torch.float8_e4m3fn), scale
-        q = torch.round(x / scale).clamp(-self.largest, self.largest).to(torch.int8)
-        if self.packed:  # two numbers a byte: q + 8 in 0..15, even channels in the low half
-            q = (q + 8).to(torch.uint8)
-            q = q[..., 0::2] | (q[..., 1::2] << 4)
-        return q, scale
+        return quantize(x, self.kv_dtype)
 
     def dequantize(self, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         """The rows `codes` with `scales` stand for, (..., hd) in the model's number type."""
-        if self.packed:
-            low = (codes & 0x0F).to(torch.int8) - 8
-            high = (codes >> 4).to(torch.int8) - 8
-            codes = torch.stack((low, high), dim=-1).flatten(-2)  # (..., hd): even, odd, even, ...
-        return (codes.float() * scales).to(self.model_dtype)
+        return (unpack(codes) * scales).to(self.model_dtype)
 
     def update(self, positions: torch.Tensor | int, k: torch.Tensor, v: torch.Tensor) -> Held:
-        T = k.shape[2]
-        start, end = self._claim(positions, T, self.capacity)
-        for i, rows in enumerate((k, v)):
-            codes, scales = self.quantize(rows)
-            self.codes[i].narrow(2, start, T).copy_(codes)
-            self.scales[i].narrow(2, start, T).copy_(scales)
+        end = self._store(positions, k, v)
         held = self.dequantize(self.codes.narrow(3, 0, end), self.scales.narrow(3, 0, end))  # (2, B, h, end, hd)
         return Held(held[0], held[1])
+
+    def decode(self, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float | None = None) -> torch.Tensor:
+        """One query's attention read from the codes, block by block (kvviz.cache.quantized_attention): the
+        scores (q·c)·s, one softmax, then Σ (p·s)·c; never a full-precision copy of the cache. A batch, or a model
+        in a 16-bit type, attends as `update` does (see kvviz.cache.quantized_attention.reads_codes)."""
+        if not reads_codes(q, self.codes.shape[1]):
+            return super().decode(position, q, k, v, scale)
+        end = self._store(position, k, v)
+        codes, scales = self.codes[:, 0, :, :end], self.scales[:, 0, :, :end, 0]  # (2, h, S, hd or hd/2), (2, h, S)
+        rows = query_rows(q, codes.shape[1], scale)  # (h, g, hd)
+        p = torch.softmax(key_scores(rows, codes[0], scales[0]), dim=-1)  # (h, g, S)
+        y = value_sum(p * scales[1][:, None, :], codes[1])  # (h, g, hd)
+        return y.view(q.shape).to(q.dtype)  # (1, nh, 1, hd)
+
+    def _store(self, positions: torch.Tensor | int, k: torch.Tensor, v: torch.Tensor) -> int:
+        """Quantize and write this pass's rows; the positions held after it."""
+        T = k.shape[2]
+        start, end = self._claim(positions, T, self.capacity)
+        codes, scales = self.quantize(torch.stack((k, v)))  # (2, B, h, T, hd or hd/2), (2, B, h, T, 1)
+        self.codes.narrow(3, start, T).copy_(codes)
+        self.scales.narrow(3, start, T).copy_(scales)
+        return end
 
     @property
     def bytes_held(self) -> int:
@@ -70,3 +78,19 @@ class QuantizedLayer(LayerCache):
     @property
     def bytes_allocated(self) -> int:
         return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
+
+
+def quantize(x: torch.Tensor, kv_dtype: str, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes and scales of `x` (..., hd) in `kv_dtype`, a scale for each slice along `dim` (-1: a vector's, per token;
+    the token axis: per channel) in float32, its largest magnitude over the format's largest value; codes in the
+    stored type, int4 two a byte (q + 8 in 0..15, even channels in the low half)."""
+    largest = KV_DTYPES[kv_dtype][1]
+    x = x.float()
+    scale = (x.abs().amax(dim=dim, keepdim=True) / largest).clamp_min(1e-12)
+    if kv_dtype == "fp8":
+        return (x / scale).to(torch.float8_e4m3fn), scale
+    q = torch.round(x / scale).clamp(-largest, largest).to(torch.int8)
+    if kv_dtype == "int4":
+        q = (q + 8).to(torch.uint8)
+        q = q[..., 0::2] | (q[..., 1::2] << 4)
+    return q, scale

@@ -33,6 +33,23 @@ def add_kv_dtype(parser: argparse.ArgumentParser) -> None:
                              "cache by the rounding (default: the weights' number type, exact)")
 
 
+def add_kv_layout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kv-layout", default=None, choices=("kivi",),
+                        help="with --kv-dtype int8 or int4: kivi quantizes each key channel over a group of tokens "
+                             "(a scale a channel; the latest keys short of a group held exact) and each value per "
+                             "token, as KIVI does")
+    parser.add_argument("--kv-residual", type=whole_number(1, MAX_WINDOW), default=None, metavar="R",
+                        help="with --kv-layout kivi: the tokens of a group of keys, and the most held exact (default: "
+                             "32)")
+
+
+def kv_layout_fields(args: argparse.Namespace) -> dict:
+    """The RunRequest fields of `args`' KIVI options ({} without --kv-layout)."""
+    if not getattr(args, "kv_layout", None):
+        return {}
+    return {"kv_layout": args.kv_layout, "kv_residual": args.kv_residual or 0}
+
+
 def add_evict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evict", default=None, choices=tuple(EVICTION_METHODS),
                         help="keep --budget positions a layer, chosen by the attention they get: h2o (heavy hitters "

@@ -20,7 +20,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
 
     from kvviz.cli import speculative
     from kvviz.cli.compare import broken_cache_note
-    from kvviz.cli.eviction import evict_fields, evict_json, evicted_positions
+    from kvviz.cli.eviction import evict_fields, evict_json, evicted_positions, kv_layout_fields
     from kvviz.core.counting import plural
     from kvviz.core.records import RunRequest
     from kvviz.engine.engine import Engine
@@ -37,7 +37,7 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
     request = RunRequest(0, args.prompt, use_cache, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                          break_cache=args.break_cache, attention=args.attention, window=args.window,
                          sinks=args.sinks, kv_dtype=args.kv_dtype or "", **speculative.request_fields(args),
-                         **evict_fields(args))
+                         **evict_fields(args), **kv_layout_fields(args))
     # The whole request is checked before the prompt is echoed: an error is never glued to it.
     run = start_run(engine, request, loaded.name, top_candidates=1)
     prompt_ids, fault = list(run.plan.prompt_ids), run.plan.cache_fault
@@ -95,6 +95,8 @@ def run_generate(args: argparse.Namespace, load: Callable, say: Callable[[str], 
             "stop_reason": last.stop_reason,
             "cache_bytes": last.cache_bytes,
             "kv_dtype": run.plan.policy.kv_dtype or None,
+            "kv_layout": run.plan.policy.kv_layout or None,  # "kivi": keys per channel in groups of kv_residual
+            "kv_residual": run.plan.policy.kv_residual or None,
             "window": run.plan.policy.window,
             "sinks": run.plan.policy.sinks,
             "positions_held": last.positions_held,  # the top layer's: a windowed one where the model has a window

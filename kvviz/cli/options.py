@@ -37,6 +37,11 @@ REFUSALS = (
             "attention sinks go with a window: give --window too"),
     Refusal(("*",), lambda a: _given(a, "kv_dtype") and _given(a, "window"),
             "a quantized cache keeps every position: leave out the window (one trade-off at a time)"),
+    Refusal(("*",), lambda a: _given(a, "kv_residual") and not _given(a, "kv_layout"),
+            "--kv-residual is KIVI's group of keys: give --kv-layout kivi too"),
+    Refusal(("*",), lambda a: _given(a, "kv_layout") and getattr(a, "kv_dtype", None) not in ("int8", "int4"),
+            "--kv-layout kivi quantizes keys per channel and values per token in int8 or int4: give --kv-dtype int8 "
+            "or int4"),
     Refusal(("bench",), lambda a: _given(a, "kv_dtype") and _given(a, "gui"),
             "--kv-dtype times a quantized cache headless: leave out --gui"),
     Refusal(("*",), lambda a: _given(a, "draft") and _given(a, "prompt_lookup"),

@@ -22,6 +22,7 @@ from kvviz.cli.arguments import (
 )
 from kvviz.cli.eviction import KV_DTYPE_NAMES, MAX_BLOCK_SIZE, add_evict, add_variants  # noqa: F401 (re-exported)
 from kvviz.cli.eviction import add_kv_dtype as _add_kv_dtype
+from kvviz.cli.eviction import add_kv_layout as _add_kv_layout
 from kvviz.cli.eviction import add_window as _add_window
 from kvviz.cli.quality import add_quality
 from kvviz.cli.speculative import add_speculative
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_window(p)
     add_evict(p)
     _add_kv_dtype(p)
+    _add_kv_layout(p)
     _add_sampling(p)
     _add_dtype(p)
     _add_device(p)

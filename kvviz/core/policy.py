@@ -25,7 +25,8 @@ class CachePolicy:
     layer chosen by what attention says matters (`evict`, a key of EVICTION_METHODS; SnapKV and PyramidKV watch
     the last `observe` queries and pool their scores over `pool` neighbouring positions). A query attends to
     exactly the positions the cache holds as it runs. `kv_dtype` (a key of KV_DTYPES) stores every key and value
-    quantized, with a scale each ("": in the weights' number type)."""
+    quantized, with a scale each ("": in the weights' number type); `kv_layout` "kivi" scales the keys per channel
+    instead, over groups of `kv_residual` tokens, the latest keys short of a group held exact (KIVI)."""
 
     window: int = 0
     sinks: int = 0
@@ -35,6 +36,8 @@ class CachePolicy:
     budget: int = 0  # with `evict`: positions a layer keeps (PyramidKV: on average over the layers)
     observe: int = 0  # with SnapKV or PyramidKV: the latest queries whose attention decides (its window)
     pool: int = 0  # ... and the width of the average pooling of their scores over positions
+    kv_layout: str = ""  # with `kv_dtype` int8 or int4: "kivi" (keys per channel, values per token), or "" (per token)
+    kv_residual: int = 0  # with "kivi": the tokens of a group of keys, and the most held exact before it is full
 
     @property
     def evicts(self) -> bool:
@@ -78,6 +81,9 @@ class CachePolicy:
         return self.observe + max(0, round(most - layer * (most - least) / (n_layer - 1)))
 
     def describe(self) -> str:
+        if self.quantized and self.kv_layout == "kivi":
+            return (f"every position, in {self.kv_dtype}: keys per channel in groups of {self.kv_residual} tokens "
+                    "(KIVI), values per token")
         if self.quantized:
             return f"every position, in {self.kv_dtype}"
         if self.importance:

@@ -61,6 +61,8 @@ class RunRequest:
     window: int = 0  # a sliding window of this many positions (0: the model's own, if any, else none)
     sinks: int = 0  # with `window`: the first positions kept as attention sinks
     kv_dtype: str = ""  # a key of KV_DTYPES: the cache stores keys and values quantized ("": exact)
+    kv_layout: str = ""  # with kv_dtype int8 or int4: "kivi" quantizes keys per channel (CachePolicy.kv_layout)
+    kv_residual: int = 0  # ... in groups of this many tokens (0: KIVI_RESIDUAL)
     draft_tokens: int = 0  # speculative decoding: drafts a round, by prompt lookup or the draft model (0: off)
     prompt_lookup: int = 0  # ... drafted by prompt lookup of up to this many tokens (0: by `draft_model`)
     draft_model: str = ""  # ... drafted by this model (a source kvviz loads)

@@ -142,7 +142,8 @@ class Engine:
                                                          request.attention)
         cache_fault = BROKEN_CACHE_FAULT if request.break_cache else ""
         policy = self.policy(request.window, request.sinks, request.kv_dtype, request.evict, request.budget,
-                             request.observe, request.pool) if policy is None else policy
+                             request.observe, request.pool, request.kv_layout, request.kv_residual) \
+            if policy is None else policy
         unfit = [kind.kind for kind in self.model.config.cache_layers(policy) if kind.kind != "full"]
         if cache_fault and unfit:
             raise GenerationError(fault_refusal(self.model.config.name, unfit, policy))
@@ -206,9 +207,10 @@ class Engine:
         return policy.kv_dtype or str(self.dtype).removeprefix("torch.")
 
     def policy(self, window: int = 0, sinks: int = 0, kv_dtype: str = "", evict: str = "", budget: int = 0,
-               observe: int = 0, pool: int = 0) -> CachePolicy:
+               observe: int = 0, pool: int = 0, kv_layout: str = "", kv_residual: int = 0) -> CachePolicy:
         """The cache policy of a run (kvviz.engine.policies.run_policy; GenerationError for values no run can use)."""
-        return run_policy(self.model.config, self.n_ctx, window, sinks, kv_dtype, evict, budget, observe, pool)
+        return run_policy(self.model.config, self.n_ctx, window, sinks, kv_dtype, evict, budget, observe, pool,
+                          kv_layout, kv_residual)
 
     def generate(
         self,
@@ -259,7 +261,9 @@ class Engine:
         tokens = list(plan.prompt_ids)
         fast = self.fast
         decode_weights = fast.decode_weights(model) if fast is not None else None
-        one_token_fast = fast is not None and use_cache and not plan.policy.lossy  # decode_one: an exact cache
+        # decode_one: an exact or a quantized cache (its layers read their codes); a window or eviction by importance
+        # masks its pass, and takes the forward
+        one_token_fast = fast is not None and use_cache and not plan.policy.evicts
         uncached = None if use_cache else pass_cache(model.config.cache_layers(plan.policy), P)
         computed_total = reused_total = without_total = 0
         step = 0

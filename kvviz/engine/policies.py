@@ -3,21 +3,30 @@ an importance method with its budget (GenerationError, one line, for what no run
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvviz.core.errors import GenerationError
 from kvviz.core.formats import KV_DTYPES
 from kvviz.core.policy import EVICTION_METHODS, SNAP_METHODS, CachePolicy
 
+KIVI_RESIDUAL = 32  # KIVI's group of keys (and the most held exact) by default: its paper's group size
+KV_LAYOUTS = ("kivi",)  # ways to lay out a quantized cache other than a scale a token and head
 SNAP_POOL = 5  # SnapKV's pooling width by default (its paper's kernel)
 MAX_OBSERVE = 32  # SnapKV's observation window by default: a quarter of the budget, at most its paper's 32
 
 
 def run_policy(cfg, n_ctx: int, window: int = 0, sinks: int = 0, kv_dtype: str = "", evict: str = "",
-               budget: int = 0, observe: int = 0, pool: int = 0) -> CachePolicy:
+               budget: int = 0, observe: int = 0, pool: int = 0, kv_layout: str = "",
+               kv_residual: int = 0) -> CachePolicy:
     """The cache policy of a run on a model of config `cfg` and context `n_ctx`: `window` (or the model's own
-    sliding window), `sinks` and `kv_dtype`; or `evict`, an importance method keeping `budget` positions a layer
-    (SnapKV and PyramidKV: watching `observe` queries, pooled over `pool` positions; 0: their defaults)."""
+    sliding window), `sinks` and `kv_dtype` (with `kv_layout` "kivi": keys per channel in groups of `kv_residual`
+    tokens, 0: KIVI_RESIDUAL); or `evict`, an importance method keeping `budget` positions a layer (SnapKV and
+    PyramidKV: watching `observe` queries, pooled over `pool` positions; 0: their defaults)."""
     if kv_dtype and kv_dtype not in KV_DTYPES:
         raise GenerationError(f"no KV cache in {kv_dtype!r}: kvviz quantizes it to {', '.join(KV_DTYPES)}")
+    if kv_layout or kv_residual:
+        return _kivi(cfg, n_ctx, run_policy(cfg, n_ctx, window, sinks, kv_dtype, evict, budget, observe, pool),
+                     kv_layout, kv_residual)
     if evict:
         return _importance(cfg, n_ctx, window, sinks, kv_dtype, evict, budget, observe, pool)
     if budget or observe or pool:
@@ -36,6 +45,26 @@ def run_policy(cfg, n_ctx: int, window: int = 0, sinks: int = 0, kv_dtype: str =
     if sinks and not window:
         raise GenerationError("attention sinks go with a window: give --window too")
     return CachePolicy(window, sinks, kv_dtype, first_layer)
+
+
+def _kivi(cfg, n_ctx: int, policy: CachePolicy, kv_layout: str, kv_residual: int) -> CachePolicy:
+    """`policy`, a quantized one, laid out as `kv_layout` says."""
+    if not kv_layout:
+        raise GenerationError("a residual is KIVI's group of keys: give the kivi layout too")
+    if kv_layout not in KV_LAYOUTS:
+        raise GenerationError(f"no KV cache layout {kv_layout!r}: kvviz lays a quantized cache out as "
+                              f"{', '.join(KV_LAYOUTS)} (or a scale a token and head)")
+    if policy.kv_dtype not in ("int8", "int4"):
+        raise GenerationError(f"KIVI's layout quantizes keys per channel and values per token in int8 or int4: give "
+                              f"a kv_dtype of int8 or int4{f', not {policy.kv_dtype}' if policy.kv_dtype else ''}")
+    residual = kv_residual or KIVI_RESIDUAL
+    if not 1 <= residual <= n_ctx:
+        raise GenerationError(f"KIVI's group of keys is 1 to the context's {n_ctx} tokens, got {residual}")
+    policy = replace(policy, kv_layout=kv_layout, kv_residual=residual)
+    refusal = cfg.cache_refusal(policy)
+    if refusal:
+        raise GenerationError(refusal)
+    return policy
 
 
 def _importance(cfg, n_ctx: int, window: int, sinks: int, kv_dtype: str, evict: str, budget: int, observe: int,

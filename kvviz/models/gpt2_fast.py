@@ -1,6 +1,7 @@
 """GPT-2's one-token cached step, fast: the arithmetic of `gpt2.GPT.forward` on a (1, 1) input, written as
 plain tensor calls on weights gathered once per run. At one token, module calls, attribute look-ups and
-shape bookkeeping cost about a fifth of the step on CPU, more than everything but the matrix products.
+shape bookkeeping cost about a fifth of the step on CPU, more than everything but the matrix products. Unless it
+records attention, each layer's cache attends (`KVCache.decode`), so that a quantized one reads its codes.
 `forward` runs every other pass (a prefill, an uncached pass, a batch, a lossy cache) on the same products.
 The tests check both against the teaching forward: the same tokens, logits within float rounding."""
 
@@ -74,11 +75,13 @@ def decode_one(model: GPT, token: int, position: int, kv_cache: KVCache, weights
         if probe is not None:
             probe.projected(i, 1)
         q, k, v = qkv.view(3, 1, nh, 1, hs)  # (B=1, nh, T=1, hs) each
-        held = kv_cache.update(i, position, k, v)  # every cached key and value, (1, nh, S, hs) each
-        y = F.scaled_dot_product_attention(q, held.keys, held.values)  # (1, nh, 1, hs)
         if recording:
+            held = kv_cache.update(i, position, k, v)  # every cached key and value, (1, nh, S, hs) each
+            y = F.scaled_dot_product_attention(q, held.keys, held.values)  # (1, nh, 1, hs)
             queries.append(q)  # (1, nh, 1, hs)
             keys.append(held.keys)
+        else:  # the layer's own read: a quantized one attends to its codes, no full-precision copy
+            y = kv_cache.decode(i, position, q, k, v)  # (1, nh, 1, hs)
         x = project(y.view(1, C), w.attn_proj_weight, w.attn_proj_bias, w.attn_proj_packed).add_(x)
         h = F.layer_norm(x, (C,), w.ln_2_weight, w.ln_2_bias, eps)
         h = F.gelu(project(h, w.fc_weight, w.fc_bias, w.fc_packed), approximate="tanh")  # (1, 4C)

@@ -1,6 +1,7 @@
 """The Llama family's one-token cached step, fast: the arithmetic of `llama.Llama.forward` on a (1, 1) input,
 written as plain tensor calls on weights gathered once per run, with RoPE's angles computed once per step
-instead of once per layer and the query heads reading their group's K/V in place (no repeated copy).
+instead of once per layer and the query heads reading their group's K/V in place (no repeated copy); unless it
+records attention, each layer's cache attends (`KVCache.decode`), so that a quantized one reads its codes.
 `forward` runs every other pass (a prefill, an uncached pass, a batch, a lossy cache) on the same products.
 The tests check both against the teaching forward: the same tokens, logits within float rounding."""
 
@@ -91,10 +92,13 @@ def decode_one(model: Llama, token: int, position: int, kv_cache: KVCache, weigh
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (1, nh, 1, hd), (1, nkv, 1, hd)
         if probe is not None:
             probe.projected(i, 1)
-        keys, values, *_ = kv_cache.update(i, position, k, w.v(h).view(1, nkv, 1, hd))  # (1, nkv, S, hd) each
-        y = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # (1, nh, 1, hd): head h reads h // group
+        v = w.v(h).view(1, nkv, 1, hd)
         if recording:
+            keys, values, *_ = kv_cache.update(i, position, k, v)  # (1, nkv, S, hd) each
+            y = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)  # (1, nh, 1, hd): h reads h // group
             probe.attention.append(newest_query_weights(q, keys.repeat_interleave(nh // nkv, dim=1))[0])  # (nh, S)
+        else:  # the layer's own read: a quantized one attends to its codes, no full-precision copy
+            y = kv_cache.decode(i, position, q, k, v)  # (1, nh, 1, hd)
         x = x + w.o(y.view(1, nh * hd))
         h = rms_norm(x, w.post_norm, eps)
         x = x + w.down(F.silu(w.gate(h)) * w.up(h))
