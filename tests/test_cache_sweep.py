@@ -75,7 +75,7 @@ def test_kv_dtype_with_sweep_times_that_format_against_the_exact_cache_with_prog
     (["--variants", "exact"], "kvviz: --variants and --window time the steps of a speed sweep: add --sweep"),
     (["--window", "8"], "kvviz: --variants and --window time the steps of a speed sweep: add --sweep"),
     (["--sweep", "--variants", "exact,int9"], "kvviz: no cache variant 'int9'; known: exact, int8, int4, fp8, "
-                                              "window:N, mla-naive, mla-absorbed, or all"),
+                                              "kivi-int8, kivi-int4, window:N, mla-naive, mla-absorbed, or all"),
     (["--sweep", "--variants", "exact,mla-naive"], "kvviz: mla-naive is a step of latent attention (MLA, DeepSeek); "
                                                    "this model caches keys and values per head"),
     (["--sweep", "--variants", "exact,exact"], "kvviz: --variants names a variant twice: exact,exact"),

@@ -109,10 +109,11 @@ def evict_json(policy, last) -> dict:
 
 
 VARIANTS_HELP = ("with --sweep: time a cached decode step for each kind of cache listed, comma-separated: exact, "
-                 "int8, int4, fp8, window:N (the last N positions), mla-naive, mla-absorbed (latent attention), or "
-                 "all; at lengths doubling up to --max-length (default: the model's context, at most 32768), beside "
-                 "the bandwidth model (weights and cache bytes over this machine's measured read rate). "
-                 "--kv-dtype X or --window N with --sweep time that variant against the exact cache")
+                 "int8, int4, fp8, kivi-int8, kivi-int4 (keys per channel), window:N (the last N positions), "
+                 "mla-naive, mla-absorbed (latent attention), or all; at lengths doubling up to --max-length "
+                 "(default: the model's context, at most 32768), beside the bandwidth model (weights and cache "
+                 "bytes over this machine's measured read rate). --kv-dtype X or --window N with --sweep time that "
+                 "variant against the exact cache")
 
 
 def add_variants(parser: argparse.ArgumentParser) -> None:

@@ -32,6 +32,7 @@ MAX_DEFAULT_LENGTH = 32768  # the longest length by default: the model's context
 LONG_REPEAT = 7  # turns per length and variant; the median counts
 FILL_CHUNK = 1024  # positions written into a cache at a time when it is filled
 LATENT_VARIANTS = ("mla-naive", "mla-absorbed")
+KIVI_VARIANTS = ("kivi-int8", "kivi-int4")
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,11 @@ def _latent(engine: Engine) -> bool:
 
 
 def all_variants(engine: Engine) -> tuple[str, ...]:
-    """Every variant the model runs: MLA's two steps on a latent cache; else the exact cache, each quantized format
-    and a window of an eighth of the context."""
+    """Every variant the model runs: MLA's two steps on a latent cache; else the exact cache, each quantized format,
+    int4 in KIVI's layout and a window of an eighth of the context."""
     if _latent(engine):
         return LATENT_VARIANTS
-    return ("exact", *KV_DTYPES, f"window:{max(1, engine.n_ctx // 8)}")
+    return ("exact", *KV_DTYPES, "kivi-int4", f"window:{max(1, engine.n_ctx // 8)}")
 
 
 def parse_variants(engine: Engine, names: str) -> tuple[Variant, ...]:
@@ -93,12 +94,16 @@ def _variant(engine: Engine, name: str) -> Variant:
     if name in KV_DTYPES:
         return Variant(name, f"{name} cache (codes and a float32 scale a row and head)",
                        engine.policy(kv_dtype=name))
+    if name in KIVI_VARIANTS:
+        kv_dtype = name.removeprefix("kivi-")
+        return Variant(name, f"{kv_dtype} cache, KIVI: keys per channel over groups of 32 tokens (the newest held "
+                             "exact), values per token", engine.policy(kv_dtype=kv_dtype, kv_layout="kivi"))
     if name.startswith("window:"):
         size = name.removeprefix("window:")
         if not size.isdigit() or int(size) < 1:
             raise KvvizError(f"a window variant is window:N with N positions, got {name!r}")
         return Variant(name, f"window of the last {int(size):,} positions, {dtype}", engine.policy(window=int(size)))
-    known = ", ".join(("exact", *KV_DTYPES, "window:N", *LATENT_VARIANTS))
+    known = ", ".join(("exact", *KV_DTYPES, *KIVI_VARIANTS, "window:N", *LATENT_VARIANTS))
     raise KvvizError(f"no cache variant {name!r}; known: {known}, or all")
 
 
