@@ -441,3 +441,31 @@ def test_sinks_leave_the_full_layers_of_a_partial_window_exact(tmp_path):
         hook.remove()
     assert engine.policy(sinks=2).first_layer == 1
     assert torch.allclose(outputs[0], outputs[1], atol=1e-5), float((outputs[0] - outputs[1]).abs().max())
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(2, 2), (4, 2)], ids=["MHA", "GQA"])
+def test_a_window_layers_one_token_read_hides_what_it_keeps_for_a_rollback(heads, kv_heads):
+    """A window that keeps 2 positions past its width (so a rollback can bring them back) holds them hidden: its
+    one-token step (`decode`, which the fast files take) attends to the last 4 positions only, as the teaching
+    pass's masked read over the same layer does (and unlike attention over every row it holds)."""
+    from kvviz.cache.attention import attend
+    from kvviz.cache.window import WindowLayer
+
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.randn(2, 1, kv_heads, 11, 8, generator=generator)  # K, V for positions 0..10
+    q = torch.randn(1, heads, 1, 8, generator=generator)
+    fast, teaching = (WindowLayer(kv_heads, 8, window=4, sinks=0, spare=2) for _ in range(2))
+    for layer in (fast, teaching):
+        layer.update(torch.arange(10), rows[0, :, :, :10], rows[1, :, :, :10])
+    got = fast.decode(10, q, rows[0, :, :, 10:], rows[1, :, :, 10:])
+    held = teaching.update(10, rows[0, :, :, 10:], rows[1, :, :, 10:])
+    assert sorted(held.positions.tolist()) == [5, 6, 7, 8, 9, 10], "6 held: the window's 4 and 2 spare"
+    group = heads // kv_heads
+    expected = attend(q, held.keys.repeat_interleave(group, 1), held.values.repeat_interleave(group, 1), held,
+                      torch.tensor([10]))
+    # by hand: softmax over positions 7..10 only
+    keys, values = rows[0, 0, :, 7:].repeat_interleave(group, 0), rows[1, 0, :, 7:].repeat_interleave(group, 0)
+    weights = torch.softmax((q[0, :, 0, None, :] * keys).sum(-1) / 8 ** 0.5, dim=-1)  # (heads, 4)
+    by_hand = (weights[..., None] * values).sum(1)  # (heads, 8)
+    assert torch.allclose(got[0, :, 0], by_hand, atol=1e-5)
+    assert torch.allclose(got, expected, atol=1e-5)

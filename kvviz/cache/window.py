@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from kvviz.cache.attention import attend
 from kvviz.cache.layers import Held, LayerCache
 
 
@@ -66,6 +67,18 @@ class WindowLayer(LayerCache):
         index = torch.tensor(rows, dtype=torch.long, device=keys.device)
         self.kv[0].narrow(2, 0, len(rows)).copy_(keys.index_select(2, index))
         self.kv[1].narrow(2, 0, len(rows)).copy_(values.index_select(2, index))
+
+    def decode(self, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float | None = None) -> torch.Tensor:
+        """One token's step (LayerCache.decode). The newest query sees every position the layer keeps (the last
+        `window` and the sinks), so it attends to them all, unmasked; only the `spare` positions kept behind the
+        window for a rollback are held but hidden, and then the read is masked as the teaching pass's is."""
+        if not self.spare:
+            return super().decode(position, q, k, v, scale)
+        held = self.update(position, k, v)
+        group = q.shape[1] // held.keys.shape[1]
+        keys, values = (t.repeat_interleave(group, dim=1) for t in (held.keys, held.values))  # (1, nh, S, hd)
+        return attend(q, keys, values, held, torch.tensor([position], device=q.device), scale=scale)
 
     def crop(self, position: int) -> None:
         if not 0 <= position <= self.length:
