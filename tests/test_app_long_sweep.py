@@ -266,9 +266,9 @@ def test_the_long_sweep_runs_in_the_background(panel, qtbot, tiny):
     with qtbot.waitSignal(panel.long_sweeper.finished, timeout=180_000) as finished:
         panel.pause(False)
     swept: CacheSweepResult = finished.args[0]
-    # a GPT-2 runs per-head caches: exact, int8, int4, fp8 and a window of its context / 8
+    # a GPT-2 runs per-head caches: exact, int8, int4, fp8, int4 in KIVI's layout and a window of its context / 8
     assert swept.lengths == (64, 128) and [c.name for c in swept.variants] == ["exact", "int8", "int4", "fp8",
-                                                                               "window:16"]
+                                                                               "kivi-int4", "window:16"]
     assert progress[-1][0] == progress[-1][1] and parts and all(p.lengths[-1] <= 128 for p in parts)
     assert [list(curve.getData()[1]) for curve in panel.view.long_chart.measured] == [list(c.ms) for c in
                                                                                      swept.variants]

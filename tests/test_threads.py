@@ -9,7 +9,14 @@ import torch
 
 from kvviz.engine.threads import ThreadChooser
 
-pytestmark = pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: nothing to choose")
+
+@pytest.fixture(autouse=True)
+def two_threads():
+    """Two threads to choose from (the suite's processes run on one each: tests/conftest.py), put back after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 def _run(chooser: ThreadChooser, seconds: dict[int, float], steps: int = 40) -> list[int]:
@@ -25,7 +32,7 @@ def _run(chooser: ThreadChooser, seconds: dict[int, float], steps: int = 40) -> 
 
 
 def test_a_busy_machine_moves_the_steps_to_one_thread_and_keeps_probing():
-    many = torch.get_num_threads()
+    many = 2
     seen = _run(ThreadChooser(), {1: 0.010, many: 0.030})  # one thread three times as fast
     # 2 warm-up steps and 2 on the starting count, a probe of 2 steps on one thread, then one thread, with a probe
     # of the starting count every 32 steps (steps 36 and 37), which loses
@@ -33,13 +40,13 @@ def test_a_busy_machine_moves_the_steps_to_one_thread_and_keeps_probing():
 
 
 def test_a_quiet_machine_keeps_every_thread_but_for_the_probes():
-    many = torch.get_num_threads()
+    many = 2
     seen = _run(ThreadChooser(), {1: 0.030, many: 0.020})
     assert seen == [many] * 4 + [1] * 2 + [many] * 30 + [1] * 2 + [many] * 2
 
 
 def test_a_margin_too_small_to_trust_changes_nothing():
-    many = torch.get_num_threads()
+    many = 2
     seen = _run(ThreadChooser(), {1: 0.019, many: 0.020})  # 5% faster: within the noise
     assert seen.count(1) == 4
 
