@@ -24,7 +24,7 @@ from kvviz.core.records import (
     describe_sampling,
 )
 from kvviz.core.tokenizer import Tokenizer, get_tokenizer
-from kvviz.engine.policies import run_policy
+from kvviz.engine.policies import one_token_read, run_policy
 from kvviz.engine.sampling import SamplingSettings, choose, sampling_generator
 from kvviz.engine.speculative import check_drafter, speculative_passes
 from kvviz.engine.threads import ThreadChooser
@@ -261,11 +261,7 @@ class Engine:
         tokens = list(plan.prompt_ids)
         fast = self.fast
         decode_weights = fast.decode_weights(model) if fast is not None else None
-        # decode_one: each layer reads what it holds its own way (codes, a window); eviction by importance masks its
-        # pass, a window's sinks turn their own queries, and the attention view places a window's weights by
-        # position: those take the forward
-        one_token_fast = fast is not None and use_cache and not plan.policy.importance and not (
-            plan.policy.window and (plan.policy.sinks or record_attention))
+        one_token_fast = fast is not None and use_cache and one_token_read(plan.policy, record_attention)
         uncached = None if use_cache else pass_cache(model.config.cache_layers(plan.policy), P)
         computed_total = reused_total = without_total = 0
         step = 0

@@ -94,3 +94,12 @@ def _importance(cfg, n_ctx: int, window: int, sinks: int, kv_dtype: str, evict: 
     if refusal:
         raise GenerationError(refusal)
     return policy
+
+
+def one_token_read(policy: CachePolicy, recording: bool) -> bool:
+    """Whether a one-token cached step under `policy` takes the fast file's `decode_one`, where each layer reads
+    what it holds its own way (a quantized layer its codes, a window its kept positions). Not under eviction by
+    importance (its keeper masks and scores the pass), nor a window with sinks (on RoPE they take queries turned
+    to their own positions) or one whose attention is recorded (the view places a window's weights by position):
+    those take the forward."""
+    return not policy.importance and not (policy.window and (policy.sinks or recording))
