@@ -44,8 +44,8 @@ def test_each_variant_reads_the_bytes_counted_by_hand_beside_the_bandwidth_model
     assert exact["cache_bytes"] == [LAYERS * 2 * EMBD * 4 * L for L in (64, 128, 256)]
     # int8: a byte a number and a float32 scale a row (K and V, 2 heads, 2 layers)
     assert int8["cache_bytes"] == [LAYERS * 2 * (EMBD + HEADS * 4) * L for L in (64, 128, 256)]
-    # the window keeps its 32 positions and one more, so that each timed step rolls back: 33 at every length
-    assert window["cache_bytes"] == [LAYERS * 2 * EMBD * 4 * 33] * 3
+    # the window keeps its 32 positions at every length
+    assert window["cache_bytes"] == [LAYERS * 2 * EMBD * 4 * 32] * 3
     rate = result["read_bytes_per_second"]
     for curve in result["variants"]:
         assert [len(t) for t in curve["turns_ms"]] == [3, 3, 3]

@@ -5,12 +5,14 @@ kvviz.measure.cache_speed.CacheSweepResult).
 A step at length L is the step of the engine (the same fast path a run takes) for one token at position L - 1, whose
 query attends to the L positions the cache then holds. The L - 1 positions before it are written straight into the
 cache as random keys and values (a prefill of 32k tokens would take minutes on a CPU, and a step's time does not
-depend on the numbers it reads); after each timed step the cache is cropped back, so every turn reads the same
-positions. The lengths double up to the longest; at each, every variant takes its turn in an order that rotates.
+depend on the numbers it reads); after each timed step the cache is cropped back (a windowed one put back as it
+was), so every turn reads the same positions. The lengths double up to the longest; at each, every variant takes
+its turn in an order that rotates.
 """
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from kvviz.core.errors import KvvizError
 from kvviz.core.formats import KV_DTYPES
 from kvviz.core.policy import EXACT, CachePolicy
 from kvviz.engine.engine import Engine
+from kvviz.engine.policies import one_token_read
 from kvviz.measure.bench import memory_read_rate
 from kvviz.measure.cache_speed import CacheSweepResult, VariantCurve
 from kvviz.measure.speed import SweepCancelled
@@ -124,15 +127,19 @@ class _Timed:
     def __init__(self, engine: Engine, variant: Variant, capacity: int, generator: torch.Generator) -> None:
         self.engine, self.variant = engine, variant
         self.kinds = engine.model.config.cache_layers(variant.policy)
-        self.cache: KVCache = build_cache(self.kinds, capacity, dtype=engine.dtype, device=engine.device, spare=1)
+        # a window cannot roll back past what it evicted without keeping spare positions, which its step would then
+        # read masked: a windowed cache is copied before each timed step and put back after it instead
+        self.windowed = any(kind.kind == "window" for kind in self.kinds)
+        self.cache: KVCache = build_cache(self.kinds, capacity, dtype=engine.dtype, device=engine.device,
+                                          spare=0 if self.windowed else 1)
         self.generator = generator
         self.bytes_read = 0
         fast = engine.fast
         policy = variant.policy
         self.weights = fast.decode_weights(engine.model) if fast is not None else None
-        self.one_token = (fast is not None and not variant.teaching
-                          and not policy.evicts and (not policy.lossy or policy.quantized))
+        self.one_token = fast is not None and not variant.teaching and one_token_read(policy, recording=False)
 
+    @torch.inference_mode()
     def fill(self, length: int) -> None:
         """Write random keys and values into every layer up to `length` positions."""
         while self.cache.length < length:
@@ -154,6 +161,7 @@ class _Timed:
     def step(self, token: int) -> float:
         """Seconds of one decode step of `token` at the cache's length, then the cache cropped back."""
         engine, position = self.engine, self.cache.length
+        saved = copy.deepcopy(self.cache) if self.windowed else None
         started = time.perf_counter()
         if self.one_token:
             logits = engine.fast.decode_one(engine.model, token, position, self.cache, self.weights, None)
@@ -167,7 +175,10 @@ class _Timed:
         int(logits.argmax())  # the step is done when its token is chosen
         seconds = time.perf_counter() - started
         self.bytes_read = self.cache.bytes_used  # what the step attended to, its own position included
-        self.cache.crop(position)
+        if saved is not None:
+            self.cache = saved
+        else:
+            self.cache.crop(position)
         return seconds
 
 
