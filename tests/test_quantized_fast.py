@@ -41,7 +41,9 @@ MODELS = {"gpt2": lambda: tiny_kvviz_model(n_layer=2, n_head=4, n_embd=64, vocab
 
 
 def _refuse_one_token_updates(monkeypatch) -> None:
-    """A one-token pass through `update` would dequantize the whole cache: the fast decode never takes it."""
+    """A one-token pass through `update` would dequantize the whole cache: the fast decode never takes it (here from
+    the first position: the caches of these tests are shorter than where it pays, CODES_FROM)."""
+    monkeypatch.setattr(quantized_attention, "CODES_FROM", dict.fromkeys(quantized_attention.CODES_FROM, 0))
     for layer in (QuantizedLayer, KiviLayer):
         def update(self, positions, k, v, original=layer.update):
             assert k.shape[2] > 1, "a one-token step dequantized every held row"
@@ -97,6 +99,7 @@ def test_decode_block_by_block_is_attention_over_the_dequantized_rows(kind, inte
     one partial, an odd count (int4 pairs tokens); 6 query heads over 2 KV heads."""
     if integers and kind == "fp8":
         pytest.skip("fp8 has no integer products")
+    monkeypatch.setattr(quantized_attention, "CODES_FROM", dict.fromkeys(quantized_attention.CODES_FROM, 0))
     monkeypatch.setattr(quantized_attention, "BLOCK", 8)
     monkeypatch.setattr(quantized_attention, "FLOAT_BLOCK", 4)
     monkeypatch.setattr(kivi, "FLOAT_BLOCK", 4)
@@ -188,3 +191,25 @@ def test_generate_with_kivi_holds_the_bytes_counted_by_hand(kvviz_cli):
     per_head = 8 * 16 + 2 * 32 * 4 + 1 * 32 * 4 + 9 * (16 + 4)
     assert (report["kv_layout"], report["kv_residual"], report["kv_dtype"]) == ("kivi", 4, "int4")
     assert report["cache_bytes"] == 6 * 6 * per_head == 24_912
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4", "fp8"])
+def test_a_cache_shorter_than_where_the_codes_pay_attends_as_the_teaching_path_does(kv_dtype, monkeypatch):
+    """Below CODES_FROM positions the one-token step dequantizes the (small) cache and attends as `update` does;
+    from there on it reads the codes and never calls `update` for one token."""
+    length = quantized_attention.CODES_FROM[kv_dtype]
+    calls = []
+    original = QuantizedLayer.update
+
+    def update(self, positions, k, v):
+        calls.append(k.shape[2])
+        return original(self, positions, k, v)
+
+    monkeypatch.setattr(QuantizedLayer, "update", update)
+    generator = torch.Generator().manual_seed(4)
+    layer = QuantizedLayer(2, 8, length + 1, kv_dtype)
+    layer.update(torch.arange(length - 2), *torch.randn(2, 1, 2, length - 2, 8, generator=generator))
+    with torch.inference_mode():
+        for position in (length - 2, length - 1):  # holding length - 1 positions, then length
+            layer.decode(position, *torch.randn(3, 1, 2, 1, 8, generator=generator))
+    assert calls == [length - 2, 1], "the short cache's step went through update, the next one read the codes"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from kvviz.cache import quantized_attention
 from kvviz.cache.layers import Held, LayerCache
 from kvviz.cache.quantized_attention import key_scores, query_rows, reads_codes, unpack, value_sum
 from kvviz.core.formats import KV_DTYPES
@@ -50,10 +51,11 @@ class QuantizedLayer(LayerCache):
     def decode(self, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                scale: float | None = None) -> torch.Tensor:
         """One query's attention read from the codes, block by block (kvviz.cache.quantized_attention): the
-        scores (q·c)·s, one softmax, then Σ (p·s)·c; never a full-precision copy of the cache. A batch, or a model
-        in a 16-bit type, attends as `update` does (see kvviz.cache.quantized_attention.reads_codes)."""
-        if not reads_codes(q, self.codes.shape[1]):
-            return super().decode(position, q, k, v, scale)
+        scores (q·c)·s, one softmax, then Σ (p·s)·c; never a full-precision copy of the cache. A batch, a model
+        in a 16-bit type (see kvviz.cache.quantized_attention.reads_codes) or a cache shorter than CODES_FROM
+        attends as `update` does."""
+        if not reads_codes(q, self.codes.shape[1]) or self.length + 1 < quantized_attention.CODES_FROM[self.kv_dtype]:
+            return super().decode(position, q, k, v, scale)  # a batch, a 16-bit model or a short cache
         end = self._store(position, k, v)
         codes, scales = self.codes[:, 0, :, :end], self.scales[:, 0, :, :end, 0]  # (2, h, S, hd or hd/2), (2, h, S)
         rows = query_rows(q, codes.shape[1], scale)  # (h, g, hd)
