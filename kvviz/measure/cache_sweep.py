@@ -40,8 +40,8 @@ KIVI_VARIANTS = ("kivi-int8", "kivi-int4")
 
 @dataclass(frozen=True)
 class Variant:
-    """One kind of cache to time: its name, its policy, and whether its step runs the teaching forward (MLA's naive
-    step) instead of the engine's fast one."""
+    """One kind of cache to time: its name, its policy, and whether its step runs the forward's teaching arithmetic
+    (MLA's naive step: the fast file's `forward`, on the same products) instead of the fast one-token step."""
 
     name: str
     label: str
@@ -168,10 +168,7 @@ class _Timed:
         else:
             idx = torch.tensor([[token]], device=engine.device)
             positions = torch.tensor([position], device=engine.device)
-            if self.variant.teaching:
-                logits = engine.model(idx, positions, self.cache, last_only=True)[:, -1]
-            else:
-                logits = engine.forward(idx, positions, self.cache, None, self.weights)
+            logits = engine.forward(idx, positions, self.cache, None, self.weights)  # MLA's naive step: the forward
         int(logits.argmax())  # the step is done when its token is chosen
         seconds = time.perf_counter() - started
         self.bytes_read = self.cache.bytes_used  # what the step attended to, its own position included

@@ -12,7 +12,8 @@ of the cache is the latents, its bytes. The same sums in another order: the test
 and the attention weights against the teaching forward.
 
 A prefill (or any pass of more than one token) stays naive, as DeepSeek's does: `forward` is the teaching
-forward's.
+forward's. Both take every projection's product spread over torch's threads (kvviz.models.spread), so that the
+naive and the absorbed step differ in their attention only.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch.nn.functional as F
 
 from kvviz.cache.kv_cache import KVCache
 from kvviz.cache.probe import PassProbe
+from kvviz.models import spread
 from kvviz.models.deepseek import Deepseek, LatentAttention, rope_pairs, rotate_pairs
+from kvviz.models.spread import Spread
 
 
 class Absorbed(NamedTuple):
@@ -35,25 +38,36 @@ class Absorbed(NamedTuple):
     values: torch.Tensor  # W_uv (nh, v, r): the latent to a head's value
 
 
-def decode_weights(model: Deepseek) -> list[Absorbed]:
-    """Every layer's W_uk and W_uv for `decode_one`, gathered once per run (take them again if the parameters are
-    replaced)."""
+class Weights(NamedTuple):
+    """What `decode_one` reads once per run: each layer's halves of the up-projection, and every projection's
+    product spread over torch's threads (kvviz.models.spread), as the families without a fast file of their own
+    take them."""
+
+    absorbed: list[Absorbed]
+    spreads: list[Spread]
+
+
+def decode_weights(model: Deepseek) -> Weights:
+    """Every layer's W_uk and W_uv and every projection's spread product for `decode_one` and `forward`, gathered
+    once per run (take them again if the parameters are replaced)."""
     cfg = model.config
     nh, nope, vd, r = cfg.n_head, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
     absorbed = []
     for layer in model.blocks:
         up = layer.self_attn.kv_b_proj.weight.detach().view(nh, nope + vd, r)  # (nh, nope + v, r): rows per head
         absorbed.append(Absorbed(up[:, :nope], up[:, nope:]))  # (nh, nope, r), (nh, v, r)
-    return absorbed
+    return Weights(absorbed, spread.decode_weights(model))
 
 
 def forward(model: Deepseek, idx: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None,
-            weights: list[Absorbed] | None = None, probe: PassProbe | None = None) -> torch.Tensor:
-    """Logits (B, V) of the last position of each row of `idx` (B, T): the teaching forward's (naive)."""
-    return model(idx, positions, kv_cache, last_only=True, probe=probe)[:, -1]
+            weights: Weights | None = None, probe: PassProbe | None = None) -> torch.Tensor:
+    """Logits (B, V) of the last position of each row of `idx` (B, T): the teaching forward's (naive), its products
+    spread over the threads."""
+    spreads = (weights if weights is not None else decode_weights(model)).spreads
+    return spread.forward(model, idx, positions, kv_cache, spreads, probe)
 
 
-def decode_one(model: Deepseek, token: int, position: int, kv_cache: KVCache, weights: list[Absorbed] | None = None,
+def decode_one(model: Deepseek, token: int, position: int, kv_cache: KVCache, weights: Weights | None = None,
                probe: PassProbe | None = None) -> torch.Tensor:
     """Logits (1, V) for one token of a single sequence at `position`, attending to the cached latents (absorbed):
     equal, within float rounding, to `model(torch.tensor([[token]]), torch.tensor([position]), kv_cache,
@@ -65,12 +79,14 @@ def decode_one(model: Deepseek, token: int, position: int, kv_cache: KVCache, we
     positions = torch.tensor([position], device=embeddings.device)
     rope = rope_pairs(positions, cfg.qk_rope_head_dim, cfg.rope_theta)  # cos, sin (1, rope/2)
     x = embeddings[token].view(1, 1, -1)  # (1, 1, C)
-    for i, (layer, absorbed) in enumerate(zip(model.blocks, weights or decode_weights(model), strict=True)):
-        if probe is not None:
-            probe.entering(i)
-        h = layer.input_layernorm(x)
-        x = x + absorbed_attention(layer.self_attn, absorbed, h, positions, rope, kv_cache, probe)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    weights = weights if weights is not None else decode_weights(model)
+    with spread.spread_products(weights.spreads):
+        for i, (layer, absorbed) in enumerate(zip(model.blocks, weights.absorbed, strict=True)):
+            if probe is not None:
+                probe.entering(i)
+            h = layer.input_layernorm(x)
+            x = x + absorbed_attention(layer.self_attn, absorbed, h, positions, rope, kv_cache, probe)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
     return F.linear(model.model.norm(x)[:, -1], model.head_weight)  # (1, V)
 
 
