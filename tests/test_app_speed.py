@@ -73,6 +73,19 @@ def test_the_sweep_stops_while_the_live_run_computes_and_goes_on_after(qtbot, pa
     assert not panel.sweeper.paused
 
 
+def test_a_step_timed_before_the_pause_and_read_after_it_leaves_the_bar_saying_paused(panel):
+    """The child prints each step as it times it; a line already in the pipe when the sweep is paused arrives
+    after: the bar counts it and still says the sweep is paused."""
+    view = panel.view
+    view.show_progress(1, 10)
+    view.show_paused(True)
+    view.show_progress(2, 10)
+    assert view.progress.format() == "paused while the run steps: 2 of 10 steps timed"
+    view.show_paused(False)
+    view.show_progress(3, 10)
+    assert view.progress.format().startswith("measuring: 3 of 10 steps timed")
+
+
 def test_the_window_pauses_the_sweep_while_its_run_plays(qtbot, window):
     window.speed.prepare("", "float32", "kvviz-shakespeare")
     qtbot.waitUntil(lambda: window.speed.sweeper.running, timeout=10_000)

@@ -154,7 +154,10 @@ class SpeedView(QWidget):
             left = f", about {_duration(per_step * (total - done))} left"
         self.progress.setRange(0, total)
         self.progress.setValue(done)
-        self.progress.setFormat(f"measuring: {done} of {total} steps timed{left}")
+        if self._paused_at is not None:  # a step the sweep timed before it was paused, read after: still paused
+            self.progress.setFormat(f"paused while the run steps: {done} of {total} steps timed")
+        else:
+            self.progress.setFormat(f"measuring: {done} of {total} steps timed{left}")
 
     def show_paused(self, on: bool) -> None:
         """The sweep stops while the live run computes, and goes on after (its time left does not count it)."""
