@@ -46,6 +46,10 @@ KINDS = {
     "window": (LLAMA, CachePolicy(window=4, sinks=1), "", 3, 8 * 256),
     # int8: 2 layers x (K, V) x 2 heads x (8 one-byte numbers + a 4-byte float32 scale) = 96 bytes a position
     "quantized": (LLAMA, CachePolicy(kv_dtype="int8"), "", 0, 12 * 96),
+    # KIVI, int8, groups of 8 keys: at 12 positions keys 0-7 in a group, 8-11 exact (and at 8, where the crop goes,
+    # the same group); a layer: key codes 2 heads x 8 x 8 x 1 + their scales 2 x 1 group x 8 channels x 4 + exact
+    # keys 2 x 4 x 8 x 4 + value codes 2 x 12 x 8 x 1 + value scales 2 x 12 x 4 = 128 + 64 + 256 + 192 + 96 = 736
+    "kivi": (LLAMA, CachePolicy(kv_dtype="int8", kv_layout="kivi", kv_residual=8), "", 0, 2 * 736),
     # 2 layers x (latent 8 + RoPE key 4) x 4 bytes = 96 bytes a position
     "latent": (DEEPSEEK, CachePolicy(), "", 0, 12 * 96),
     # the local layer's last 4 and 3 spare (7 of the 12), the global layer's 12: x (K, V) x 2 x 8 x 4 bytes

@@ -154,16 +154,20 @@ def test_kivi_counts_codes_scales_and_the_exact_keys_and_rolls_back_only_within_
     values = 10 * 2 * 4 + 10 * 2 * 4  # codes, and a float32 scale a token and head
     assert layer.bytes_held == key_codes + key_scales + exact_keys + values == 480
     layer.crop(9)
-    layer.crop(8)  # back to the first exact key: allowed
+    layer.crop(8)  # back to the first exact key: a layer fed 8 positions has the same 2 groups
     assert layer.length == 8 and layer.bytes_held == key_codes + key_scales + 8 * 2 * 4 * 2
-    with pytest.raises(ValueError, match="rolls back to 8 at the earliest, not 7") as refused:
+    with pytest.raises(ValueError, match="fed only 7 positions it would have quantized 4: it cannot roll back to 7"
+                       ) as refused:
         layer.crop(7)
     assert "\n" not in str(refused.value)
-    spared = KiviLayer(2, 8, 16, "int4", 4, spare=3)  # speculative decoding's: a pass of 3 rolls back
+    spared = KiviLayer(2, 8, 16, "int4", 4, spare=3)  # at least 3 keys held exact
     spared.update(0, torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8))
     assert spared.grouped == 4  # 6 keys exact, at least 3 of them
     spared.update(10, torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8))
-    spared.crop(10)
+    assert spared.grouped == 8  # keys 4-7 quantized by this pass: a layer fed 10 would hold them exact
+    with pytest.raises(ValueError, match="it cannot roll back to 10"):
+        spared.crop(10)
+    spared.crop(12)  # no group quantized since 12: allowed
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -173,6 +177,8 @@ def test_kivi_counts_codes_scales_and_the_exact_keys_and_rolls_back_only_within_
     (("--kv-layout", "kivi", "--kv-dtype", "int8", "--kv-residual", "0"), "argument --kv-residual: must be a "
                                                                           "positive integer"),
     (("--kv-layout", "ring", "--kv-dtype", "int8"), "argument --kv-layout: invalid choice: 'ring'"),
+    (("--kv-layout", "kivi", "--kv-dtype", "int8", "--prompt-lookup", "2"),
+     "cannot decode speculatively: no layer cache of kind 'kivi' rolls back"),
 ])
 def test_generate_refuses_a_kivi_layout_it_cannot_run_in_one_line(kvviz_cli, args, message):
     done = kvviz_cli("generate", "--prompt", "hi", "--max-new-tokens", "2", *args)

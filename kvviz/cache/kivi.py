@@ -24,9 +24,10 @@ class KiviLayer(LayerCache):
     so a value's error stays in its own token. A group needs its tokens before it can be scaled: the residual is
     what streaming costs.
 
-    `spare` (build_cache's) keeps that many of the latest keys exact past the groups, so that `crop` can go back
-    over a whole pass of at most `spare` positions; a crop to a position whose key is already in a group is refused
-    (its exact key is gone). `update`, the teaching path, returns the keys and values dequantized (the exact keys
+    `spare` (build_cache's) keeps that many of the latest keys exact past the groups; `crop` goes back only where no
+    group has been quantized since (a group's exact keys are gone, and a layer fed only that far would hold them
+    exact), so speculative decoding, which rolls back after any pass, does not run on it.
+    `update`, the teaching path, returns the keys and values dequantized (the exact keys
     as they are); `decode` reads the codes block by block."""
 
     def __init__(self, heads: int, head_dim: int, capacity: int, kv_dtype: str, residual: int, batch_size: int = 1,
@@ -77,10 +78,14 @@ class KiviLayer(LayerCache):
         return y.view(q.shape).to(q.dtype)
 
     def crop(self, position: int) -> None:
-        if 0 <= position < self.grouped:
+        """Roll back to `position` where the layer is then what a layer fed only that far would be: its groups of
+        keys formed at the same positions (a layer fed `position` tokens has quantized max(0, position - spare)
+        // R whole groups). A crop behind a group quantized since then is refused: that group's exact keys are gone."""
+        fresh = max(0, position - self.spare) // self.group * self.group
+        if 0 <= position <= self.length and fresh != self.grouped:
             raise ValueError(f"a KIVI cache has quantized the keys of its first {self.grouped} positions per channel, "
-                             f"{self.group} at a time, and kept no exact copy: it rolls back to {self.grouped} at the "
-                             f"earliest, not {position}")
+                             f"{self.group} at a time, and kept no exact copy; fed only {position} positions it would "
+                             f"have quantized {fresh}: it cannot roll back to {position}")
         super().crop(position)
 
     def _store(self, positions: torch.Tensor | int, k: torch.Tensor, v: torch.Tensor) -> int:

@@ -112,15 +112,15 @@ class KVCache:
         return sum(layer.bytes_allocated for layer in self.layers)
 
 
-ROLLS_BACK = ("full", "window", "quantized", "kivi", "latent", "shared", "state")  # every kind build_cache makes
-# but one: "importance" forgets positions by the attention they got, and cannot bring them back
+ROLLS_BACK = ("full", "window", "quantized", "latent", "shared", "state")  # every kind build_cache makes
+# but two: "importance" forgets positions by the attention they got, and "kivi" quantizes a group of keys per channel
+# once it fills, keeping no exact copy: neither can be what it was before a pass
 
 def rollback_refusal(kinds: Sequence[LayerKind]) -> str:
-    """Why a cache of `kinds` cannot roll back by `crop` to a position inside its latest pass ("": it can). Every
-    kind build_cache makes rolls back, so this is "" for every cache it builds: full, quantized and latent layers
-    forget the rows past the position, a shared layer its count, a window layer brings back the `spare` rows it
-    keeps past its window, a KIVI layer the `spare` keys it keeps exact past its groups, a state layer the state it
-    kept after that position (one of its last `spare`). A pass
+    """Why a cache of `kinds` cannot roll back by `crop` to a position inside its latest pass ("": it can). Full,
+    quantized and latent layers forget the rows past the position, a shared layer its count, a window layer brings
+    back the `spare` rows it keeps past its window, a state layer the state it kept after that position (one of its
+    last `spare`); importance and KIVI layers do not roll back (ROLLS_BACK). A pass
     of at most `spare` positions (build_cache's) rolls back to any position inside it."""
     unknown = sorted({kind.kind for kind in kinds} - set(ROLLS_BACK))
     if unknown:

@@ -114,9 +114,9 @@ def read_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights a decode step reads: every parameter once, less an input embedding the head does not share
     (a step looks up one of its rows)."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
-    head = getattr(model, "head_weight", None)
+    head = model.head_weight  # every family names its output head's matrix
     for module in model.modules():
-        if isinstance(module, torch.nn.Embedding) and (head is None or module.weight.data_ptr() != head.data_ptr()):
+        if isinstance(module, torch.nn.Embedding) and module.weight.data_ptr() != head.data_ptr():
             total -= module.weight.numel() * module.weight.element_size()
     return total
 

@@ -45,19 +45,15 @@ class SpeedPanel(QDialog):
         self.view.measure_requested.connect(lambda: self.measure(*self._target))
         self.view.long_requested.connect(self.ask_long)
         self.view.cancel_requested.connect(self.cancel)
-        self.sweeper.progressed.connect(self.view.show_progress)
-        self.sweeper.measured_part.connect(self.view.show_partial)
-        self.sweeper.paused_changed.connect(self.view.show_paused)
-        self.sweeper.finished.connect(self.view.show_result)
-        self.sweeper.failed.connect(self.view.show_failure)
-        self.sweeper.cancelled.connect(self.view.show_cancelled)
-        long = self.long_sweeper
-        long.progressed.connect(self.view.show_progress)
-        long.measured_part.connect(self.view.show_long_partial)
-        long.paused_changed.connect(self.view.show_paused)
-        long.finished.connect(self.view.show_long_result)
-        long.failed.connect(self.view.show_failure)
-        long.cancelled.connect(self.view.show_cancelled)
+        view = self.view
+        for sweeper, partial, result in ((self.sweeper, view.show_partial, view.show_result),
+                                         (self.long_sweeper, view.show_long_partial, view.show_long_result)):
+            sweeper.progressed.connect(view.show_progress)
+            sweeper.measured_part.connect(partial)
+            sweeper.paused_changed.connect(view.show_paused)
+            sweeper.finished.connect(result)
+            sweeper.failed.connect(view.show_failure)
+            sweeper.cancelled.connect(view.show_cancelled)
 
     @property
     def result(self) -> SweepResult | None:
