@@ -40,10 +40,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, held: Held | None,
         y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, scale=scale)
     elif held.window:
         return _windowed(q, k, v, held, positions, probe, q_for_sinks, scale)
-    elif T == 1 and positions.dim() == 1:  # one query sees every key
+    elif T == 1 and positions.dim() == 1 and held.mask is None:  # one query sees every key
         y = F.scaled_dot_product_attention(q, k, v, scale=scale)
     else:  # keys in position order; a batch's rows each up to its own, padded after
-        mask = visible(held, positions)  # (T, S) or (B, T, S)
+        mask = visible(held, positions) if held.mask is None else held.mask  # (T, S) or (B, T, S)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dim() == 2 else mask[:, None], scale=scale)
     if probe is not None:
         probe.attended(q, k, scale)

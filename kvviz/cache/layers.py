@@ -31,6 +31,8 @@ class Held(NamedTuple):
     sinks: int = 0  # ... and the first `sinks` positions ever fed
     keeper: object = None  # an importance method's layer: it masks and keeps (kvviz.cache.importance), and
     # `positions` is then (heads, S), each KV head's own
+    mask: torch.Tensor | None = None  # (T, S): which keys each query sees, where one pass feeds the rows of
+    # several requests one after another (a server's flattened pass): a query sees its own request's keys only
 
 
 @dataclass(frozen=True)

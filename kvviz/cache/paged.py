@@ -4,7 +4,7 @@ list, and prefix sharing with reference counts and copy-on-write, as vLLM's page
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 
 import torch
 
@@ -39,13 +39,19 @@ class PagedCache:
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, num_blocks: int, block_size: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 share_prefixes: bool = True) -> None:
+                 share_prefixes: bool = True, prefix_cache: str = "") -> None:
         if block_size <= 0 or num_blocks <= 0:
             raise ValueError(f"a pool needs blocks of at least one position, got {num_blocks} x {block_size}")
         self.kv = torch.zeros((n_layer, 2, num_blocks * block_size, n_kv_head, head_dim), dtype=dtype,
                               device=device)  # (L, 2, slots, nkv, hd)
         self.n_layer, self.num_blocks, self.block_size = n_layer, num_blocks, block_size
-        self.share_prefixes = share_prefixes
+        if prefix_cache not in ("", "hash", "radix"):
+            raise ValueError(f"unknown prefix cache {prefix_cache!r}")
+        self.share_prefixes = share_prefixes or bool(prefix_cache)
+        self.prefix_cache = prefix_cache
+        self.cached: OrderedDict[int, None] = OrderedDict()  # blocks no request holds, least recently used first
+        self.hits = [[0] * block_size for _ in range(num_blocks)]  # per slot: admissions whose prefix it held
+        self.evicted = 0  # cached blocks evicted so far
         self.free: deque[int] = deque(range(num_blocks))
         self.refs = [0] * num_blocks
         self.parent = [-1] * num_blocks  # the block before this one in every table that holds it (-1: the first)
@@ -58,6 +64,7 @@ class PagedCache:
         self._rows: list[int] = []
         self._write_slots = torch.zeros(0, dtype=torch.long)
         self._read_slots = torch.zeros((0, 0), dtype=torch.long)
+        self._mask: torch.Tensor | None = None  # a flattened pass's (ΣT, ΣS)
 
     @property
     def bytes_per_block(self) -> int:
@@ -86,29 +93,64 @@ class PagedCache:
             chunk = tuple(prompt_ids[matched: matched + self.block_size])
             whole = self.full_blocks.get((parent, chunk)) if matched + len(chunk) <= limit else None
             if whole is not None and len(chunk) == self.block_size:
-                table.append(whole)
-                self.refs[whole] += 1
+                table.append(self._take(whole, self.block_size))
                 matched, parent = matched + self.block_size, whole
                 continue
+            if self.prefix_cache == "hash":  # whole blocks only
+                break
             best, agreed = -1, 0
             for block in range(self.num_blocks):
-                if self.refs[block] and self.parent[block] == parent:
+                if (self.refs[block] or block in self.cached) and self.parent[block] == parent:
                     same = _common_prefix(self.block_tokens[block], chunk[: limit - matched])
                     if same > agreed:
                         best, agreed = block, same
             if best >= 0:
-                table.append(best)
-                self.refs[best] += 1
+                table.append(self._take(best, agreed))
                 matched += agreed
             break
         self.tables[request], self.lengths[request] = table, matched
         return matched
 
-    def prepare(self, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
+    def _take(self, block: int, matched: int) -> int:
+        """A reference on a block whose first `matched` slots a prefix matched (out of the cached ones, if no one
+        held it)."""
+        self.cached.pop(block, None)
+        self.refs[block] += 1
+        for slot in range(matched):
+            self.hits[block][slot] += 1
+        return block
+
+    def withdraw(self, request: int) -> None:
+        """Undo `admit` (a request that must wait after all): release its blocks, and its hits never happened."""
+        position = 0
+        for block in self.tables[request]:
+            for slot in range(min(self.block_size, self.lengths[request] - position)):
+                self.hits[block][slot] -= 1
+            position += self.block_size
+        self.release(request)
+
+    def available(self) -> int:
+        """Blocks a request can still claim: the free ones and the cached ones (evicted for it)."""
+        return len(self.free) + len(self.cached)
+
+    def blocks_needed(self, request: int, tokens: int) -> int:
+        """Blocks feeding `tokens` more positions to `request` claims: new blocks past its table's end, and a copy
+        of the block it ends inside where someone else filled the slot it writes next (copy-on-write)."""
+        table, start, bs = self.tables[request], self.lengths[request], self.block_size
+        needed = max(0, -(-(start + tokens) // bs) - len(table))
+        index, offset = divmod(start, bs)
+        if tokens and index < len(table) and len(self.block_tokens[table[index]]) != offset:
+            needed += 1
+        return needed
+
+    def prepare(self, rows: list[int], tokens: list[list[int]], flat: bool = False) -> torch.Tensor:
         """Plan a pass that feeds `tokens[i]` to request `rows[i]` at its next positions: claim and copy blocks as
         needed, and work out where each layer writes and reads. Returns the positions, (T,) for one row, (B, T)
-        for several (every row feeds as many tokens)."""
-        if len(rows) > 1 and len({len(t) for t in tokens}) != 1:
+        for several (every row feeds as many tokens). `flat`: the rows' tokens one after another as one row of
+        the pass, as many as each has (a server's pass: decode steps and prefill chunks together); the positions
+        are then (ΣT,), and each layer's keys are every row's, one after another, with a mask (ΣT, ΣS) that lets
+        a query see its own request's keys up to its position."""
+        if len(rows) > 1 and len({len(t) for t in tokens}) != 1 and not flat:
             raise ValueError("a batched pass feeds every row the same number of tokens")
         bs, write, starts = self.block_size, [], []
         for request, fed in zip(rows, tokens, strict=True):
@@ -126,6 +168,9 @@ class PagedCache:
                 if offset == bs - 1 and self.share_prefixes:
                     self.full_blocks.setdefault((self.parent[block], tuple(self.block_tokens[block])), block)
             self.lengths[request] = start + len(fed)
+        if flat:
+            return self._flat(rows, tokens, starts, write)
+        self._mask = None
         longest = max(self.lengths[r] for r in rows)
         read = torch.zeros((len(rows), longest), dtype=torch.long)  # (B, S): padding reads slot 0, masked
         for i, request in enumerate(rows):
@@ -140,10 +185,30 @@ class PagedCache:
         positions = torch.tensor(starts, device=device)[:, None] + torch.arange(T, device=device)[None, :]  # (B, T)
         return positions[0] if len(rows) == 1 else positions
 
+    def _flat(self, rows: list[int], tokens: list[list[int]], starts: list[int], write: list[int]) -> torch.Tensor:
+        bs, device = self.block_size, self.kv.device
+        slots, owner, key_positions, query_owner, query_positions = [], [], [], [], []
+        for i, (request, start, fed) in enumerate(zip(rows, starts, tokens, strict=True)):
+            n = self.lengths[request]
+            blocks = torch.tensor(self.tables[request], dtype=torch.long)
+            slots.append((blocks[:, None] * bs + torch.arange(bs)[None, :]).flatten()[:n])
+            owner += [i] * n
+            key_positions.append(torch.arange(n))
+            query_owner += [i] * len(fed)
+            query_positions.append(torch.arange(start, start + len(fed)))
+        keys, queries = torch.cat(key_positions), torch.cat(query_positions)
+        self._mask = ((torch.tensor(query_owner)[:, None] == torch.tensor(owner)[None, :])
+                      & (keys[None, :] <= queries[:, None])).to(device)  # (ΣT, ΣS)
+        self._rows, self._write_slots = list(rows), torch.tensor(write, device=device)
+        self._read_slots = torch.cat(slots)[None].to(device)  # (1, ΣS)
+        return queries.to(device)
+
     def update(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Held:
         """Store `k`, `v` (B, nkv, T, hd) where `prepare` planned; return every row's keys and values,
         (B, nkv, S, hd) each, S the longest row's positions, padded after each row's last."""
         B, nkv, T, hd = k.shape
+        if self._mask is not None:
+            return self._update_flat(layer, k, v)
         if B != len(self._rows):
             raise ValueError(f"the pass feeds {B} rows but was prepared for {len(self._rows)}")
         keys, values = self.kv[layer].unbind(0)  # (slots, nkv, hd) each
@@ -154,9 +219,20 @@ class PagedCache:
         read = self.kv[layer].index_select(1, self._read_slots.flatten()).view(2, B, S, nkv, hd)
         return Held(read[0].transpose(1, 2), read[1].transpose(1, 2))  # (B, nkv, S, hd) each, in position order
 
+    def _update_flat(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> Held:
+        _, nkv, T, hd = k.shape  # (1, nkv, ΣT, hd): the rows' tokens one after another
+        keys, values = self.kv[layer].unbind(0)
+        keys.index_copy_(0, self._write_slots, k[0].transpose(0, 1))
+        values.index_copy_(0, self._write_slots, v[0].transpose(0, 1))
+        S = self._read_slots.shape[1]
+        self.reused[layer] = S - T
+        read = self.kv[layer].index_select(1, self._read_slots[0]).view(2, 1, S, nkv, hd)
+        return Held(read[0].transpose(1, 2), read[1].transpose(1, 2), mask=self._mask)
+
     def release(self, request: int) -> None:
-        """Drop `request`'s references; blocks no one references go back to the free list."""
-        for block in self.tables.pop(request):
+        """Drop `request`'s references; blocks no one references go back to the free list (or stay cached, the
+        last one first, so that a prefix cache evicts a sequence from its end)."""
+        for block in reversed(self.tables.pop(request)):
             self.refs[block] -= 1
             if self.refs[block] == 0:
                 self._free(block)
@@ -183,10 +259,13 @@ class PagedCache:
         self.lengths[request] = position
 
     def _claim(self, parent: int) -> int:
+        if not self.free and self.cached:
+            _evict(self)
         if not self.free:
             raise PoolExhausted(f"the pool's {self.num_blocks} blocks of {self.block_size} positions are all in use")
         block = self.free.popleft()
-        self.refs[block], self.parent[block], self.block_tokens[block] = 1, parent, []
+        self.refs[block], self.parent[block], self.block_tokens[block], self.hits[block] = 1, parent, [], \
+            [0] * self.block_size
         return block
 
     def _copy(self, shared: int, agreed: int) -> int:
@@ -211,6 +290,13 @@ class PagedCache:
         del self.block_tokens[block][keep:]
 
     def _free(self, block: int) -> None:
+        """A block no request references: cached for a later prefix where a prefix cache keeps it (radix: any
+        block with tokens; hash: a full one), else back to the free list."""
+        tokens = self.block_tokens[block]
+        if self.prefix_cache == "radix" and tokens or self.prefix_cache == "hash" and \
+                self.full_blocks.get((self.parent[block], tuple(tokens))) == block:
+            self.cached[block] = None
+            return
         self._forget(block, 0)
         self.parent[block] = -1
         self.free.append(block)
@@ -223,3 +309,24 @@ def _common_prefix(held: list[int], wanted: tuple[int, ...]) -> int:
             break
         n += 1
     return n
+
+
+def _evict(cache: PagedCache) -> None:
+    """Free the least recently used cached block (radix: the least recently used leaf), and, under "hash",
+    the cached blocks after it, which no prefix reaches any more."""
+    parents = {cache.parent[b] for b in range(cache.num_blocks) if cache.refs[b] or b in cache.cached}
+    victim = next((b for b in cache.cached if cache.prefix_cache != "radix" or b not in parents), None)
+    if victim is None:  # every cached block has a child (only live blocks below): the oldest one
+        victim = next(iter(cache.cached))
+    doomed, frontier = [victim], [victim]
+    while frontier:  # its cached descendants: their parent's number is about to mean another block
+        below = [b for b in cache.cached if cache.parent[b] in frontier and b not in doomed]
+        doomed += below
+        frontier = below
+    for block in doomed:
+        del cache.cached[block]
+        cache._forget(block, 0)
+        cache.parent[block] = -1
+        cache.hits[block] = [0] * cache.block_size
+        cache.free.append(block)
+        cache.evicted += 1

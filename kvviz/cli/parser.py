@@ -25,6 +25,7 @@ from kvviz.cli.eviction import add_kv_dtype as _add_kv_dtype
 from kvviz.cli.eviction import add_kv_layout as _add_kv_layout
 from kvviz.cli.eviction import add_window as _add_window
 from kvviz.cli.quality import add_quality
+from kvviz.cli.serve_trace import add_serve_trace
 from kvviz.cli.speculative import add_speculative
 from kvviz.core.errors import KvvizError
 from kvviz.core.records import BROKEN_CACHE_FAULT, CACHE_FAULTS
@@ -214,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dtype(p)
     _add_device(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+
+    add_serve_trace(commands, _add_model, _add_sampling, _add_dtype, _add_device, whole_number, path_text)
 
     p = commands.add_parser("count", help="the K/V work with and without a cache, by formula",
                             description="K/V computations per layer for P prompt tokens and N new tokens: "

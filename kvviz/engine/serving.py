@@ -17,7 +17,7 @@ from kvviz.engine.engine import Engine, GenerationError, SamplingSettings
 from kvviz.engine.sampling import sampling_generator
 from kvviz.models.cache_shape import cache_shape
 
-__all__ = ["measure_speed", "plan_batch", "run_batch", "run_one_at_a_time"]
+__all__ = ["measure_speed", "paged_refusal", "plan_batch", "run_batch", "run_one_at_a_time"]
 
 
 def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | list[int], block_size: int,
@@ -32,19 +32,9 @@ def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | l
     budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     if len(budgets) != len(prompts):
         raise GenerationError(f"{len(budgets)} budgets for {len(prompts)} prompts")
-    kinds = {kind.kind for kind in engine.model.config.cache_layers(engine.policy())}
-    if "latent" in kinds:
-        raise GenerationError(f"{engine.model.config.name} caches latents (MLA); kvviz batch pages per-head caches "
-                              "only")
-    if kinds & {"state", "shared"}:
-        what = " and ".join(w for k, w in (("state", "linear-attention layers that keep a fixed state"),
-                                           ("shared", "layers that read another layer's keys and values"))
-                            if k in kinds)
-        raise GenerationError(f"{engine.model.config.name} has {what}; kvviz batch pages models whose every layer "
-                              "keeps keys and values of its own")
-    if kinds != {"full"}:
-        raise GenerationError(f"{engine.model.config.name} has a sliding window; the paged cache keeps every "
-                              "position, so kvviz batch does not run it")
+    refusal = paged_refusal(engine, "kvviz batch")
+    if refusal:
+        raise GenerationError(refusal)
     requests = []
     for i, (ids, budget) in enumerate(zip(prompts, budgets, strict=True)):
         plan = engine.plan(_request(budget, sampling), ids)  # the checks of a single run
@@ -59,6 +49,23 @@ def plan_batch(engine: Engine, prompts: list[list[int]], max_new_tokens: int | l
     return BatchPlan(tuple(requests), model_name or cfg.name, cfg.n_layer, engine.n_ctx, block_size, num_blocks,
                      share_prefixes, bytes_per_position,
                      describe_sampling(sampling.temperature, sampling.top_k, sampling.seed), run_id)
+
+
+def paged_refusal(engine: Engine, command: str) -> str:
+    """Why `command` cannot page `engine`'s model ("" when it can): the paged pool holds per-head keys and values
+    of every position, for every layer."""
+    kinds = {kind.kind for kind in engine.model.config.cache_layers(engine.policy())}
+    name = engine.model.config.name
+    if "latent" in kinds:
+        return f"{name} caches latents (MLA); {command} pages per-head caches only"
+    if kinds & {"state", "shared"}:
+        what = " and ".join(w for k, w in (("state", "linear-attention layers that keep a fixed state"),
+                                           ("shared", "layers that read another layer's keys and values"))
+                            if k in kinds)
+        return f"{name} has {what}; {command} pages models whose every layer keeps keys and values of its own"
+    if kinds != {"full"}:
+        return f"{name} has a sliding window; the paged cache keeps every position, so {command} does not run it"
+    return ""
 
 
 def run_batch(engine: Engine, plan: BatchPlan, sampling: SamplingSettings | None = None,
