@@ -7,6 +7,7 @@ are, and the measures below are computed from them, never from the scheduler's o
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from kvviz.core.batch_records import BlockState
@@ -93,7 +94,7 @@ class ServeRecord:
     """One pass of the scheduler: the rows it fed, every request's state after it, the pool, and its decision in
     one sentence."""
 
-    step: int  # the pass, from 0
+    step: int  # the pass, from 0 (passes where nothing runs after an idle one are skipped: the next arrival's is next)
     rows: tuple[PassRow, ...]
     states: tuple[str, ...]  # per request, after the pass: one of STATES
     outputs: tuple[tuple[int, ...], ...]
@@ -148,7 +149,7 @@ class ServeMeasure:
     """A served trace's figures, from its records."""
 
     requests: tuple[RequestMeasure, ...]
-    passes: int
+    passes: int  # the last pass's number + 1 (idle passes skipped count)
     seconds: float
     tokens: int  # generated
     prefill_tokens: int
@@ -174,14 +175,14 @@ def measure(plan: ServePlan, records: list[ServeRecord]) -> ServeMeasure:
     """The figures of a served trace, counted from its records."""
     n = len(plan.requests)
     token_passes: list[list[int]] = [[] for _ in range(n)]
-    ends_ms: list[float] = []
+    ends_ms: dict[int, float] = {}  # by pass: the clock at its end
     clock = 0.0
     prefill = [0] * n
     cached = [0] * n
     preemptions = [0] * n
     for record in records:
         clock += record.seconds * 1e3
-        ends_ms.append(clock)
+        ends_ms[record.step] = clock
         for row in record.rows:
             if row.prefill:
                 prefill[row.request] += row.tokens
@@ -191,7 +192,11 @@ def measure(plan: ServePlan, records: list[ServeRecord]) -> ServeMeasure:
             cached[request] += hit
         for request in record.preempted:
             preemptions[request] += 1
-    start_ms = [0.0] + ends_ms  # a pass's start: the end of the one before
+    steps = sorted(ends_ms)
+
+    def start_ms(step: int) -> float:
+        """The clock when pass `step` starts: the end of the last pass before it."""
+        return ends_ms[steps[bisect.bisect_left(steps, step) - 1]] if steps and step > steps[0] else 0.0
     longest = max(range(n), key=lambda i: len(plan.requests[i].prompt_ids))
     long_passes = {r.step for r in records for row in r.rows if row.request == longest and row.prefill}
     measures, gap_ms, gap_passes = [], 0.0, 0
@@ -204,13 +209,13 @@ def measure(plan: ServePlan, records: list[ServeRecord]) -> ServeMeasure:
             for (a, b), m in zip(gaps, ms, strict=True):
                 if any(a < p <= b for p in long_passes) and m > gap_ms:
                     gap_ms, gap_passes = m, b - a
-        first = passes[0] if passes else len(records) - 1
+        first = passes[0] if passes else (steps[-1] if steps else 0)
         measures.append(RequestMeasure(
             i, request.name, len(request.prompt_ids), cached[i], prefill[i], first - arrive + 1,
-            ends_ms[first] - start_ms[min(arrive, len(records) - 1)] if records else 0.0,
+            ends_ms.get(first, 0.0) - start_ms(arrive),
             sum(b - a for a, b in gaps) / len(gaps) if gaps else 0.0, max((b - a for a, b in gaps), default=0),
             sum(ms) / len(ms) if ms else 0.0, max(ms, default=0.0), preemptions[i]))
-    return ServeMeasure(tuple(measures), len(records), clock / 1e3, sum(len(p) for p in token_passes),
+    return ServeMeasure(tuple(measures), records[-1].step + 1 if records else 0, clock / 1e3, sum(len(p) for p in token_passes),
                         sum(prefill), sum(len(r.prompt_ids) for r in plan.requests), sum(cached),
                         sum(preemptions), sum(r.evicted for r in records), gap_ms, gap_passes)
 

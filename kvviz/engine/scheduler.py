@@ -44,7 +44,7 @@ __all__ = ["plan_trace", "serve"]
 
 
 def plan_trace(engine: Engine, trace: Sequence[TraceRequest], block_size: int = 16, num_blocks: int = 64,
-               prefix_cache: str = "radix", chunk: int = 32, max_batched_tokens: int = 256,
+               prefix_cache: str = "radix", chunk: int = 16, max_batched_tokens: int = 256,
                sampling: SamplingSettings | None = None, model_name: str = "", run_id: int = 0) -> ServePlan:
     """Check a trace against the model and the server now (GenerationError, one line, naming the request) and
     plan it: every request must fit the context and, alone, the pool; unchunked, its prompt must fit a pass."""
@@ -157,8 +157,7 @@ def serve(engine: Engine, plan: ServePlan, sampling: SamplingSettings | None = N
     step = 0
     while not all(s == FINISHED for s in server.states):
         started = time.perf_counter()
-        arrived = [r.index for r in requests if r.arrive_at_pass == step or
-                   (r.arrive_at_pass < step and server.states[r.index] == NOT_ARRIVED)]
+        arrived = [r.index for r in requests if r.arrive_at_pass <= step and server.states[r.index] == NOT_ARRIVED]
         for i in arrived:
             server.states[i] = WAITING
             server.waiting.append(i)
@@ -232,6 +231,9 @@ def serve(engine: Engine, plan: ServePlan, sampling: SamplingSettings | None = N
         yield pool_record(server, step, rows, admitted, hits, preempted, freed, cache.evicted - evicted_before,
                           time.perf_counter() - started)
         step += 1
+        if not server.running and not server.waiting:  # idle until the next arrival: one record says so, the
+            later = [r.arrive_at_pass for r in requests if r.arrive_at_pass >= step]  # passes between are skipped
+            step = min(later) if later else step
 
 
 def _chunk(plan: ServePlan, remaining: int, budget: int) -> int:

@@ -66,7 +66,7 @@ def decision(server: Server, step: int, rows: list[PassRow], admitted: list[int]
         parts.append(f"evicted {plural(evicted, 'cached block')}")
     chunk_of = {row.request: row for row in rows if row.prefill}
     for request, hit in zip(admitted, hits, strict=True):
-        total = len(server.tokens(request))
+        total = len(server.tokens(request)) - (chunk_of[request].chosen is not None)  # as admitted
         what, of = ("restarted", "tokens") if server.restarts[request] else ("admitted", "prompt tokens")
         parts.append(f"{what} {name[request]}: {hit} of its {total} {of} were cached, "
                      f"{chunk_of[request].tokens} prefilled now")
@@ -79,10 +79,11 @@ def decision(server: Server, step: int, rows: list[PassRow], admitted: list[int]
     done = [name[row.request] for row in rows if server.states[row.request] == FINISHED]
     if done:
         parts.append(f"{_join(done)} finished")
-    if not rows:
-        later = [r for r in plan.requests if r.arrive_at_pass > step]
-        parts.append("nothing to run" + (f"; {later[0].name} arrives at pass {later[0].arrive_at_pass}"
-                                         if later else ""))
+    later = [r for r in plan.requests if r.arrive_at_pass > step]
+    if later and not server.running and not server.waiting:  # the passes until then are skipped
+        parts.append(f"nothing runs until pass {later[0].arrive_at_pass}, when {later[0].name} arrives")
+    if not parts:
+        parts.append("nothing to run")
     return f"Pass {step}: " + "; ".join(parts) + "."
 
 
