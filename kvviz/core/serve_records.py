@@ -215,7 +215,8 @@ def measure(plan: ServePlan, records: list[ServeRecord]) -> ServeMeasure:
             ends_ms.get(first, 0.0) - start_ms(arrive),
             sum(b - a for a, b in gaps) / len(gaps) if gaps else 0.0, max((b - a for a, b in gaps), default=0),
             sum(ms) / len(ms) if ms else 0.0, max(ms, default=0.0), preemptions[i]))
-    return ServeMeasure(tuple(measures), records[-1].step + 1 if records else 0, clock / 1e3, sum(len(p) for p in token_passes),
+    passes = records[-1].step + 1 if records else 0
+    return ServeMeasure(tuple(measures), passes, clock / 1e3, sum(len(p) for p in token_passes),
                         sum(prefill), sum(len(r.prompt_ids) for r in plan.requests), sum(cached),
                         sum(preemptions), sum(r.evicted for r in records), gap_ms, gap_passes)
 
