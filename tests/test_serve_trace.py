@@ -64,17 +64,19 @@ def test_every_request_of_the_built_in_trace_equals_its_run_alone(prefix_cache, 
         assert not preempted
 
 
-def test_a_llama_family_trace_with_chunks_and_a_prefix_cache_equals_each_run_alone(tmp_path):
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_llama_family_trace_with_chunks_a_prefix_cache_and_a_preemption_equals_each_run_alone(temperature):
     engine = _engine("random:kvviz-shakespeare-gqa")
     trace = parse_trace("\n".join(json.dumps(r) for r in [
         {"arrive_at_pass": 0, "prompt": SYSTEM + " Question: Who is Hamlet?", "max_new_tokens": 6},
         {"arrive_at_pass": 2, "prompt": SYSTEM + " Question: Where is Verona?", "max_new_tokens": 9},
         {"arrive_at_pass": 20, "prompt": SYSTEM + " Question: Who is Hamlet? Answer: a prince.", "max_new_tokens": 5},
     ]))
-    sampling = SamplingSettings()
-    plan = plan_trace(engine, trace, 8, 40, "radix", 5, 64, sampling)
+    sampling = SamplingSettings(temperature, None, 3 if temperature else None)
+    plan = plan_trace(engine, trace, 8, 12, "radix", 5, 64, sampling)
     records = list(serve(engine, plan, sampling))
     assert sum(hit for r in records for hit in r.cached_tokens) > 0
+    assert any(r.preempted for r in records)
     for request, out in zip(plan.requests, records[-1].outputs, strict=True):
         assert list(out) == _solo(engine, request.prompt_ids, request.budget, sampling)
 
