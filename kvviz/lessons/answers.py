@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from kvviz.core.batch_records import BatchRecord
+from kvviz.core.counting import plural
 from kvviz.core.memory import format_bytes
 from kvviz.core.records import StepRecord
 from kvviz.lessons.perplexity import Perplexities
@@ -14,6 +15,7 @@ from kvviz.lessons.perplexity import Perplexities
 Answer = float | tuple[int, ...] | Perplexities  # a number; the positions a layer keeps; perplexities measured
 LONG_CONTEXT = 8192  # the tokens of cache_bytes_at_8k
 SHORT_CONTEXT = 1000  # the tokens of cache_bytes_at_1k
+TRACE_UNITS = {"prefix_hits_at_admission": "token", "blocks_freed_by_preemption": "block"}  # what a trace answer counts
 
 
 def measured_batch_answer(question: str, record: BatchRecord) -> float:
@@ -119,6 +121,8 @@ def format_answer(question: str, value: Answer, precision: str = "") -> str:
         return f"{int(value):,} bytes ({format_bytes(value)}){stored}"
     if question == "blocks_at_end":
         return f"{int(value):,} blocks"
+    if question in TRACE_UNITS:
+        return plural(int(value), TRACE_UNITS[question])
     if question in ("sink_attention_share", "acceptance_rate_after_next"):
         return f"{value:.1f} %"
     if question == "positions_held_after_next":

@@ -6,6 +6,8 @@ quantity; its answer is measured from the record of the next generation step (a 
 shipped held-out text, under the cache policies kvviz.lessons.perplexity names), never written in the file.
 A step's text may say `{measured_speed}`: the app puts there what its speed sweep measured on this machine
 (a "speed" focus shows the sweep itself), so no number in a lesson can be contradicted by the screen.
+A trace step (`trace`) serves requests that arrive over time; its question is answered by the first pass after
+`advance_to` whose record holds the answer (kvviz.lessons.trace_answers).
 Torch-free and Qt-free: the CLI lists lessons without loading a model, and the app reads them as they are.
 """
 
@@ -22,6 +24,8 @@ except ModuleNotFoundError:  # Python 3.10
 from kvviz.core.errors import control_characters, visible
 from kvviz.core.files import read_text_file, user_path
 from kvviz.core.formats import KV_DTYPES
+from kvviz.core.serve_records import ServeRequest
+from kvviz.core.trace import BUILTIN_TRACE
 from kvviz.lessons.answers import LONG_CONTEXT as LONG_CONTEXT
 from kvviz.lessons.answers import SHORT_CONTEXT as SHORT_CONTEXT
 from kvviz.lessons.answers import Answer as Answer
@@ -37,7 +41,9 @@ from kvviz.lessons.questions import PERPLEXITY_QUESTIONS as PERPLEXITY_QUESTIONS
 from kvviz.lessons.questions import QUESTIONS as QUESTIONS
 from kvviz.lessons.questions import SINK_QUESTIONS
 from kvviz.lessons.questions import SPECULATIVE_QUESTIONS as SPECULATIVE_QUESTIONS
+from kvviz.lessons.questions import TRACE_QUESTIONS as TRACE_QUESTIONS
 from kvviz.lessons.step_options import parse_drafter, parse_eviction
+from kvviz.lessons.trace_step import check_no_trace_keys, parse_trace_step
 
 FOCUSES = ("grid", "chart", "counter", "memory", "speed", "all", "serving")
 # a serving step's: the whole serving view, its block pool and tables, or its memory chart and speed (a slide
@@ -52,7 +58,8 @@ LESSON_KEYS = {"title": str, "step": list}
 STEP_KEYS = {"title": str, "text": str, "notes": str, "prompt": str, "cache": (bool, str), "advance_to": int,
              "max_new_tokens": int, "model": str, "focus": str, "question": str, "window": int, "sinks": int,
              "prompts": list, "block_size": int, "kv_dtype": str, "draft_tokens": int, "prompt_lookup": int,
-             "draft_model": str, "evict": str, "budget": int, "observe": int, "pool": int}
+             "draft_model": str, "evict": str, "budget": int, "observe": int, "pool": int, "trace": str,
+             "prefix_cache": str, "chunk": int, "num_blocks": int, "max_batched_tokens": int, "request": str}
 REQUIRED_STEP_KEYS = ("title", "text", "prompt", "cache", "advance_to", "max_new_tokens")
 REQUIRED_SERVING_KEYS = ("title", "text", "prompts", "advance_to", "max_new_tokens")  # a step with `prompts`
 MAX_LESSON_BYTES = 32 * 1024  # ten times the built-in lesson; anything larger is refused unread
@@ -85,6 +92,12 @@ class LessonStep:
     budget: int = 0
     observe: int = 0  # ... SnapKV's and PyramidKV's observation window and pooling (0: the engine's defaults)
     pool: int = 0
+    trace: str = ""  # a trace step's requests: "server" (the built-in trace) or its file ("": not a trace step)
+    prefix_cache: str = "radix"  # ... served with this prefix cache (off, hash, radix), prompts prefilled in chunks
+    chunk: int = 16  # of this many tokens (0: whole), from a pool of `num_blocks` blocks of `block_size`, at most
+    num_blocks: int = 64  # `max_batched_tokens` tokens a pass
+    max_batched_tokens: int = 256
+    request: str = ""  # the trace's request a question names (prefix_hits_at_admission)
 
     @property
     def speculative(self) -> bool:
@@ -113,8 +126,30 @@ class LessonStep:
 
     @property
     def serving(self) -> bool:
-        """The step shows View > Serving: a batch of `prompts` from a paged cache, `max_new_tokens` each."""
+        """The step shows View > Serving: a batch of `prompts` from a paged cache, `max_new_tokens` each, or a
+        trace served pass by pass (`serves_trace`)."""
+        return bool(self.prompts or self.trace)
+
+    @property
+    def batch(self) -> bool:
+        """The step serves a batch of `prompts` that start together."""
         return bool(self.prompts)
+
+    @property
+    def serves_trace(self) -> bool:
+        """The step serves its `trace`: requests that arrive over time, a scheduler, a prefix cache."""
+        return bool(self.trace)
+
+    @property
+    def trace_path(self) -> Path | None:
+        """A trace step's trace file (None: the built-in trace)."""
+        return None if self.trace == BUILTIN_TRACE else Path(self.trace)
+
+    def serve_request(self, run_id: int = 0) -> ServeRequest:
+        """A trace step's trace and server, as the app's serving view runs them."""
+        path = self.trace_path
+        return ServeRequest(run_id, None if path is None else str(path), self.prefix_cache, self.chunk,
+                            self.block_size, self.num_blocks, self.max_batched_tokens)
 
     @property
     def passes(self) -> int:
@@ -132,7 +167,7 @@ class LessonStep:
 
     @property
     def question_text(self) -> str:
-        return QUESTIONS[self.question].format(**question_values(self)) if self.question else ""
+        return QUESTIONS[self.question].format(**question_values(self), request=self.request) if self.question else ""
 
     @property
     def needs_attention(self) -> bool:
@@ -177,6 +212,7 @@ BUILTIN_LESSONS = {  # name -> what it teaches; the first is the default, each i
     "kv-layers": "not every layer keeps a cache: local and global layers, shared KV, linear-attention state",
     "kv-speculative": "speculative decoding: draft cheaply, verify in one pass, roll the cache back",
     "kv-importance": "which tokens can we forget? eviction by importance (H2O) against a window, and its cost",
+    "kv-server": "a server's cache: requests over time, chunked prefill, prefix-cache hits, a preemption",
 }
 
 
@@ -245,6 +281,12 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
     if not isinstance(item, dict):
         raise LessonError(f"{source}: step {number}: expected a [[step]] table")
     _check_keys(item, STEP_KEYS, source, where)
+    if "trace" in item:
+        for key, value in item.items():
+            if isinstance(value, str):
+                _check_plain(value, source, where, key)
+        return LessonStep(**parse_trace_step(item, source, where))
+    check_no_trace_keys(item, source, where)
     if "prompts" in item:
         return _parse_serving_step(item, source, where)
     for key in REQUIRED_STEP_KEYS:
@@ -254,7 +296,7 @@ def _parse_step(item: object, source: str, number: int) -> LessonStep:
         if isinstance(value, str):
             _check_plain(value, source, where, key)
     if "block_size" in item:
-        raise LessonError(f"{source}: {where}block_size: goes with prompts (a serving step's batch)")
+        raise LessonError(f"{source}: {where}block_size: goes with prompts or trace (a serving step's)")
     if item.get("focus") == "serving" or item.get("question") in BATCH_QUESTIONS:
         key = "focus" if item.get("focus") == "serving" else "question"
         raise LessonError(f"{source}: {where}{key}: {item[key]!r} belongs to a serving step: give prompts too")

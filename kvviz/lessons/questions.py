@@ -24,6 +24,10 @@ QUESTIONS = {
                                        "{budget} positions a layer?",
     "sink_perplexity_ratio": "How many times the perplexity with the {sinks} sinks will a plain window's be, each "
                              "keeping {positions} positions?",
+    "prefix_hits_at_admission": "When {request} is admitted, how many of its prompt tokens will the prefix cache "
+                                "already hold?",
+    "blocks_freed_by_preemption": "When the pool runs out and the scheduler preempts a request, how many blocks will "
+                                  "that request free?",
 }
 ATTENTION_QUESTIONS = ("sink_attention_share",)  # answered from the attention weights: the run records them
 BATCH_QUESTIONS = ("blocks_at_end",)  # asked of a serving step (a batch of `prompts`), answered by its last pass
@@ -33,3 +37,6 @@ EVICTION_QUESTIONS = ("kept_positions_after_next", "window_vs_importance_perplex
 # answered by perplexities measured on the shipped held-out text (kvviz.lessons.perplexity), not by the step's run
 PERPLEXITY_QUESTIONS = ("window_vs_importance_perplexity", "sink_perplexity_ratio")
 SINK_QUESTIONS = ("sink_attention_share", "sink_perplexity_ratio")  # asked of a step with sinks (and a window)
+# asked of a trace step, answered by the first record after its `advance_to` passes that holds the answer: the named
+# request's admission (the prompt positions it found cached), the first preemption (the blocks only its victim held)
+TRACE_QUESTIONS = ("prefix_hits_at_admission", "blocks_freed_by_preemption")

@@ -23,7 +23,7 @@ TARGETS = ("chart", "grid", "view")  # what can be exported, in menu order
 TARGET_LABELS = {"chart": "Chart", "grid": "K/V grid", "view": "Whole view", "compare": "Compare view",
                  "cached_grid": "K/V grid with cache", "uncached_grid": "K/V grid without cache",
                  "attention": "Attention strip", "serving": "Serving view", "pool": "Block pool",
-                 "serving_chart": "Serving memory chart"}
+                 "serving_chart": "Serving memory chart", "timeline": "Request timeline", "radix_tree": "Radix tree"}
 DEFAULT_PNG_WIDTH = 1920
 MIN_PNG_WIDTH = 64
 MAX_PNG_WIDTH = 8192

@@ -13,7 +13,9 @@ its step's `focus` names, as the app frames it:
 - "memory": the memory view;
 - "speed": the speed view, showing the sweep measured for the slide (not the run);
 - a serving step's "serving": the serving view of its batch, its speed measured once the batch is done; "blocks":
-  the view's block pool and block tables; "chart": its memory chart and that speed.
+  the view's block pool and block tables; "chart": its memory chart and that speed;
+- a trace step's "serving": the serving view of its trace (the decision, the timeline, the pool, the radix tree),
+  each request's figures once the trace is done; "timeline", "blocks", "tree": the pass's decision over that part.
 
 Each arrangement is built once, from the app's own views, and fed the step's plan and records as the window
 feeds them. An arrangement that still needs more height than the slide has (a long prompt's tokens, many
@@ -35,8 +37,10 @@ from kvviz.app.views.flow_layout import FlowLayout
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication
 
+    from kvviz.app.views.serving.trace_view import TraceView
     from kvviz.core.batch_records import BatchSpeed
     from kvviz.core.records import RunPlan, StepRecord
+    from kvviz.core.serve_records import ServeMeasure
     from kvviz.lessons.lesson import LessonStep
     from kvviz.measure.speed import SweepResult
 
@@ -172,6 +176,34 @@ def _serving(part: str) -> Callable[[], QWidget]:
 SERVING = {part: _serving(part) for part in ("serving", "blocks", "chart")}  # a serving step's focus
 
 
+def _trace(part: str) -> Callable[[], QWidget]:
+    def make() -> QWidget:
+        from kvviz.app.views.serving.trace_view import TraceView
+
+        return TraceView()
+
+    make.__name__ = f"_trace_{part}"
+    return make
+
+
+TRACE = {part: _trace(part) for part in ("serving", "timeline", "blocks", "tree")}  # a trace step's focus
+
+
+def show_trace_part(view: TraceView, part: str) -> None:
+    """What a trace step's slide shows of the trace view (its step's `focus`), in type large enough to read:
+    "serving" all of it; "timeline" the pass's decision over the requests' timeline (and their figures once the
+    trace is done); "blocks" the decision over the block pool; "tree" the decision over the radix tree. The other
+    parts are hidden after each reset, which shows the tree in radix mode (each part has a view of its own)."""
+    if part == "serving":
+        return
+    shown = {"timeline": (view.decision, view.timeline, view.figures_line),
+             "blocks": (view.decision, view.pool_title, view.pool_legend, view.pool),
+             "tree": (view.decision, view.tree_title, view.tree, view.tree_note)}[part]
+    for widget in view.findChildren(QWidget, options=Qt.FindChildOption.FindDirectChildrenOnly):
+        if widget not in shown:
+            widget.hide()
+
+
 ARRANGEMENTS: dict[tuple[bool, str], Callable[[], QWidget]] = {
     (False, "grid"): _run_grid, (False, "chart"): _run_work, (False, "counter"): _run_work,
     (False, "all"): _run_all, (False, "memory"): _memory,
@@ -221,7 +253,8 @@ class SlideStage:
 
     def arrangement(self, step: LessonStep) -> QWidget:
         """The arrangement of `step`'s focus (and cache mode), made once."""
-        make = SERVING[step.focus] if step.serving else ARRANGEMENTS[(bool(step.compare), step.focus)]
+        make = TRACE[step.focus] if step.serves_trace else SERVING[step.focus] if step.serving else \
+            ARRANGEMENTS[(bool(step.compare), step.focus)]
         view = self._made.get(make)
         if view is None:
             view = self._made[make] = make()
@@ -230,10 +263,11 @@ class SlideStage:
         return view
 
     def show(self, step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], region: QRectF,
-             speed: SweepResult | None = None, batch_speed: BatchSpeed | None = None) -> QWidget:
+             speed: SweepResult | None = None, batch_speed: BatchSpeed | None = None,
+             measured: ServeMeasure | None = None) -> QWidget:
         """`step`'s arrangement in the state of `records` (a speed step's: of the sweep `speed`), laid out at
         the size of `region`, its fonts at SLIDE_FONT_SCALE or, when it does not fit `region` at that size,
-        as large as fits."""
+        as large as fits. A batch shows `batch_speed`, a trace its figures `measured`, once they are done."""
         view = self.arrangement(step)
         width, height = round(region.width()), round(region.height())
         view.resize(width, height)
@@ -241,8 +275,12 @@ class SlideStage:
         if of_run:
             view.reset(plan)
             view.apply(records)
-            if step.serving:  # its speed once the batch is done, as the app shows it
-                view.show_speed(batch_speed if records and records[-1].final else None)
+            done = bool(records) and records[-1].final
+            if step.serves_trace:  # its figures per request once the trace is done, as the app shows them
+                view.show_measure(measured if done else None)
+                show_trace_part(view, step.focus)
+            elif step.serving:  # its speed once the batch is done, as the app shows it
+                view.show_speed(batch_speed if done else None)
         elif speed is not None:
             view.show_result(speed)
         scale = SLIDE_FONT_SCALE

@@ -4,7 +4,8 @@ Each slide shows a step's title (big), its text and its place in the lesson over
 the step's state: the part of the window the step's `focus` names, in large type (`slide_stage`), reset
 with the step's plan and fed the records of its run advanced `advance_to` token steps, as `kvviz export`
 feeds them. A question step makes two slides: the question, at `advance_to`; then the answer, measured
-from the run advanced one token step more. The deck is the only PDF (no PDF per slide). Notes are the
+from the run advanced one token step more (a trace step's: its trace served to `advance_to` passes, then on to the
+pass whose record answers). The deck is the only PDF (no PDF per slide). Notes are the
 lecturer's: `slide_text` leaves them out, so no slide ever receives them.
 
 Qt loads with this module; torch and the engine only when `export_lesson` runs.
@@ -12,6 +13,7 @@ Qt loads with this module; torch and the engine only when `export_lesson` runs.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ SLIDE_NAME = re.compile(r"kvviz-lesson-[0-9]{2,}\.png")  # a slide of any deck (
 if TYPE_CHECKING:
     from kvviz.core.batch_records import BatchSpeed
     from kvviz.core.records import RunPlan, StepRecord
+    from kvviz.core.serve_records import ServeMeasure
     from kvviz.engine.engine import Engine
     from kvviz.measure.speed import SweepResult
 
@@ -57,6 +60,7 @@ class StepRun:
     answer: Answer | None
     speed: SweepResult | None = None  # the speed sweep of the step's model, for a step that needs it
     batch_speed: BatchSpeed | None = None  # a serving step's batch against one at a time, once its batch is done
+    measured: ServeMeasure | None = None  # a trace step's figures per request, once its trace is done
 
 
 def earlier_deck(out_dir: Path) -> list[Path]:
@@ -86,6 +90,14 @@ def slide_text(lesson: Lesson, index: int, revealed: bool, run: StepRun, dtype: 
 
 
 def _footer(step: LessonStep, plan: RunPlan, records: tuple[StepRecord, ...], dtype: str) -> str:
+    if step.serves_trace:
+        cache = {"off": "no prefix cache", "hash": "prefix cache by block hash"}.get(plan.prefix_cache,
+                                                                                    "radix-tree prefix cache")
+        chunks = f"chunks of {plan.chunk}" if plan.chunk else "whole prompts"
+        done = plan.steps_done(records[-1]) if records else 0
+        return shorten_caption(f"{len(plan.requests)} requests over time \u2014 "
+                               f"{model_with_precision(plan.model_name, dtype)}, {done} passes done, {cache}, "
+                               f"{chunks}, {plan.num_blocks} blocks of {plan.block_size} positions, greedy")
     if step.serving:
         done = records[-1].step + 1 if records else 0
         return shorten_caption(f"{len(step.prompts)} requests \u2014 {model_with_precision(plan.model_name, dtype)}, "
@@ -138,6 +150,8 @@ def run_step(engine: Engine, model_name: str, lesson: Lesson, index: int, known:
 
     step = lesson.steps[index]
     where = f"{lesson.source}: step {index + 1}: "
+    if step.serves_trace:
+        return _run_trace_step(engine, model_name, step, where)
     if step.serving:
         return _run_batch_step(engine, model_name, step, where)
     request = RunRequest(0, step.prompt, step.use_cache or step.compare, step.max_new_tokens, compare=step.compare,
@@ -194,6 +208,37 @@ def _run_batch_step(engine: Engine, model_name: str, step: LessonStep, where: st
     # a slide that shows the batch done shows its speed, measured as the app measures it
     speed = measure_speed(engine, plan) if step.question or step.advance_to == plan.passes else None
     return StepRun(plan=plan, shown=shown, advanced=records, answer=answer, batch_speed=speed)
+
+
+def _run_trace_step(engine: Engine, model_name: str, step: LessonStep, where: str) -> StepRun:
+    """A trace step: its records until `advance_to` passes are done (`shown`, as the app's lesson mode shows them),
+    and for its question on to the pass whose record answers it (`advanced`, with the answer). LessonError for a
+    trace the model cannot serve, or a question the trace never answers after `advance_to`."""
+    from kvviz.core.serve_records import measure
+    from kvviz.engine.scheduler import plan_trace, serve
+    from kvviz.lessons.trace_answers import find_trace_answer, missing_answer, reached
+    from kvviz.lessons.trace_step import read_step_trace
+
+    try:
+        plan = plan_trace(engine, read_step_trace(step.trace_path), step.block_size, step.num_blocks,
+                          step.prefix_cache, step.chunk, step.max_batched_tokens, model_name=model_name)
+    except KvvizError as exc:
+        raise LessonError(f"{where}trace: {first_line(exc)}") from exc
+    records: list = []
+    shown = found = None
+    for record in serve(engine, plan):
+        records.append(record)
+        shown = reached(plan, records, step.advance_to)
+        found = find_trace_answer(step.question, plan, records, shown, step.request) if (
+            step.question and shown is not None) else None
+        if shown is not None and (found is not None or not step.question):
+            break
+    if found is not None and math.isnan(found[1]):
+        raise LessonError(f"{where}question: {missing_answer(step.question, step.request, step.advance_to)}")
+    advanced = tuple(records[: found[0]]) if found is not None else tuple(records)
+    return StepRun(plan=plan, shown=tuple(records[:shown]), advanced=advanced,
+                   answer=found[1] if found is not None else None,
+                   measured=measure(plan, records) if records and records[-1].final else None)
 
 
 def _step_engines(lesson: Lesson, model: str | None, dtype: str = "float32") -> list[tuple[str, Engine]]:
@@ -301,7 +346,7 @@ def export_lesson(
                 run = runs[index]
                 text = slide_text(lesson, index, revealed, run, dtype)
                 view = stage.show(lesson.steps[index], run.plan, run.advanced if revealed else run.shown,
-                                  view_rect(text), speed=run.speed, batch_speed=run.batch_speed)
+                                  view_rect(text), speed=run.speed, batch_speed=run.batch_speed, measured=run.measured)
                 line = f"slide {number}/{len(slides)}: {text.place}, \u201c{text.title}\u201d" + (
                     f", {text.answer[0].lower()}{text.answer[1:]}" if revealed else ", the question" if text.question
                     else "")

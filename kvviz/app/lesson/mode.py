@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 from PySide6.QtCore import QObject, QSignalBlocker, QTimer
 
@@ -11,7 +12,8 @@ from kvviz.app.lesson.free_app import FreeApp, give_back, keep_free_app
 from kvviz.app.lesson.host import LessonHost
 from kvviz.app.lesson.panel import LessonPanel
 from kvviz.app.lesson.perplexity_answers import Key, PerplexityAnswers
-from kvviz.app.lesson.step_state import plan_is_step, put_step_controls, show_serving, shows_step, start_batch
+from kvviz.app.lesson.serving_steps import ServingSteps
+from kvviz.app.lesson.step_state import plan_is_step, put_step_controls, show_serving, shows_step
 from kvviz.app.theme import Theme
 from kvviz.app.window.actions import set_lesson_keys
 from kvviz.app.window.dialogs import show_error
@@ -24,7 +26,6 @@ from kvviz.lessons.lesson import (
     format_answer,
     load_lesson,
     measured_answer,
-    measured_batch_answer,
 )
 
 BUILTIN = ("", "builtin")  # lesson sources that mean the built-in lesson
@@ -68,7 +69,8 @@ class LessonMode(QObject):
         s = window.session
         s.record_computed.connect(self._on_record_computed)
         s.model_loaded.connect(self._on_model_loaded)
-        window.serving.batch.record_computed.connect(self._on_batch_computed)
+        self.serving_steps = ServingSteps(window, self)  # a serving step's batch or trace, and its answer
+        self.serving_steps.measured.connect(self._set_measured)  # only while its answer's slide shows (leave)
         window.speed.sweeper.finished.connect(self._on_speed_measured)
         panel.guess_entered.connect(self.next)
         panel.guess_edited.connect(self._on_guess_edited)
@@ -128,6 +130,7 @@ class LessonMode(QObject):
         w = self._window
         self.active = False
         self._revealing = False
+        self.serving_steps.leave()
         self.perplexity.shut_down()
         show_serving(self._window, False)
         set_lesson_keys(w.actions, False)
@@ -208,13 +211,15 @@ class LessonMode(QObject):
         self.measured = None
         self._revealing = revealed
         show_serving(self._window, step.serving)
-        if step.serving:
+        if not step.serving:
+            self.serving_steps.leave()
+        else:
             self.focus.point_at(step)
             if step.model is not None and step.model not in (w.session.source, self._model_asked):
                 self._model_asked = step.model
                 w.load_model(step.model)  # the batch follows once it is loaded (_on_model_loaded)
                 return
-            start_batch(w, step, revealed)
+            self.serving_steps.show(step, revealed, forward)
             w.focus_grid()
             return
         self._set_controls(step)
@@ -261,15 +266,9 @@ class LessonMode(QObject):
     def _start_run(self) -> None:
         w = self._window
         if self.step.serving:
-            start_batch(w, self.step, self.revealed)
+            self.serving_steps.show(self.step, self.revealed, forward=False)
             return
         w.session.start_run(w.controls.request(), self.step.advance_to + int(self.revealed))
-
-    # ----- serving steps -----
-    def _on_batch_computed(self, record) -> None:
-        step = self.step
-        if self.active and self._revealing and step is not None and step.serving and step.question and record.final:
-            self._set_measured(measured_batch_answer(step.question, record))
 
     def _at_question(self, step: LessonStep) -> bool:
         """Whether the current run is the step's, at its `advance_to` (its records there in), and can step."""
@@ -328,5 +327,7 @@ class LessonMode(QObject):
     @property
     def ready(self) -> bool:
         """Whether the window shows the current slide's state: its run at its step, its answer measured."""
-        return (self.active and self.step is not None and shows_step(self._window, self.step, self.revealed)
+        step = self.step
+        shown = self.serving_steps.shows if step is not None and step.serving else partial(shows_step, self._window)
+        return (self.active and step is not None and shown(step, self.revealed)
                 and (not self.revealed or self.measured is not None))

@@ -74,7 +74,7 @@ def shows_step(w: LessonHost, step: LessonStep, revealed: bool) -> bool:
     """The window shows `step`'s run (or batch) where its slide is: at `advance_to`, one step further for a
     question's answer (a serving question's: its batch to the end)."""
     s = w.session
-    if step.serving:
+    if step.batch:
         batch = w.serving.batch
         target = step.passes if revealed else step.advance_to
         return (batch.plan is not None and tuple(r.prompt for r in batch.plan.requests) == step.prompts

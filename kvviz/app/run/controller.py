@@ -9,13 +9,14 @@ from kvviz.app.run.shared_interpreter import worker_thread_guards
 from kvviz.app.run.worker import WORKER_THREADS, GenerationWorker
 from kvviz.core.batch_records import BatchRequest
 from kvviz.core.records import RunRequest
+from kvviz.core.serve_records import ServeRequest
 
 
 class WorkerController(QObject):
     """The GUI side: owns the QThread and the worker, and turns method calls into queued commands."""
 
     load_requested = Signal(str, str)  # source, dtype
-    start_requested = Signal(str, object)  # lane, request (RunRequest, BatchRequest)
+    start_requested = Signal(str, object)  # lane, request (RunRequest, BatchRequest, ServeRequest)
     step_requested = Signal(str)  # lane
     play_requested = Signal(str, int)  # lane, interval in ms
     pause_requested = Signal()
@@ -47,7 +48,7 @@ class WorkerController(QObject):
         self.worker.posted += 1
         self.load_requested.emit(source, dtype)
 
-    def start(self, lane: str, request: RunRequest | BatchRequest) -> None:
+    def start(self, lane: str, request: RunRequest | BatchRequest | ServeRequest) -> None:
         self.worker.abort.clear()
         self.worker.posted += 1
         self.start_requested.emit(lane, request)

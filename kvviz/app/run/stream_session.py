@@ -22,11 +22,11 @@ class StreamSession(QObject):
     are dropped. A plan tells its steps (`plan.steps`, `plan.steps_done(record)`), a record whether it is the
     last (`record.final`)."""
 
-    run_started = Signal(object)  # the plan (RunPlan, BatchPlan)
-    record_computed = Signal(object)  # a record of the current run (StepRecord, BatchRecord)
+    run_started = Signal(object)  # the plan (RunPlan, BatchPlan, ServePlan)
+    record_computed = Signal(object)  # a record of the current run (StepRecord, BatchRecord, ServeRecord)
     run_finished = Signal(object)  # the current run's last record
     run_failed = Signal(str)  # one sentence
-    run_measured = Signal(object)  # what the worker measured after the run's last step (a batch's BatchSpeed)
+    run_measured = Signal(object)  # what the worker measured after the last step (BatchSpeed, ServeMeasure)
     playing_changed = Signal(bool)
     state_changed = Signal()  # can_step, playing or finished changed
 

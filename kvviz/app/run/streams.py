@@ -1,9 +1,10 @@
 """What the worker steps, whatever the mode: a stream of records from a plan, a step at a time.
 
-A single run (with compare mode's twin) and a serving batch are both streams: `open_stream` checks a request and
-plans it (GenerationError, before anything runs), `advance` computes one step's records (StopIteration once the
-stream is over), and `after_last` runs once its last record is out (a batch then times itself against its
-requests one at a time). Imported on the worker thread only: it imports the engine.
+A single run (with compare mode's twin), a serving batch and a served trace are all streams: `open_stream` checks a
+request and plans it (GenerationError, before anything runs), `advance` computes one step's records (StopIteration
+once the stream is over), and `after_last` runs once its last record is out (a batch then times itself against its
+requests one at a time; a trace gives its figures per request). Imported on the worker thread only: it imports the
+engine.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from kvviz.core.batch_records import BatchPlan, BatchRecord, BatchRequest, BatchSpeed
 from kvviz.core.records import RunPlan, RunRequest, StepRecord
+from kvviz.core.serve_records import ServeMeasure, ServePlan, ServeRecord, ServeRequest
 
 if TYPE_CHECKING:
     from kvviz.engine.engine import Engine
@@ -56,11 +58,36 @@ class BatchStream:
         return measure_speed(self._engine, self.plan)
 
 
-Stream = RunStream | BatchStream
+class TraceStream:
+    """A served trace: a step is one pass of the scheduler (kvviz.engine.scheduler.serve); after the last,
+    `after_last` gives the trace's figures per request, counted from its records (kvviz.core.serve_records.measure)."""
+
+    def __init__(self, engine: Engine, plan: ServePlan) -> None:
+        from kvviz.engine.scheduler import serve
+
+        self.plan = plan
+        self._served: Iterator[ServeRecord] = serve(engine, plan)
+        self._records: list[ServeRecord] = []
+
+    def advance(self) -> tuple[ServeRecord, ...]:
+        record = next(self._served)
+        self._records.append(record)
+        return (record,)
+
+    def after_last(self) -> ServeMeasure:
+        from kvviz.core.serve_records import measure
+
+        return measure(self.plan, self._records)
 
 
-def open_stream(engine: Engine, request: RunRequest | BatchRequest, model_name: str) -> Stream:
-    """Check and plan `request` on `engine` (kvviz.engine.engine.GenerationError if it is refused)."""
+Stream = RunStream | BatchStream | TraceStream
+
+
+def open_stream(engine: Engine, request: RunRequest | BatchRequest | ServeRequest, model_name: str) -> Stream:
+    """Check and plan `request` on `engine` (kvviz.engine.engine.GenerationError if it is refused: a trace that
+    cannot be read says so in one line too)."""
+    if isinstance(request, ServeRequest):
+        return TraceStream(engine, _plan_trace(engine, request, model_name))
     if isinstance(request, BatchRequest):
         from kvviz.engine.serving import plan_batch
 
@@ -71,3 +98,18 @@ def open_stream(engine: Engine, request: RunRequest | BatchRequest, model_name: 
     from kvviz.engine.run import start_run
 
     return RunStream(start_run(engine, request, model_name))
+
+
+def _plan_trace(engine: Engine, request: ServeRequest, model_name: str) -> ServePlan:
+    """The trace `request` names (None: the built-in one), read and planned on `engine`; a trace that cannot be
+    read (kvviz.core.trace.TraceError) is refused like a plan (GenerationError, its one line)."""
+    from kvviz.core.trace import TraceError, read_trace
+    from kvviz.engine.engine import GenerationError
+    from kvviz.engine.scheduler import plan_trace
+
+    try:
+        trace = read_trace(request.trace_path)
+    except TraceError as exc:
+        raise GenerationError(str(exc)) from None
+    return plan_trace(engine, trace, request.block_size, request.num_blocks, request.prefix_cache, request.chunk,
+                      request.max_batched_tokens, model_name=model_name, run_id=request.run_id)

@@ -51,9 +51,9 @@ class GenerationWorker(QObject):
     """Owns the Engine. Slots run in the worker thread; results go out through signals.
 
     Every mode's stream goes through the same four commands (`start`, `step`, `play`, `pause`) under a lane name
-    ("run": the single run and compare mode; "serving": the batch), each lane keeping its stream until its last
-    step, and one autoplay steps the lane it was asked for. Signals carry the lane and the `run_id` of the request
-    that planned the stream, so the GUI can drop records of a run it has already replaced.
+    ("run": the single run and compare mode; "serving": the batch or the trace), each lane keeping its stream until
+    its last step, and one autoplay steps the lane it was asked for. Signals carry the lane and the `run_id` of the
+    request that planned the stream, so the GUI can drop records of a run it has already replaced.
     """
 
     model_loading = Signal(str)  # source being loaded
@@ -62,11 +62,11 @@ class GenerationWorker(QObject):
     model_load_failed = Signal(str, str)  # source, one-sentence message
     model_load_cancelled = Signal(str)  # source
     # a stream's (a run's, a batch's): its lane first, then the run_id of the request that planned it
-    started = Signal(str, object)  # lane, plan (RunPlan, BatchPlan: its run_id is the request's)
+    started = Signal(str, object)  # lane, plan (RunPlan, BatchPlan, ServePlan: its run_id is the request's)
     failed = Signal(str, int, str)  # lane, run_id, one-sentence message
-    computed = Signal(str, int, object)  # lane, run_id, record (StepRecord, BatchRecord)
+    computed = Signal(str, int, object)  # lane, run_id, record (StepRecord, BatchRecord, ServeRecord)
     finished = Signal(str, int, object)  # lane, run_id, the final record
-    measured = Signal(str, int, object)  # lane, run_id, what it measured after its last step (BatchSpeed)
+    measured = Signal(str, int, object)  # lane, run_id, measured after its last step (BatchSpeed, ServeMeasure)
     playing_changed = Signal(str, bool)  # the lane autoplay steps, playing
 
     def __init__(self) -> None:
@@ -155,12 +155,12 @@ class GenerationWorker(QObject):
         if self._engine is not None:
             self._engine.before_block = None
 
-    # ----- streams: a run, a batch -----
+    # ----- streams: a run, a batch, a trace -----
     @Slot(str, object)
     def start(self, lane: str, request) -> None:
-        """Plan a fresh stream in `lane` ("run": a RunRequest; "serving": a BatchRequest); no pass happens until
-        `step`. A request the engine refuses leaves the lane's stream as it was (the session gives the run that was
-        going back to the window). Autoplay stops."""
+        """Plan a fresh stream in `lane` ("run": a RunRequest; "serving": a BatchRequest or a ServeRequest); no pass
+        happens until `step`. A request the engine refuses leaves the lane's stream as it was (the session gives the
+        run that was going back to the window). Autoplay stops."""
         self.taken += 1
         self._set_playing(False)
         if self._engine is None:

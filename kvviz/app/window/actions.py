@@ -65,7 +65,7 @@ ACTIONS = (
     ActionSpec("scores", "&View", "Sco&res of the kept positions (Evict by importance)", ("Shift+E",),
                checkable=True),
     ActionSpec("heads", "&View", "&Heads of the selected layer (or double-click a grid row)", ("H",)),
-    ActionSpec("serving", "&View", "Ser&ving: several prompts from a paged KV cache", ("Shift+B",), checkable=True),
+    ActionSpec("serving", "&View", "Ser&ving: a batch or a trace of requests from a paged KV cache", ("Shift+B",), checkable=True),
     ActionSpec("speed", "&View", "&Speed of a token step, measured against the length", ("S",)),
     ActionSpec("long_speed", "&View", "&Long speed sweep: every kind of cache against the bandwidth bound\u2026",
                ("Shift+S",)),
@@ -84,6 +84,7 @@ ACTIONS = (
     ActionSpec("lesson_layers", "&Help", "Lesson: not every &layer keeps a cache"),
     ActionSpec("lesson_speculative", "&Help", "Lesson: speculative decoding: &draft, verify, roll back"),
     ActionSpec("lesson_importance", "&Help", "Lesson: which tokens can we &forget? (eviction by importance)"),
+    ActionSpec("lesson_server", "&Help", "Lesson: a se&rver's cache (requests over time, prefix hits, preemption)"),
     ActionSpec("lesson_notes", "&Help", "Lesson &notes (the lecturer's; hidden until shown)", ("N",), checkable=True),
     ActionSpec("lesson_next", None, "Next lesson step"),  # keys only in lesson mode: LESSON_KEYS
     ActionSpec("lesson_back", None, "Previous lesson step"),

@@ -357,6 +357,7 @@ def action_slots(w: MainWindow) -> dict[str, Callable]:
         "lesson_layers": lambda: w.lesson.switch("kv-layers"),
         "lesson_speculative": lambda: w.lesson.switch("kv-speculative"),
         "lesson_importance": lambda: w.lesson.switch("kv-importance"),
+        "lesson_server": lambda: w.lesson.switch("kv-server"),
         "lesson_next": lambda: w.lesson.next(), "lesson_back": lambda: w.lesson.back(),
         "colour_blind": w.set_colour_blind, "compare": c.set_compare, "break_cache": c.set_break_cache,
         "sliding_window": w.choose_window, "speculative": lambda: choose_speculative(w),

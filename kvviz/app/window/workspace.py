@@ -150,16 +150,22 @@ class Workspace(QWidget):
         if self.focus_elsewhere():
             return
         if self._serving_shown:
-            self.serving.get().view.pool.setFocus()
+            self.serving.get().focus_view()
             return
         grid = self.compare_view.cached_grid if self.comparing else self.run_view.grid
         grid.plot_widget.setFocus()
 
     def export_targets(self) -> dict[str, QWidget]:
         """What File > Export... can render: the chart, the grid, the whole view and, with View > Attention
-        open, the attention strip; in compare mode the compare view and its two grids."""
+        open, the attention strip; in compare mode the compare view and its two grids; in serving mode the serving
+        view and its parts (a batch's pool and chart, a trace's timeline, pool and radix tree)."""
         if self._serving_shown:
-            view = self.serving.get().view
+            page = self.serving.get()
+            if page.shown_view is page.trace_view:
+                trace = page.trace_view
+                tree = {"radix_tree": trace.tree} if trace.tree.isVisibleTo(trace) else {}
+                return {"serving": trace, "timeline": trace.timeline, "pool": trace.pool, **tree}
+            view = page.view
             return {"serving": view, "pool": view.pool, "serving_chart": view.chart}
         if self.comparing:
             compare = self.compare_view

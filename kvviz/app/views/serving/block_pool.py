@@ -1,10 +1,11 @@
 """The block pool as a grid of blocks: each block filled in its requests' colours (a band each when shared, with
-the reference count on it), free blocks as empty outlines; its tooltip names the block's tokens and owners."""
+the reference count on it), cached blocks that no request holds hatched (a served trace's prefix cache), free
+blocks as empty outlines; its tooltip names the block's tokens and owners."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFont, QHelpEvent, QPainter, QPaintEvent, QPen
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QHelpEvent, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from kvviz.app import theme as themes
@@ -33,6 +34,16 @@ def text_on(colour: str, theme: Theme) -> QColor:
     return QColor(theme.on_amber if _luminance(colour) > 140 else light)
 
 
+def paint_cached(painter: QPainter, rect: QRectF, t: Theme) -> None:
+    """A cached block (no request holds it, its tokens kept for a later prefix): hatched, a solid outline."""
+    painter.setPen(QPen(QColor(t.muted), 1.5))
+    painter.setBrush(QColor(t.chip))
+    painter.drawRoundedRect(rect, 4, 4)
+    painter.setPen(Qt.PenStyle.NoPen)
+    painter.setBrush(QBrush(QColor(t.muted), Qt.BrushStyle.BDiagPattern))
+    painter.drawRoundedRect(rect.adjusted(1, 1, -1, -1), 4, 4)
+
+
 class BlockPool(QWidget):
     """The pool's blocks in rows as wide as the widget allows; `show_cells(cells, block_size)` draws a pass."""
 
@@ -41,6 +52,9 @@ class BlockPool(QWidget):
         self.setObjectName("blockPool")
         self.cells: list[BlockCell] = []
         self.block_size = 1
+        self.names: tuple[str, ...] | None = None  # the requests' names in tooltips (None: R1, R2, ...)
+        self.least_cell = CELL  # a block's least side at zoom 1 (a trace's pool shares the page with more)
+        self.columns = COLUMNS  # blocks to a row where the width allows them more than the least side
         self._scale = 1.0
         self._compact = False  # see set_compact
         self._theme = themes.current()
@@ -48,9 +62,9 @@ class BlockPool(QWidget):
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # the keys step the batch; none of them types
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
 
-    def show_cells(self, cells: list[BlockCell], block_size: int) -> None:
+    def show_cells(self, cells: list[BlockCell], block_size: int, names: tuple[str, ...] | None = None) -> None:
         resized = len(cells) != len(self.cells)
-        self.cells, self.block_size = cells, block_size
+        self.cells, self.block_size, self.names = cells, block_size, names
         if resized:
             self.setMinimumHeight(self.heightForWidth(self.width()))
         self.update()
@@ -72,12 +86,12 @@ class BlockPool(QWidget):
         self.update()
 
     def _side(self, width: int | None = None) -> float:
-        """A block's side: COLUMNS to a row of the widget's width, between the zoomed CELL and MAX_CELL."""
+        """A block's side: `columns` to a row of the widget's width, between the zoomed least side and MAX_CELL."""
         width = self.width() if width is None else width
-        fitted = (width + GAP) / COLUMNS - GAP
+        fitted = (width + GAP) / self.columns - GAP
         if self._compact:
-            return CELL * self._scale
-        return max(CELL * self._scale, min(MAX_CELL * min(self._scale, 1.25), fitted))
+            return self.least_cell * self._scale
+        return max(self.least_cell * self._scale, min(MAX_CELL * min(self._scale, 1.25), fitted))
 
     def _columns(self, width: int | None = None) -> int:
         pitch = self._side(width) + GAP
@@ -94,11 +108,11 @@ class BlockPool(QWidget):
         super().resizeEvent(event)
 
     def sizeHint(self) -> QSize:
-        width = int(COLUMNS * (CELL * self._scale + GAP))
+        width = int(self.columns * (self.least_cell * self._scale + GAP))
         return QSize(width, self.heightForWidth(width))
 
     def minimumSizeHint(self) -> QSize:
-        return QSize(int(4 * (CELL * self._scale + GAP)), int(CELL * self._scale + GAP))
+        return QSize(int(4 * (self.least_cell * self._scale + GAP)), int(self.least_cell * self._scale + GAP))
 
     def cell_rect(self, index: int) -> QRectF:
         columns, pitch = self._columns(), self._side() + GAP
@@ -117,7 +131,7 @@ class BlockPool(QWidget):
             if cell is None:
                 QToolTip.hideText()
             else:
-                QToolTip.showText(event.globalPos(), block_tooltip(cell, self.block_size), self)
+                QToolTip.showText(event.globalPos(), block_tooltip(cell, self.block_size, self.names), self)
             return True
         return super().event(event)
 
@@ -143,6 +157,13 @@ class BlockPool(QWidget):
                 painter.drawText(rect.adjusted(4, 2, -2, -2), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
                                  str(cell.block))
                 continue
+            if cell.cached:
+                paint_cached(painter, rect, t)
+                painter.setPen(QColor(t.foreground))
+                painter.setFont(small)
+                painter.drawText(rect.adjusted(4, 2, -2, -2), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
+                                 str(cell.block))
+                continue
             painter.setPen(Qt.PenStyle.NoPen)
             band = rect.width() / len(cell.owners)
             for n, owner in enumerate(cell.owners):  # a band per request that references it
@@ -160,9 +181,23 @@ class BlockPool(QWidget):
             painter.drawRoundedRect(rect, 4, 4)
             painter.setPen(text_on(colours[cell.owners[0] % len(colours)], t))
             painter.setFont(small)
+            line = QFontMetricsF(small).height()
+            two_lines = rect.height() >= 2 * line + 3
+            roomy = rect.width() >= CELL * 0.95 and rect.height() >= line + QFontMetricsF(big).height() + 4
+            label = str(cell.block)
+            if cell.shared and not roomy and not two_lines:  # too short for the count below:
+                label = f"{cell.block} \u00d7{len(cell.owners)}"  # beside the number, where it fits
+                if QFontMetricsF(small).horizontalAdvance(label) > rect.width() - 6:
+                    label = f"\u00d7{len(cell.owners)}"  # the count alone (the number is in the tooltip)
             painter.drawText(rect.adjusted(4, 2, -2, -2), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop,
-                             str(cell.block))
-            if cell.shared:
+                             label)
+            if cell.shared and roomy:
                 painter.setFont(big)
                 painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, f"\u00d7{len(cell.owners)}")
+            elif cell.shared and two_lines:  # a small block: the count in its corner, clear of its number
+                small.setBold(True)
+                painter.setFont(small)
+                corner = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignBottom
+                painter.drawText(rect.adjusted(2, 2, -3, -1), corner, f"\u00d7{len(cell.owners)}")
+                small.setBold(False)
         painter.end()

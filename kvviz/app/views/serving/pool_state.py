@@ -1,8 +1,10 @@
-"""What the serving view shows of a batch's pool at one pass, worked out from its BatchRecord without Qt (tested
-without a window): each block's owners, references and tokens, and the words its tooltip says."""
+"""What the serving view shows of a pool at one pass, worked out from its record without Qt (tested without a
+window): each block's owners, references and tokens (a served trace's cached blocks too), and the words its tooltip
+says."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvviz.core.batch_records import BatchPlan, BatchRecord
@@ -11,17 +13,20 @@ from kvviz.core.counting import plural
 
 @dataclass(frozen=True)
 class BlockCell:
-    """One block of the pool: free, or held by `owners` (request indices), its tokens' labels for the tooltip."""
+    """One block of the pool: free, held by `owners` (request indices), or `cached` (a served trace's: no request
+    holds it, its tokens are kept for a later prefix and it is evicted when the pool needs it); its tokens' labels
+    for the tooltip."""
 
     block: int
     owners: tuple[int, ...] = ()
     positions: tuple[int, int] = (0, 0)  # [first, last + 1) of the positions it holds
     filled: int = 0
     token_labels: tuple[str, ...] = ()
+    cached: bool = False
 
     @property
     def free(self) -> bool:
-        return not self.owners
+        return not self.owners and not self.cached
 
     @property
     def shared(self) -> bool:
@@ -42,11 +47,13 @@ def request_name(index: int) -> str:
     return f"R{index + 1}"
 
 
-def block_tooltip(cell: BlockCell, block_size: int) -> str:
-    """A block's tooltip: its number, what it holds, whose it is."""
+def block_tooltip(cell: BlockCell, block_size: int, names: Sequence[str] | None = None) -> str:
+    """A block's tooltip: its number, what it holds, whose it is (`names`: the requests', else R1, R2, ...)."""
     if cell.free:
         return f"Block {cell.block}: free (on the free list, {block_size} positions)"
-    owners = ", ".join(request_name(i) for i in cell.owners)
+    owners = ", ".join(names[i] if names is not None else request_name(i) for i in cell.owners)
+    if cell.cached:
+        owners = "no request: cached for a later prompt with this prefix, evicted when the pool runs out"
     whose = (f"shared by {owners} ({plural(len(cell.owners), 'reference')}; stored once)" if cell.shared
              else f"held by {owners}")
     text = "".join(cell.token_labels)
